@@ -1,0 +1,1 @@
+"""The `fromscratch` console script."""

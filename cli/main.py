@@ -1,0 +1,52 @@
+"""`fromscratch` entry point. Each part registers its own subcommands; modules are imported lazily
+so `fromscratch train` does not pay for (or need) the service stack."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> module providing register(subparsers) for it (several may share a module)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("trainer.cli", "train a llama from scratch on a text/JSONL file"),
+    "sample": ("trainer.cli", "generate text from a checkpoint"),
+    "export": ("trainer.cli", "export a checkpoint as GGUF, Hugging Face or ONNX"),
+    "serve": ("api.cli", "run the API, dashboard and one worker (embedded SQLite defaults)"),
+    "migrate": ("api.cli", "apply database migrations (alembic upgrade head)"),
+    "keys": ("api.cli", "manage API keys"),
+    "worker": ("worker.cli", "run a Celery training worker"),
+    "files": ("api.client_cli", "upload and list training files on a server"),
+    "jobs": ("api.client_cli", "create, follow and control training jobs on a server"),
+    "models": ("api.client_cli", "list and download trained models from a server"),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fromscratch", description="Train small llamas from scratch.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    registered: set[str] = set()
+    for name, (module, help_text) in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text)
+            continue
+        if module in registered:
+            continue
+        importlib.import_module(module).register(sub)
+        registered.add(module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(only=command)
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

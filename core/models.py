@@ -1,0 +1,196 @@
+"""SQLAlchemy 2.0 models. Alembic (migrations/) is the only thing that changes the schema.
+
+Ids are strings with OpenAI-style prefixes (file-, ftjob-, ftevent-, ftckpt-, ...). Every row a
+user can see carries `owner_id` (the API key's owner); queries filter by it so another owner's
+ids read as 404.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("key"))
+    name: Mapped[str] = mapped_column(String(200))
+    owner_id: Mapped[str] = mapped_column(String(64), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the secret
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Blob(Base):
+    """Bytes kept by the blob store. `complete` flips to true in the same commit that makes the
+    blob reachable, so a half-written upload is never visible (and is garbage-collected)."""
+
+    __tablename__ = "blobs"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("blob"))
+    backend: Mapped[str] = mapped_column(String(8))  # "db" | "fs"
+    size: Mapped[int] = mapped_column(BigInteger, default=0)
+    sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    path: Mapped[str | None] = mapped_column(Text, default=None)  # fs backend: path under blob_dir
+    complete: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class BlobChunk(Base):
+    __tablename__ = "blob_chunks"
+    blob_id: Mapped[str] = mapped_column(ForeignKey("blobs.id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class File(Base):
+    __tablename__ = "files"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("file"))
+    owner_id: Mapped[str] = mapped_column(String(64), index=True)
+    filename: Mapped[str] = mapped_column(String(500))
+    purpose: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    format: Mapped[str] = mapped_column(String(16))  # "text" | "jsonl"
+    blob_id: Mapped[str] = mapped_column(ForeignKey("blobs.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("owner_id", "idempotency_key", name="uq_jobs_owner_idempotency"),
+        Index("ix_jobs_status_lease", "status", "lease_expires_at"),
+    )
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("ftjob"))
+    owner_id: Mapped[str] = mapped_column(String(64), index=True)
+    model: Mapped[str] = mapped_column(String(200))  # preset name or parent model id, as requested
+    base_model_id: Mapped[str | None] = mapped_column(String(200), default=None)  # continue from this model
+    training_file: Mapped[str] = mapped_column(ForeignKey("files.id"))
+    validation_file: Mapped[str | None] = mapped_column(ForeignKey("files.id"), default=None)
+    status: Mapped[str] = mapped_column(String(20), index=True)
+    hyperparameters: Mapped[dict[str, Any]] = mapped_column(default=dict)  # as the user sent them, resolved
+    model_config: Mapped[dict[str, Any]] = mapped_column(default=dict)  # trainer.ModelConfig.to_dict()
+    train_config: Mapped[dict[str, Any]] = mapped_column(default=dict)  # trainer.TrainConfig.to_dict()
+    seed: Mapped[int] = mapped_column(BigInteger)
+    suffix: Mapped[str | None] = mapped_column(String(64), default=None)
+    user_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, default=None)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    queue: Mapped[str] = mapped_column(String(16), default="cpu")
+    fine_tuned_model: Mapped[str | None] = mapped_column(String(200), default=None)
+    error_code: Mapped[str | None] = mapped_column(String(64), default=None)
+    error_message: Mapped[str | None] = mapped_column(Text, default=None)
+    error_param: Mapped[str | None] = mapped_column(String(64), default=None)
+    # requests recorded by the API, obeyed by the worker between steps
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    pause_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # lease held by the worker running the job
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(200), default=None)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    # progress, denormalised from metrics for cheap job reads
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int | None] = mapped_column(Integer, default=None)
+    trained_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    train_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    val_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Metric(Base):
+    """One row per logged step; an evaluation at the same step fills val_loss of that row."""
+
+    __tablename__ = "metrics"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    train_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    val_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    lr: Mapped[float | None] = mapped_column(Float, default=None)
+    grad_norm: Mapped[float | None] = mapped_column(Float, default=None)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float, default=None)
+    tokens_seen: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Event(Base):
+    """Lifecycle messages (status changes, warnings). Autoincrement id orders them for SSE."""
+
+    __tablename__ = "events"
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True, default=lambda: new_id("ftevent"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    level: Mapped[str] = mapped_column(String(8), default="info")
+    type: Mapped[str] = mapped_column(String(16), default="message")
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Checkpoint(Base):
+    """A trainer checkpoint folder stored as one tar blob. `model_id` is the id users see."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "step", name="uq_checkpoints_job_step"),)
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("ftckpt"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    owner_id: Mapped[str] = mapped_column(String(64), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    model_id: Mapped[str] = mapped_column(String(200), unique=True)
+    blob_id: Mapped[str] = mapped_column(ForeignKey("blobs.id"))
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    is_final: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Export(Base):
+    """A model converted for a consumer, produced on first download and kept."""
+
+    __tablename__ = "exports"
+    __table_args__ = (UniqueConstraint("model_id", "format", name="uq_exports_model_format"),)
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("export"))
+    model_id: Mapped[str] = mapped_column(String(200), index=True)
+    format: Mapped[str] = mapped_column(String(16))  # gguf | hf | onnx | checkpoint
+    blob_id: Mapped[str] = mapped_column(ForeignKey("blobs.id"))
+    filename: Mapped[str] = mapped_column(String(300))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class DeletedModel(Base):
+    """Models a user deleted (a job's final model or a checkpoint id): hidden from /v1/models."""
+
+    __tablename__ = "deleted_models"
+    model_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    owner_id: Mapped[str] = mapped_column(String(64))
+    deleted_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,193 @@
+"""The LLaMA model: token embedding -> n_layer x [RMSNorm -> GQA attention with RoPE -> residual;
+RMSNorm -> SwiGLU -> residual] -> RMSNorm -> output projection.
+
+Deltas from GPT-2 (nanoGPT) are marked `# llama:`. RoPE convention: the "rotate_half" (NeoX /
+Hugging Face) layout, where within the first `n_rot` dims of a head, dim i pairs with dim
+i + n_rot/2. Hugging Face's LlamaForCausalLM uses the same layout, so the HF export copies
+weights as they are; llama.cpp's `llama` arch rotates adjacent pairs (Meta's layout), so the
+GGUF export permutes the rows of wq/wk (see trainer/export/gguf.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from trainer.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    # llama: RMSNorm instead of LayerNorm, computed in float32 whatever the autocast dtype.
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).type_as(x)
+
+
+def rope_cache(cfg: ModelConfig, length: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (length, n_rot) in the rotate_half layout (frequencies repeated twice)."""
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.n_rot, 2, dtype=torch.float32, device=device) / cfg.n_rot))
+    t = torch.arange(length, dtype=torch.float32, device=device)
+    freqs = torch.outer(t, inv_freq)  # (T, n_rot/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, n_rot)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, H, T, head_dim); cos/sin: (T, n_rot). Rotates the first n_rot dims, passes the rest."""
+    n_rot = cos.shape[-1]
+    xr, xpass = x[..., :n_rot], x[..., n_rot:]
+    x1, x2 = xr[..., : n_rot // 2], xr[..., n_rot // 2:]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    out = (xr.float() * cos + rotated.float() * sin).type_as(x)
+    return torch.cat((out, xpass), dim=-1) if xpass.shape[-1] else out
+
+
+class KVCache:
+    """Per-layer key/value buffers for incremental decoding: (B, n_kv_head, ctx, head_dim)."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, device: torch.device, dtype: torch.dtype):
+        shape = (batch, cfg.n_kv_head, cfg.ctx, cfg.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.pos = 0  # number of positions already filled
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        # llama: separate q/k/v (GQA: k and v have n_kv_head heads), no biases.
+        self.wq = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # llama: rotary positions
+        if cache is not None:
+            start = cache.pos
+            cache.k[layer][:, :, start:start + T] = k
+            cache.v[layer][:, :, start:start + T] = v
+            k, v = cache.k[layer][:, :, :start + T], cache.v[layer][:, :, :start + T]
+        # llama: grouped-query attention; enable_gqa lets SDPA broadcast kv heads without a copy.
+        gqa = self.n_kv_head != self.n_head
+        if cache is None or T > 1 and cache.pos == 0:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        elif T == 1:
+            y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)  # one new query sees everything
+        else:  # a chunk appended after a prefix: causal mask offset by the prefix length
+            S = k.shape[2]
+            mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * self.head_dim)
+        return self.wo(y)
+
+
+class FeedForward(nn.Module):
+    # llama: SwiGLU, w2(silu(w1 x) * w3 x), hidden width from the 2/3*4d rule.
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.n_embd, cfg.hidden_dim, bias=False)
+        self.w2 = nn.Linear(cfg.hidden_dim, cfg.n_embd, bias=False)
+        self.w3 = nn.Linear(cfg.n_embd, cfg.hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.output = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.activation_checkpointing = False
+        cos, sin = rope_cache(cfg, cfg.ctx)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        # GPT-2: residual projections scaled by 1/sqrt(2 * n_layer).
+        for name, p in self.named_parameters():
+            if name.endswith("wo.weight") or name.endswith("w2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx: (B, T) token ids. With targets (B, T): returns (logits, mean cross-entropy).
+        With a cache: positions continue from cache.pos and the cache advances by T."""
+        B, T = idx.shape
+        start = cache.pos if cache is not None else 0
+        if start + T > self.cfg.ctx:
+            raise ValueError(f"sequence of {start + T} tokens exceeds the context length ctx={self.cfg.ctx}")
+        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        x = self.tok_embeddings(idx)
+        for i, layer in enumerate(self.layers):
+            if self.activation_checkpointing and self.training and cache is None:
+                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, cache, i)
+        if cache is not None:
+            cache.pos += T
+        x = self.norm(x)
+        if targets is None:
+            return self.output(x).float(), None
+        logits = self.output(x).float()
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+    def optimizer_groups(self, weight_decay: float) -> list[dict]:
+        """nanoGPT's rule: decay 2-D weights (matmuls, embeddings), not norms."""
+        params = {n: p for n, p in self.named_parameters() if p.requires_grad}
+        decay = [p for p in params.values() if p.dim() >= 2]
+        no_decay = [p for p in params.values() if p.dim() < 2]
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token: 6N for the matmuls plus attention scores (PaLM appendix B)."""
+        cfg = self.cfg
+        n = self.num_params() - cfg.vocab_size * cfg.n_embd  # embedding lookup is not a matmul
+        if cfg.tie_embeddings:
+            n += cfg.vocab_size * cfg.n_embd  # the tied output projection still is
+        attn = 6 * cfg.n_layer * cfg.ctx * cfg.n_embd  # 2 matmuls (QK^T, AV) x fwd+bwd, causal-averaged
+        return 6 * n + attn
