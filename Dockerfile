@@ -1,0 +1,32 @@
+# One image for every service: api, worker, migrate.
+# torch from PyPI on Linux x86_64 is the CUDA build (it brings the CUDA runtime as pip packages),
+# so GPU workers only need the NVIDIA container toolkit on the host.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    FROMSCRATCH_DATA_DIR=/data
+
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends curl \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+# Dependencies first so code changes do not rebuild the torch layer.
+RUN pip install "torch==2.13.0"
+COPY pyproject.toml README.md ./
+COPY trainer ./trainer
+COPY core ./core
+COPY api ./api
+COPY worker ./worker
+COPY cli ./cli
+COPY migrations ./migrations
+RUN pip install .
+
+RUN useradd --create-home --uid 1000 fromscratch && mkdir -p /data && chown fromscratch /data
+USER fromscratch
+VOLUME ["/data"]
+EXPOSE 8000
+
+CMD ["uvicorn", "api.main:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000"]

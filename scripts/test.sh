@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Sets up a virtual environment with everything the tests need, then runs the whole suite.
+# PostgreSQL and Redis URLs come from FROMSCRATCH_TEST_POSTGRES_URL / FROMSCRATCH_TEST_REDIS_URL
+# (default: localhost). Where none is reachable the suite starts throwaway servers from the
+# installed binaries, or stops with a message saying what to install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${FROMSCRATCH_VENV:-.venv}"
+PY="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/pip" install -q --upgrade pip
+# torch first and pinned: a CPU wheel is enough for the tests.
+"$VENV/bin/pip" install -q "torch==2.13.0"
+# llama-cpp-python builds llama.cpp from source (a few minutes on 2 cores, cached by pip afterwards);
+# portable flags so the build does not depend on this CPU's extensions.
+CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}" \
+  "$VENV/bin/pip" install -q -e ".[test]"
+
+# The browser tests drive Debian's Chromium through Playwright (no browser download).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing Debian's chromium for the browser tests..."
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+      || echo "warning: could not install chromium; the browser tests will fail and say so" >&2
+  else
+    echo "warning: chromium not found; install Debian's 'chromium' package for the browser tests" >&2
+  fi
+fi
+
+exec "$VENV/bin/python" -m pytest "$@"

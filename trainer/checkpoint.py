@@ -1,0 +1,293 @@
+"""Self-describing checkpoint folders (see docs/INTERFACES.md):
+
+    model.safetensors       model weights, fp32, tied output weight stored once (as tok_embeddings)
+    optimizer.safetensors   optimizer tensors, keys "state.<param_name>.<key>" (list items: ".<i>")
+    config.json             {"model": ModelConfig.to_dict(), "train": TrainConfig.to_dict()}
+    tokenizer.json          Tokenizer.to_json()
+    state.json              step, tokens_seen, best_val_loss, RNG states, sampler state,
+                            optimizer_meta (the non-tensor optimizer state), total_steps
+
+Tensors go through safetensors and everything else through JSON, so loading never unpickles.
+A folder is written as `<name>.tmp-<pid>` and renamed into place, so a crash never leaves a
+half-written checkpoint under a real name.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from trainer.config import ModelConfig, TrainConfig
+
+FORMAT_VERSION = 1
+STEP_DIR_RE = re.compile(r"^step-(\d{8,})$")
+
+
+class CheckpointError(ValueError):
+    """A folder that is not a (complete) checkpoint."""
+
+
+@dataclass
+class Checkpoint:
+    model_config: ModelConfig
+    train_config: TrainConfig
+    tokenizer: Any  # trainer.tokenizers.Tokenizer
+    model_state: dict[str, torch.Tensor]
+    state: dict[str, Any]
+    path: Path
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+
+# ---------------------------------------------------------------- RNG states (JSON-serialisable)
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+
+def get_rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    cuda = [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else None
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": _b64(torch.get_rng_state()),
+        "cuda": cuda,
+    }
+
+
+def set_rng_state(rng: dict[str, Any]) -> None:
+    version, internal, gauss = rng["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = rng["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_unb64(rng["torch"]))
+    if rng.get("cuda") and torch.cuda.is_available():
+        states = [_unb64(s) for s in rng["cuda"]][: torch.cuda.device_count()]
+        torch.cuda.set_rng_state_all(states)
+
+
+# ---------------------------------------------------------------- optimizer state <-> safetensors
+
+def _param_names(model: torch.nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in model.named_parameters()}  # tied weights: first name only
+
+
+def _encode(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Tensors go to `tensors[key]`; lists recurse; plain numbers stay in the JSON descriptor."""
+    if isinstance(value, torch.Tensor):
+        tensors[key] = value.detach().cpu().contiguous()
+        return {"kind": "tensor"}
+    if isinstance(value, (list, tuple)):
+        return {"kind": "list", "items": [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]}
+    if value is None or isinstance(value, (bool, int, float)):
+        return {"kind": "value", "value": value}
+    raise TypeError(f"cannot store optimizer state {key} of type {type(value).__name__}")
+
+
+def _decode(desc: dict[str, Any], key: str, tensors: dict[str, torch.Tensor]) -> Any:
+    if desc["kind"] == "tensor":
+        return tensors[key]
+    if desc["kind"] == "list":
+        return [_decode(d, f"{key}.{i}", tensors) for i, d in enumerate(desc["items"])]
+    return desc["value"]
+
+
+def optimizer_to_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Flatten optimizer state to ({"state.<param>.<key>": tensor}, JSON meta)."""
+    names = _param_names(model)
+    tensors: dict[str, torch.Tensor] = {}
+    state_meta: dict[str, dict[str, Any]] = {}
+    groups = []
+    for group in optimizer.param_groups:
+        hyper = {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items() if k != "params"}
+        groups.append({"hyper": hyper, "params": [names[id(p)] for p in group["params"]]})
+        for p in group["params"]:
+            if p in optimizer.state and optimizer.state[p]:
+                name = names[id(p)]
+                state_meta[name] = {k: _encode(v, f"state.{name}.{k}", tensors)
+                                    for k, v in optimizer.state[p].items()}
+    # safetensors refuses tensors sharing memory; copy the (rare) aliases.
+    seen: set[tuple[int, int]] = set()
+    for k, t in tensors.items():
+        ident = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if ident in seen or t.numel() == 0:
+            tensors[k] = t.clone()
+        seen.add(ident)
+    meta = {"type": type(optimizer).__name__, "param_groups": groups, "state": state_meta}
+    return tensors, meta
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module, ckpt_path: Path,
+                         meta: dict[str, Any]) -> None:
+    """Restore the per-parameter state saved by `optimizer_to_tensors` into a freshly built optimizer
+    of the same type (hyperparameters stay those of the fresh optimizer, i.e. the current config)."""
+    if meta.get("type") != type(optimizer).__name__:
+        raise CheckpointError(f"{ckpt_path}: optimizer is {meta.get('type')}, this run uses {type(optimizer).__name__}")
+    tensors = load_file(str(Path(ckpt_path) / "optimizer.safetensors"))
+    names = _param_names(model)
+    sd = optimizer.state_dict()
+    index = 0
+    state: dict[int, dict[str, Any]] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            name = names[id(p)]
+            if name in meta["state"]:
+                state[index] = {k: _decode(d, f"state.{name}.{k}", tensors) for k, d in meta["state"][name].items()}
+            index += 1
+    sd["state"] = state
+    optimizer.load_state_dict(sd)
+
+
+# ---------------------------------------------------------------- folders
+
+def _model_tensors(model: torch.nn.Module, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    sd = model.state_dict()
+    if cfg.tie_embeddings:
+        sd.pop("output.weight", None)  # same tensor as tok_embeddings.weight; stored once
+    return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in sd.items()}
+
+
+def _fsync_tree(folder: Path) -> None:
+    for f in folder.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=1) + "\n")
+
+
+def save_checkpoint(path: Path, *, model: torch.nn.Module, model_config: ModelConfig, train_config: TrainConfig,
+                    tokenizer: Any, state: dict[str, Any], optimizer: torch.optim.Optimizer | None = None,
+                    extra_meta: dict[str, Any] | None = None) -> Path:
+    """Write a complete checkpoint folder at `path` atomically (replacing one already there).
+
+    `state` holds step, tokens_seen, best_val_loss, sampler, total_steps; RNG states and the
+    optimizer's non-tensor state are added here. `extra_meta` (e.g. the GradScaler state) is
+    stored in state.json under optimizer_meta["extra"]."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        save_file(_model_tensors(model, model_config), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        full_state = {"format_version": FORMAT_VERSION, **state, "rng": get_rng_state()}
+        if optimizer is not None:
+            tensors, meta = optimizer_to_tensors(optimizer, model)
+            meta["extra"] = extra_meta or {}
+            save_file(tensors, str(tmp / "optimizer.safetensors"), metadata={"format": "pt"})
+            full_state["optimizer_meta"] = meta
+        else:
+            full_state["optimizer_meta"] = None
+        _write_json(tmp / "config.json", {"model": model_config.to_dict(), "train": train_config.to_dict()})
+        _write_json(tmp / "tokenizer.json", tokenizer.to_json())
+        _write_json(tmp / "state.json", full_state)  # last: its presence marks a complete folder
+        _fsync_tree(tmp)
+        if path.exists():  # a directory cannot be renamed over a non-empty one: move the old aside
+            old = path.parent / f"{path.name}.old-{os.getpid()}"
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        return json.loads((path / "state.json").read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is not a checkpoint folder (no state.json)") from None
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read a checkpoint folder (model weights on CPU, fp32; optimizer tensors are not loaded)."""
+    from trainer.tokenizers import tokenizer_from_json  # lazy: keeps this module light for the API
+
+    path = Path(path)
+    state = read_state(path)
+    if state.get("format_version", 0) > FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format {state['format_version']} is newer than this trainer")
+    configs = json.loads((path / "config.json").read_text())
+    model_config = ModelConfig.from_dict(configs["model"])
+    train_config = TrainConfig.from_dict(configs["train"])
+    tokenizer = tokenizer_from_json(json.loads((path / "tokenizer.json").read_text()))
+    model_state = load_file(str(path / "model.safetensors"))
+    if model_config.tie_embeddings and "output.weight" not in model_state:
+        model_state["output.weight"] = model_state["tok_embeddings.weight"]
+    return Checkpoint(model_config, train_config, tokenizer, model_state, state, path)
+
+
+def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Any, Any]:
+    """(Llama in eval mode on `device`, Tokenizer) from a checkpoint folder."""
+    from trainer.model import Llama
+
+    ckpt = load_checkpoint(path)
+    model = Llama(ckpt.model_config)
+    model.load_state_dict(ckpt.model_state, strict=True)
+    return model.to(device).eval(), ckpt.tokenizer
+
+
+def list_step_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """Complete `step-XXXXXXXX` folders in ckpt_dir, oldest first."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = []
+    for d in ckpt_dir.iterdir():
+        m = STEP_DIR_RE.match(d.name)
+        if m and (d / "state.json").exists():
+            found.append((int(m.group(1)), d))
+    return sorted(found)
+
+
+def rotate_checkpoints(ckpt_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` step folders (and leftovers of interrupted writes)."""
+    removed = []
+    for _, d in list_step_checkpoints(ckpt_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    if Path(ckpt_dir).is_dir():
+        for d in Path(ckpt_dir).iterdir():
+            if (".tmp-" in d.name or ".old-" in d.name) and not d.name.endswith(f"-{os.getpid()}"):
+                shutil.rmtree(d, ignore_errors=True)
+    return removed
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    """The checkpoint with the highest step in out_dir (checkpoints/step-* or final/), if any."""
+    out_dir = Path(out_dir)
+    candidates = list_step_checkpoints(out_dir / "checkpoints")
+    final = out_dir / "final"
+    if (final / "state.json").exists():
+        candidates.append((int(read_state(final)["step"]), final))
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: c[0])[1]

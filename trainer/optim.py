@@ -1,0 +1,79 @@
+"""Optimisers and learning-rate schedules.
+
+`lr_at` is a pure function of the step so that a resumed run recomputes exactly the rates an
+uninterrupted one used (nothing about the schedule is stored in a checkpoint).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from trainer.config import TrainConfig
+
+
+def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
+    """Learning rate for optimizer step `step` (0-based: the rate used by the (step+1)-th update).
+
+    All schedules share a linear warmup of `resolved_warmup(total_steps)` steps that reaches the
+    base rate at its end and never yields 0 (nanoGPT: lr * (step+1) / (warmup+1)). Then:
+      cosine           nanoGPT: cosine from learning_rate down to min_lr at total_steps, then flat.
+      cosine-restarts  llama.cpp's --cos-decay-steps/--cos-decay-restart/--cos-decay-alpha: the
+                       first cycle lasts cos_decay_steps (default total_steps), each next cycle is
+                       cos_decay_restart times longer, each decays from learning_rate to
+                       cos_decay_alpha * learning_rate.
+      constant         learning_rate.
+    """
+    base = cfg.learning_rate
+    warmup = cfg.resolved_warmup(total_steps)
+    if step < warmup:
+        return base * (step + 1) / (warmup + 1)
+    if cfg.schedule == "constant":
+        return base
+    if cfg.schedule == "cosine":
+        min_lr = cfg.resolved_min_lr
+        decay_steps = total_steps - warmup
+        if decay_steps <= 0 or step >= total_steps:
+            return min_lr
+        ratio = (step - warmup) / decay_steps
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (base - min_lr)
+    if cfg.schedule == "cosine-restarts":
+        t = step - warmup
+        cycle = float(cfg.cos_decay_steps or max(1, total_steps))
+        while t > cycle:  # llama.cpp's cosine_decay_restart: walk to the cycle that contains t
+            t -= cycle
+            cycle *= cfg.cos_decay_restart
+        decay = 0.5 * (1.0 + math.cos(math.pi * min(t, cycle) / cycle))
+        alpha = cfg.cos_decay_alpha
+        return base * ((1.0 - alpha) * decay + alpha)
+    raise ValueError(f"unknown schedule {cfg.schedule!r}")
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device | str = "cpu") -> torch.optim.Optimizer:
+    """AdamW (decay only on >=2-D weights, via model.optimizer_groups) or L-BFGS.
+
+    AdamW uses the fused kernel on CUDA; on CPU the default single-tensor path, which is the
+    reference implementation (and keeps CPU runs bitwise reproducible across resumes).
+
+    L-BFGS (llama.cpp offers it too) takes one outer iteration per training step with a
+    strong-Wolfe line search, so a step may evaluate the batch several times. It has no weight
+    decay (weight_decay is ignored) and no gradient clipping; the lr schedule scales the initial
+    step length of each line search.
+    """
+    device_type = torch.device(device).type
+    if cfg.optimizer == "adamw":
+        groups = model.optimizer_groups(cfg.weight_decay)  # type: ignore[operator]
+        extra: dict = {"fused": True} if device_type == "cuda" else {}
+        return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
+    if cfg.optimizer == "lbfgs":
+        params = [p for p in model.parameters() if p.requires_grad]
+        return torch.optim.LBFGS(params, lr=cfg.learning_rate, max_iter=1, history_size=16,
+                                 line_search_fn="strong_wolfe")
+    raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
