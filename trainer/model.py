@@ -184,10 +184,17 @@ class Llama(nn.Module):
         return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
     def flops_per_token(self) -> int:
-        """Training FLOPs per token: 6N for the matmuls plus attention scores (PaLM appendix B)."""
+        """Training FLOPs per token at full context: 6N for the weight matmuls plus 12*L*T*d for the
+        attention scores, as PaLM (appendix B) and nanoGPT's estimate_mfu count them.
+
+        The attention term: per layer and token, QK^T and AV each take 2*T*d FLOPs forward (d = the
+        query heads' width n_head*head_dim = n_embd, also under GQA) and twice that backward, so
+        3 * 2 * 2 * T * d. Like PaLM and nanoGPT it counts the whole T x T score matrix, not the causal
+        half, so MFU figures compare with theirs. N leaves out the embedding lookup (not a matmul)
+        but keeps the output projection, tied or not."""
         cfg = self.cfg
         n = self.num_params() - cfg.vocab_size * cfg.n_embd  # embedding lookup is not a matmul
         if cfg.tie_embeddings:
             n += cfg.vocab_size * cfg.n_embd  # the tied output projection still is
-        attn = 6 * cfg.n_layer * cfg.ctx * cfg.n_embd  # 2 matmuls (QK^T, AV) x fwd+bwd, causal-averaged
+        attn = 12 * cfg.n_layer * cfg.ctx * cfg.n_head * cfg.head_dim
         return 6 * n + attn

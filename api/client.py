@@ -1,0 +1,334 @@
+"""A small HTTP client for the fromscratch public API (what the `fromscratch files|jobs|models`
+commands use). It wraps httpx with the Bearer header, turns the `{"error": {...}}` envelope into
+`APIError`, streams uploads and downloads, and parses the job's Server-Sent Events stream.
+
+Only the public /v1 API is used, so anything this client does a script can do with curl.
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import httpx
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+UPLOAD_CHUNK = 1 << 20  # 1 MiB: the body is streamed, never read whole
+
+ProgressFn = Callable[[int], None]  # called with the number of bytes just sent/received
+
+
+class APIError(Exception):
+    """An error answered by the server (its error envelope) or a failure to reach it."""
+
+    def __init__(self, message: str, *, status_code: int | None = None, type: str | None = None,
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def one_line(self) -> str:
+        """The error as one line for a terminal: message, then the field at fault and the status."""
+        extras = []
+        if self.param:
+            extras.append(f"param: {self.param}")
+        if self.code:
+            extras.append(f"code: {self.code}")
+        if self.status_code is not None:
+            extras.append(f"HTTP {self.status_code}")
+        return self.message + (f" ({', '.join(extras)})" if extras else "")
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> APIError:
+        """Build from an error response: the documented envelope, or whatever else came back."""
+        status = response.status_code
+        try:
+            body = json.loads(response.read() or b"null")
+        except (ValueError, httpx.HTTPError):
+            body = None
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict) and err.get("message"):
+            return cls(str(err["message"]), status_code=status, type=err.get("type"),
+                       param=err.get("param"), code=err.get("code"))
+        if isinstance(body, dict) and "detail" in body:  # a bare FastAPI error slipped through
+            return cls(str(body["detail"]), status_code=status)
+        reason = response.reason_phrase or "error"
+        hint = " (is the API key right? set --api-key or FROMSCRATCH_API_KEY)" if status == 401 else ""
+        return cls(f"server answered {status} {reason}{hint}", status_code=status)
+
+
+@dataclass
+class SSEEvent:
+    """One Server-Sent Event: `event` defaults to "message" as in the HTML spec."""
+
+    event: str = "message"
+    data: str = ""
+    id: str | None = None
+    retry: int | None = None
+
+    def json(self) -> Any:
+        return json.loads(self.data) if self.data else None
+
+
+@dataclass
+class SSEParser:
+    """Incremental text/event-stream parser (WHATWG rules: `field: value` lines, blank line
+    dispatches, `data` lines joined with newlines, comments start with `:`)."""
+
+    _buf: str = ""
+    _event: str = ""
+    _data: list[str] = field(default_factory=list)
+    _id: str | None = None
+    _retry: int | None = None
+    last_event_id: str | None = None
+
+    def feed(self, text: str) -> list[SSEEvent]:
+        self._buf += text
+        out: list[SSEEvent] = []
+        while True:
+            cut = _line_end(self._buf)
+            if cut is None:
+                return out
+            line, rest = cut
+            self._buf = rest
+            event = self._line(line)
+            if event is not None:
+                out.append(event)
+
+    def _line(self, line: str) -> SSEEvent | None:
+        if line == "":
+            if not self._data and not self._event and self._id is None:
+                return None
+            ev = SSEEvent(event=self._event or "message", data="\n".join(self._data), id=self._id,
+                          retry=self._retry)
+            if self._id is not None:
+                self.last_event_id = self._id
+            self._event, self._data, self._id, self._retry = "", [], None, None
+            return ev
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        elif name == "retry" and value.isdigit():
+            self._retry = int(value)
+        return None
+
+
+def _line_end(buf: str) -> tuple[str, str] | None:
+    """Split off the first complete line (CRLF, LF or CR endings); None when none is complete."""
+    for i, ch in enumerate(buf):
+        if ch == "\n":
+            return buf[:i], buf[i + 1:]
+        if ch == "\r":
+            if i + 1 == len(buf):
+                return None  # maybe the CR of a CRLF split across chunks
+            return buf[:i], buf[i + 2:] if buf[i + 1] == "\n" else buf[i + 1:]
+    return None
+
+
+def _multipart_body(fh: BinaryIO, filename: str, size: int, fields: dict[str, str],
+                    progress: ProgressFn | None) -> tuple[str, int, Iterator[bytes]]:
+    """A streamed multipart/form-data body: (content type, exact length, chunks). The file is read
+    UPLOAD_CHUNK bytes at a time, so a 1 GiB upload never sits in memory."""
+    boundary = "fromscratch-" + secrets.token_hex(16)
+    head = b"".join(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in fields.items()
+    )
+    safe_name = filename.replace('"', "%22").replace("\r", "").replace("\n", "")
+    ctype = mimetypes.guess_type(filename)[0] or "application/octet-stream"
+    head += (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{safe_name}"\r\n'
+             f"Content-Type: {ctype}\r\n\r\n").encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+
+    def chunks() -> Iterator[bytes]:
+        yield head
+        while True:
+            chunk = fh.read(UPLOAD_CHUNK)
+            if not chunk:
+                break
+            yield chunk
+            if progress:
+                progress(len(chunk))
+        yield tail
+
+    return f"multipart/form-data; boundary={boundary}", len(head) + size + len(tail), chunks()
+
+
+class Client:
+    """The public API as methods. Every method raises APIError for an error answer or a server
+    that cannot be reached; list methods return the decoded `{object: "list", ...}` envelope."""
+
+    def __init__(self, server: str = DEFAULT_SERVER, api_key: str | None = None, *,
+                 timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
+        self.server = server.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.server, headers=headers, transport=transport,
+                                  timeout=httpx.Timeout(timeout, connect=10.0))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _send(self, method: str, path: str, *, stream: bool = False, **kwargs: Any) -> httpx.Response:
+        try:
+            request = self._http.build_request(method, path, **kwargs)
+            response = self._http.send(request, stream=stream)
+        except httpx.TimeoutException as e:
+            raise APIError(f"timed out talking to {self.server}: {e}") from e
+        except httpx.HTTPError as e:
+            raise APIError(f"cannot reach the server at {self.server}: {e}") from e
+        if response.status_code >= 400:
+            try:
+                raise APIError.from_response(response)
+            finally:
+                response.close()
+        return response
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._send(method, path, **kwargs)
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError as e:
+            raise APIError(f"the server sent something that is not JSON for {method} {path}",
+                           status_code=response.status_code) from e
+
+    # -- files ----------------------------------------------------------------------------
+    def upload_file(self, path: str | os.PathLike[str], purpose: str = "fine-tune",
+                    progress: ProgressFn | None = None) -> dict[str, Any]:
+        path = Path(path)
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            ctype, length, body = _multipart_body(fh, path.name, size, {"purpose": purpose}, progress)
+            # Uploads of large files take a while: no read timeout while the server digests it.
+            return self.request("POST", "/v1/files", content=body,
+                                headers={"Content-Type": ctype, "Content-Length": str(length)},
+                                timeout=httpx.Timeout(None, connect=10.0))
+
+    def list_files(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/files")
+
+    def get_file(self, file_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/files/{file_id}")
+
+    # -- jobs -----------------------------------------------------------------------------
+    def create_job(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self.request("POST", "/v1/fine_tuning/jobs", json=body, headers=headers)
+
+    def list_jobs(self, after: str | None = None, limit: int | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in {"after": after, "limit": limit}.items() if v is not None}
+        return self.request("GET", "/v1/fine_tuning/jobs", params=params)
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/fine_tuning/jobs/{job_id}")
+
+    def job_action(self, job_id: str, action: str) -> dict[str, Any]:
+        if action not in ("cancel", "pause", "resume"):
+            raise ValueError(f"unknown job action {action!r}")
+        return self.request("POST", f"/v1/fine_tuning/jobs/{job_id}/{action}")
+
+    def metrics(self, job_id: str, after_step: int | None = None, limit: int | None = None,
+                max_points: int | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in {"after_step": after_step, "limit": limit,
+                                    "max_points": max_points}.items() if v is not None}
+        return self.request("GET", f"/v1/fine_tuning/jobs/{job_id}/metrics", params=params)
+
+    def events(self, job_id: str, limit: int | None = None) -> dict[str, Any]:
+        params = {"limit": limit} if limit else {}
+        return self.request("GET", f"/v1/fine_tuning/jobs/{job_id}/events", params=params)
+
+    def checkpoints(self, job_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/fine_tuning/jobs/{job_id}/checkpoints")
+
+    def stream(self, job_id: str, last_event_id: str | None = None,
+               read_timeout: float = 60.0) -> Iterator[SSEEvent]:
+        """Yield the job's SSE events until the server closes the stream. A gap longer than
+        `read_timeout` with not even a keep-alive comment raises APIError (the caller reconnects
+        with the last event id it saw)."""
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id:
+            headers["Last-Event-ID"] = last_event_id
+        response = self._send("GET", f"/v1/fine_tuning/jobs/{job_id}/stream", stream=True, headers=headers,
+                              timeout=httpx.Timeout(read_timeout, connect=10.0))
+        parser = SSEParser()
+        try:
+            for text in response.iter_text():
+                yield from parser.feed(text)
+        except httpx.HTTPError as e:
+            raise APIError(f"the event stream dropped: {e}") from e
+        finally:
+            response.close()
+
+    # -- models ---------------------------------------------------------------------------
+    def list_models(self) -> dict[str, Any]:
+        return self.request("GET", "/v1/models")
+
+    def get_model(self, model_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/models/{model_id}")
+
+    def generate(self, model_id: str, prompt: str, **options: Any) -> dict[str, Any]:
+        body = {"prompt": prompt, **{k: v for k, v in options.items() if v is not None}}
+        return self.request("POST", f"/v1/models/{model_id}/generate", json=body,
+                            timeout=httpx.Timeout(300.0, connect=10.0))
+
+    def download_model(self, model_id: str, fmt: str, write: Callable[[bytes], Any],
+                       on_start: Callable[[int | None, str | None], None] | None = None,
+                       progress: ProgressFn | None = None) -> None:
+        """Stream `GET /v1/models/{id}/content?format=fmt` into `write`. `on_start(total, filename)`
+        gets the Content-Length (None if absent) and the Content-Disposition filename first.
+        The first request of a format may take a while: the server exports it then."""
+        response = self._send("GET", f"/v1/models/{model_id}/content", params={"format": fmt}, stream=True,
+                              timeout=httpx.Timeout(600.0, connect=10.0))
+        try:
+            length = response.headers.get("content-length")
+            if on_start:
+                on_start(int(length) if length and length.isdigit() else None,
+                         content_disposition_filename(response.headers.get("content-disposition")))
+            for chunk in response.iter_bytes(UPLOAD_CHUNK):
+                write(chunk)
+                if progress:
+                    progress(len(chunk))
+        except httpx.HTTPError as e:
+            raise APIError(f"the download of {model_id} broke off: {e}") from e
+        finally:
+            response.close()
+
+
+def content_disposition_filename(header: str | None) -> str | None:
+    """The filename from a Content-Disposition header (plain `filename=` form), made safe to
+    use as a bare file name."""
+    if not header:
+        return None
+    for part in header.split(";"):
+        name, _, value = part.strip().partition("=")
+        if name.lower() == "filename" and value:
+            value = value.strip().strip('"')
+            value = os.path.basename(value.replace("\\", "/"))
+            return value if value not in ("", ".", "..") else None
+    return None

@@ -1,0 +1,80 @@
+"""FastAPI dependencies as `Annotated` aliases (the full-stack-fastapi-template style):
+
+    def route(session: SessionDep, key: CurrentKey, settings: SettingsDep, store: BlobStoreDep): ...
+
+Everything lives on `app.state` (see api/main.py): `settings`, `engine`, `session_factory`,
+`blobstore`, `celery`. Sessions are synchronous SQLAlchemy sessions; routes that use them are plain
+`def` so FastAPI runs them in its threadpool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.errors import APIError
+from core.models import ApiKey
+from core.settings import Settings
+
+BEARER_HELP = "Send 'Authorization: Bearer <key>' (create a key with `fromscratch keys create --name NAME`)."
+
+
+def get_settings_dep(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_session_factory(request: Request) -> sessionmaker[Session]:
+    return request.app.state.session_factory
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    session = request.app.state.session_factory()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def get_blobstore(request: Request) -> Any:
+    return request.app.state.blobstore
+
+
+def bearer_secret(request: Request) -> str:
+    """The key from `Authorization: Bearer <key>`; 401 (JSON) when absent or malformed."""
+    header = request.headers.get("authorization")
+    if not header:
+        raise APIError(401, f"You didn't provide an API key. {BEARER_HELP}", code="missing_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
+    scheme, _, secret = header.partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        raise APIError(401, f"Malformed Authorization header. {BEARER_HELP}", code="invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
+    return secret
+
+
+def authenticate(session: Session, secret: str) -> ApiKey:
+    from core.keys import verify_key
+
+    key = verify_key(session, secret)
+    if key is None:
+        shown = secret[:6] + "..." if len(secret) > 8 else "***"
+        raise APIError(401, f"Incorrect API key provided: {shown}. {BEARER_HELP}", code="invalid_api_key",
+                       headers={"WWW-Authenticate": "Bearer"})
+    return key
+
+
+def get_current_key(request: Request, session: Annotated[Session, Depends(get_session)]) -> ApiKey:
+    key = authenticate(session, bearer_secret(request))
+    request.state.owner_id = key.owner_id
+    return key
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+SessionDep = Annotated[Session, Depends(get_session)]
+SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
+BlobStoreDep = Annotated[Any, Depends(get_blobstore)]
+CurrentKey = Annotated[ApiKey, Depends(get_current_key)]

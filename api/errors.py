@@ -1,0 +1,128 @@
+"""The one error shape of the API and the handlers that guarantee it.
+
+Every error the service answers — a route's `APIError`, FastAPI's `HTTPException`, Starlette's 404
+for an unknown path and 405 for a wrong method, a request-validation 422, an unhandled exception —
+is JSON in OpenAI's envelope:
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "training_file", "code": "..."}}
+
+never HTML and never a stack trace. `type` follows OpenAI: `invalid_request_error` for 4xx caused by
+the request (401 included, with code `invalid_api_key`), `server_error` for 5xx.
+
+We never answer 409 for a request that can never succeed (the openai SDK retries 408/409/429/5xx):
+a state conflict such as cancelling a finished job is a 400.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("fromscratch.api")
+
+_DEFAULT_TYPES = {401: "invalid_request_error", 403: "invalid_request_error", 404: "invalid_request_error"}
+
+
+def error_type_for(status: int) -> str:
+    if status >= 500:
+        return "server_error"
+    return _DEFAULT_TYPES.get(status, "invalid_request_error")
+
+
+class APIError(Exception):
+    """Raise from a route (or anything it calls) to answer `status` with the error envelope."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or error_type_for(status)
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   type: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, type or error_type_for(status), param, code),
+                        status_code=status, headers=headers)
+
+
+def not_found(what: str, id: str, param: str | None = None) -> APIError:
+    """404 for an id that does not exist *or belongs to another owner* (we do not tell them apart)."""
+    return APIError(404, f"No such {what}: {id!r}", param=param, code=f"{what.replace(' ', '_')}_not_found")
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = "invalid_request") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+# ------------------------------------------------------------------------------------------ handlers
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 401: "invalid_api_key", 413: "too_large"}
+
+
+async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    status = exc.status_code
+    detail = exc.detail
+    if status == 404 and detail == "Not Found":
+        message = f"Unknown URL: {request.method} {request.url.path}"
+    elif status == 405 and detail == "Method Not Allowed":
+        message = f"Method {request.method} is not allowed on {request.url.path}"
+    elif isinstance(detail, str):
+        message = detail
+    else:
+        message = str(detail)
+    return error_response(status, message, code=_HTTP_CODES.get(status), headers=getattr(exc, "headers", None))
+
+
+def _loc_param(loc: tuple[Any, ...] | list[Any]) -> str | None:
+    """FastAPI locations look like ("body", "hyperparameters", "n_epochs") or ("query", "limit")."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie", "form"):
+        parts = parts[1:]
+    return ".".join(parts) or None
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    messages = []
+    for err in errors[:5]:
+        param = _loc_param(err.get("loc", ()))
+        msg = str(err.get("msg", "invalid value"))
+        messages.append(f"{param}: {msg}" if param else msg)
+    first = _loc_param(errors[0].get("loc", ())) if errors else None
+    message = "Invalid request: " + "; ".join(messages) if messages else "Invalid request"
+    return error_response(422, message, param=first, code="validation_error")
+
+
+async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "The server had an error while processing your request; it has been logged.",
+                          code="internal_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(StarletteHTTPException, _http_exception)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unhandled)

@@ -1,0 +1,289 @@
+"""Response (and request) models of the public API, shaped like OpenAI's so the `openai` SDK parses
+them, plus our extensions beside OpenAI's fields (`progress`, `config`, file `format`/`sha256`,
+model `kind`/`job_id`/`step`). Times are unix seconds, as in OpenAI's API.
+
+The `to_*` functions turn database rows into these models; routes never hand rows out directly.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.models import Checkpoint as CheckpointRow
+from core.models import Event as EventRow
+from core.models import File as FileRow
+from core.models import Job as JobRow
+from core.models import Metric as MetricRow
+
+T = TypeVar("T")
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def unix(dt: datetime | None) -> int | None:
+    """Unix seconds; naive datetimes (SQLite) are UTC."""
+    if dt is None:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return int(dt.timestamp())
+
+
+def unix_float(dt: datetime | None) -> float | None:
+    if dt is None:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+class ListEnvelope(BaseModel, Generic[T]):
+    object: Literal["list"] = "list"
+    data: list[T]
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None
+
+
+class Deleted(BaseModel):
+    id: str
+    object: str
+    deleted: bool = True
+
+
+# ------------------------------------------------------------------------------------------- files
+class FileObject(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: Literal["uploaded", "processed", "error"] = "processed"
+    status_details: str | None = None
+    expires_at: int | None = None
+    # ours
+    format: str = Field(description='"text" or "jsonl", as detected on upload')
+    sha256: str
+
+
+def to_file(f: FileRow) -> FileObject:
+    return FileObject(id=f.id, bytes=f.bytes, created_at=unix(f.created_at) or 0, filename=f.filename,
+                      purpose=f.purpose, format=f.format, sha256=f.sha256)
+
+
+# -------------------------------------------------------------------------------------------- jobs
+class JobError(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+
+
+class Progress(BaseModel):
+    step: int
+    total_steps: int | None
+    train_loss: float | None
+    val_loss: float | None
+    tokens_per_s: float | None
+    eta_seconds: float | None
+
+
+class Method(BaseModel):
+    type: Literal["supervised"] = "supervised"
+    supervised: dict[str, Any]
+
+
+class FineTuningJob(BaseModel):
+    id: str
+    object: Literal["fine_tuning.job"] = "fine_tuning.job"
+    created_at: int
+    finished_at: int | None
+    model: str
+    fine_tuned_model: str | None
+    organization_id: str
+    status: str
+    hyperparameters: dict[str, Any]
+    training_file: str
+    validation_file: str | None
+    result_files: list[str] = Field(default_factory=list)
+    trained_tokens: int | None
+    error: JobError | None
+    seed: int
+    suffix: str | None = None
+    estimated_finish: int | None
+    integrations: list[Any] | None = None
+    metadata: dict[str, Any] | None
+    method: Method
+    # ours
+    progress: Progress
+    config: dict[str, Any] = Field(description="the resolved trainer configs: {model: ModelConfig, train: TrainConfig}")
+    queue: str
+    attempts: int
+    started_at: int | None
+    base_model: str | None = Field(None, description="the model this job continues training from, if any")
+
+
+def tokens_per_step(job: JobRow) -> int | None:
+    try:
+        train = job.train_config or {}
+        return int(train.get("batch_size", 1)) * int(train.get("grad_accum", 1)) * int(job.model_config["ctx"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def eta_seconds(job: JobRow) -> float | None:
+    if job.status not in ("running", "validating_files") or not job.total_steps or not job.tokens_per_s:
+        return None
+    per_step = tokens_per_step(job)
+    if not per_step or job.tokens_per_s <= 0:
+        return None
+    remaining = max(job.total_steps - job.step, 0)
+    return round(remaining * per_step / job.tokens_per_s, 1)
+
+
+def to_job(job: JobRow) -> FineTuningJob:
+    eta = eta_seconds(job)
+    error = None
+    if job.status == "failed" or job.error_code:
+        error = JobError(code=job.error_code or "failed", message=job.error_message or "The job failed.",
+                         param=job.error_param)
+    hp = dict(job.hyperparameters or {})
+    return FineTuningJob(
+        id=job.id, created_at=unix(job.created_at) or 0, finished_at=unix(job.finished_at), model=job.model,
+        fine_tuned_model=job.fine_tuned_model, organization_id=job.owner_id, status=job.status,
+        hyperparameters=hp, training_file=job.training_file, validation_file=job.validation_file,
+        trained_tokens=job.trained_tokens if job.status == "succeeded" or job.trained_tokens else None,
+        error=error, seed=job.seed, suffix=job.suffix,
+        estimated_finish=int(time.time() + eta) if eta is not None else None,
+        metadata=job.user_metadata, method=Method(supervised={"hyperparameters": hp}),
+        progress=Progress(step=job.step, total_steps=job.total_steps, train_loss=job.train_loss,
+                          val_loss=job.val_loss, tokens_per_s=job.tokens_per_s, eta_seconds=eta),
+        config={"model": job.model_config, "train": job.train_config}, queue=job.queue, attempts=job.attempts,
+        started_at=unix(job.started_at), base_model=job.base_model_id,
+    )
+
+
+class JobCreate(BaseModel):
+    """POST /v1/fine_tuning/jobs. Types are loose on purpose: the route validates every field itself
+    so that a wrong value is a 400 naming the field (`error.param`), as OpenAI answers."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{
+        "model": "llama-tiny", "training_file": "file-abc123",
+        "hyperparameters": {"max_steps": 200, "n_embd": 64, "learning_rate": 0.001}}]})
+
+    model: Any = Field(None, description="a preset (llama-tiny, llama-15m, ...) or the id of a model you trained")
+    training_file: Any = None
+    validation_file: Any = None
+    hyperparameters: Any = None
+    method: Any = None
+    seed: Any = None
+    suffix: Any = None
+    metadata: Any = None
+    integrations: Any = None
+
+
+# ------------------------------------------------------------------------------------------ events
+class JobEvent(BaseModel):
+    id: str
+    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
+    created_at: int
+    level: str
+    message: str
+    type: Literal["message", "metrics"] = "message"
+    data: dict[str, Any] | None = None
+
+
+def job_hex(job_id: str) -> str:
+    return job_id.split("-", 1)[-1]
+
+
+def metric_event_id(job_id: str, step: int) -> str:
+    """Metric rows have no id of their own; their events are `ftevent-<job hex>-s<step>`."""
+    return f"ftevent-{job_hex(job_id)}-s{step}"
+
+
+def metric_data(m: MetricRow) -> dict[str, Any]:
+    return {"step": m.step, "train_loss": m.train_loss, "valid_loss": m.val_loss, "learning_rate": m.lr,
+            "grad_norm": m.grad_norm, "tokens_per_s": m.tokens_per_s, "tokens_seen": m.tokens_seen}
+
+
+def metric_message(m: MetricRow, total_steps: int | None) -> str:
+    parts = [f"Step {m.step}" + (f"/{total_steps}" if total_steps else "") + ":"]
+    if m.train_loss is not None:
+        parts.append(f"training loss={m.train_loss:.4f}")
+    if m.val_loss is not None:
+        parts.append(f"validation loss={m.val_loss:.4f}")
+    return " ".join(parts)
+
+
+def to_metric_event(job_id: str, m: MetricRow, total_steps: int | None) -> JobEvent:
+    return JobEvent(id=metric_event_id(job_id, m.step), created_at=unix(m.created_at) or 0, level="info",
+                    message=metric_message(m, total_steps), type="metrics", data=metric_data(m))
+
+
+def to_event(e: EventRow) -> JobEvent:
+    kind = "metrics" if e.type == "metrics" else "message"
+    return JobEvent(id=e.id, created_at=unix(e.created_at) or 0, level=e.level, message=e.message, type=kind,
+                    data=e.data)
+
+
+def metric_point(m: MetricRow) -> dict[str, Any]:
+    """One point of GET /metrics and of the SSE `metrics` event."""
+    return {"step": m.step, "train_loss": m.train_loss, "val_loss": m.val_loss, "lr": m.lr,
+            "tokens_per_s": m.tokens_per_s, "tokens_seen": m.tokens_seen, "grad_norm": m.grad_norm,
+            "created_at": unix_float(m.created_at)}
+
+
+# ------------------------------------------------------------------------------------- checkpoints
+class CheckpointObject(BaseModel):
+    id: str
+    object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
+    created_at: int
+    fine_tuned_model_checkpoint: str
+    fine_tuning_job_id: str
+    step_number: int
+    metrics: dict[str, Any]
+    # ours
+    is_final: bool = False
+
+
+def to_checkpoint(c: CheckpointRow) -> CheckpointObject:
+    metrics = {"step": c.step, "train_loss": None, "valid_loss": None, **(c.metrics or {})}
+    if "val_loss" in metrics and metrics.get("valid_loss") is None:
+        metrics["valid_loss"] = metrics["val_loss"]
+    return CheckpointObject(id=c.id, created_at=unix(c.created_at) or 0, fine_tuned_model_checkpoint=c.model_id,
+                            fine_tuning_job_id=c.job_id, step_number=c.step, metrics=metrics, is_final=c.is_final)
+
+
+# ------------------------------------------------------------------------------------------ models
+class Model(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    # ours
+    kind: Literal["fine_tuned", "checkpoint"]
+    job_id: str
+    step: int | None = None
+    root: str | None = Field(None, description="the preset the model's architecture comes from")
+    parent: str | None = Field(None, description="the model this one continued training from")
+    formats: list[str] = Field(default_factory=lambda: ["gguf", "hf", "onnx", "checkpoint"])
+
+
+class GenerateRequest(BaseModel):
+    prompt: str = ""
+    max_tokens: int = Field(100, ge=1, le=4096)
+    temperature: float = Field(0.8, ge=0.0, le=10.0)
+    top_k: int | None = Field(None, ge=1)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None
+
+
+class GenerateResponse(BaseModel):
+    object: Literal["text_completion"] = "text_completion"
+    model: str
+    text: str
+    usage: dict[str, int] | None = None

@@ -1,0 +1,96 @@
+// Jobs list: newest first, cursor-paginated with `after`, refreshed every few seconds while any job
+// on the page is still live.
+
+import { api, query } from "../api.js";
+import { badge, clear, el, fmtDuration, fmtInt, fmtLoss, fmtTime, progressBar, TERMINAL } from "../util.js";
+
+const PAGE_SIZE = 20;
+const REFRESH_MS = 3000;
+
+export function mountJobs(root, { after } = {}) {
+  const abort = new AbortController();
+  let timer = null;
+  const list = el("ul", { class: "job-list", "aria-live": "polite", "aria-busy": "true" });
+  const status = el("p", { class: "muted", role: "status" }, "Loading jobs…");
+  const prev = el("button", { type: "button", class: "secondary", disabled: !after }, "← Newer");
+  const next = el("button", { type: "button", class: "secondary", disabled: true }, "Older →");
+  const pager = el("nav", { class: "pager", "aria-label": "Job pages" }, prev, next);
+  const header = el("div", { class: "page-head" },
+    el("h1", {}, "Training jobs"),
+    el("a", { class: "button primary", href: "#/new" }, "New job"));
+  root.append(header, status, list, pager);
+
+  // The cursors of the pages we came through (a stack in sessionStorage), so Newer goes back.
+  const readStack = () => { try { return JSON.parse(sessionStorage.getItem("jobs.cursors") || "[]"); } catch { return []; } };
+  const writeStack = (stack) => sessionStorage.setItem("jobs.cursors", JSON.stringify(stack));
+  if (!after) writeStack([]);
+  prev.addEventListener("click", () => {
+    const stack = readStack();
+    const back = stack.pop() || "";
+    writeStack(stack);
+    location.hash = back ? `#/jobs?after=${encodeURIComponent(back)}` : "#/jobs";
+  });
+
+  let lastPage = null;
+  next.addEventListener("click", () => {
+    if (!lastPage || !lastPage.data.length) return;
+    const stack = readStack();
+    stack.push(after || "");
+    writeStack(stack);
+    location.hash = `#/jobs?after=${encodeURIComponent(lastPage.data[lastPage.data.length - 1].id)}`;
+  });
+
+  async function load() {
+    clearTimeout(timer);
+    try {
+      const page = await api(`/fine_tuning/jobs${query({ limit: PAGE_SIZE, after })}`, { signal: abort.signal });
+      lastPage = page;
+      render(page);
+      if (page.data.some((j) => !TERMINAL.has(j.status))) timer = setTimeout(load, REFRESH_MS);
+    } catch (e) {
+      if (e.name === "AbortError") return;
+      status.textContent = `Could not load jobs: ${e.message}`;
+      status.className = "error-banner";
+      timer = setTimeout(load, REFRESH_MS * 3);
+    }
+  }
+
+  function render(page) {
+    list.setAttribute("aria-busy", "false");
+    next.disabled = !page.has_more;
+    if (!page.data.length) {
+      status.className = "muted";
+      clear(status, after ? "No more jobs." : "No jobs yet. ", after ? null : el("a", { href: "#/new" }, "Start one."));
+      clear(list);
+      return;
+    }
+    status.textContent = "";
+    status.className = "muted";
+    clear(list, page.data.map(jobCard));
+  }
+
+  load();
+  return { destroy() { abort.abort(); clearTimeout(timer); } };
+}
+
+function jobCard(job) {
+  const p = job.progress || {};
+  const step = p.step ?? 0, total = p.total_steps ?? 0;
+  const live = !TERMINAL.has(job.status);
+  return el("li", { class: "job-card", dataset: { jobId: job.id, status: job.status } },
+    el("div", { class: "job-card-head" },
+      el("a", { class: "job-link mono", href: `#/jobs/${encodeURIComponent(job.id)}` }, job.id),
+      badge(job.status)),
+    el("div", { class: "job-card-model" }, job.model || "", job.fine_tuned_model
+      ? el("span", { class: "muted mono small" }, ` → ${job.fine_tuned_model}`) : null),
+    el("div", { class: "job-card-progress" },
+      progressBar(step, total, `Progress of ${job.id}`),
+      el("span", { class: "small" }, total ? `${fmtInt(step)} / ${fmtInt(total)}` : (step ? fmtInt(step) : "—"),
+        live && p.eta_seconds != null ? ` · ETA ${fmtDuration(p.eta_seconds)}` : "")),
+    el("dl", { class: "job-card-stats" },
+      el("div", {}, el("dt", {}, "train loss"), el("dd", {}, fmtLoss(p.train_loss))),
+      el("div", {}, el("dt", {}, "val loss"), el("dd", {}, fmtLoss(p.val_loss))),
+      el("div", {}, el("dt", {}, "created"), el("dd", {}, fmtTime(job.created_at))),
+      el("div", {}, el("dt", {}, "finished"), el("dd", {}, fmtTime(job.finished_at)))),
+    job.error && job.error.message ? el("p", { class: "error-text small" }, job.error.message) : null);
+}

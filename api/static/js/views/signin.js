@@ -1,0 +1,58 @@
+// Sign in: the API key is checked against the API (GET /v1/fine_tuning/jobs?limit=1) and kept in
+// localStorage. A refused key leaves nothing stored and says why.
+
+import { api, ApiError, clearKey, setKey } from "../api.js";
+import { el } from "../util.js";
+
+export function mountSignIn(root, { notice } = {}) {
+  const input = el("input", {
+    id: "api-key", name: "api-key", type: "password", autocomplete: "current-password", required: true,
+    spellcheck: "false", placeholder: "fsk-…", "aria-describedby": "api-key-help api-key-error",
+  });
+  const error = el("p", { id: "api-key-error", class: "field-error", role: "alert" });
+  const button = el("button", { type: "submit", class: "primary" }, "Sign in");
+  const form = el("form", { class: "card signin", novalidate: true },
+    el("h1", {}, "Sign in"),
+    notice ? el("p", { class: "notice", role: "status" }, notice) : null,
+    el("label", { for: "api-key" }, "API key"),
+    input,
+    el("p", { id: "api-key-help", class: "help" },
+      "The key printed by ", el("code", {}, "fromscratch serve"), ", or make one with ",
+      el("code", {}, "fromscratch keys create --name NAME"), ". It is kept in this browser only."),
+    error,
+    button);
+
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const key = input.value.trim();
+    error.textContent = "";
+    if (!key) {
+      error.textContent = "Enter an API key.";
+      input.focus();
+      return;
+    }
+    button.disabled = true;
+    button.textContent = "Checking…";
+    setKey(key);
+    try {
+      await api("/fine_tuning/jobs?limit=1");
+      location.hash = "#/jobs";
+    } catch (e) {
+      clearKey();
+      if (e instanceof ApiError && e.status === 401) {
+        error.textContent = "This API key was not accepted (401 Unauthorized). Check it for typos, or create a new one.";
+      } else {
+        error.textContent = `Could not sign in: ${e.message}`;
+      }
+      input.setAttribute("aria-invalid", "true");
+      input.focus();
+    } finally {
+      button.disabled = false;
+      button.textContent = "Sign in";
+    }
+  });
+
+  root.append(form);
+  input.focus();
+  return { destroy() {} };
+}

@@ -1,0 +1,351 @@
+"""The job state machine: the one place job statuses change.
+
+    validating_files ─▶ queued ─▶ running ─▶ succeeded | failed | cancelled
+          │   ▲           │  ▲       │
+          │   └───────────┘  └───────┤ (lease expired: re-queued, attempts < max_attempts)
+          └──────────────▶ paused ◀──┘ (resume: paused ─▶ queued)
+
+Who holds a job: a worker that claimed it (`lease_owner`, lease renewed by heartbeat). A held
+job's status changes only through its worker; the API records cancel/pause as flags the worker
+obeys between steps. A job nobody holds (waiting in the queue, paused) changes state at once.
+
+Concurrency: every status change is a compare-and-set UPDATE on (status, lease_owner), so the API,
+the worker and the reaper can race without overwriting each other; the loser gets
+`ConcurrentUpdate` (an `IllegalTransition`) and re-reads. The lease helpers (claim, renew,
+release, requeue_expired) commit themselves because other processes must see them at once;
+`transition()` and the request helpers leave the commit to the caller, who groups them with its
+own writes (e.g. the final checkpoint row together with `succeeded`).
+
+`attempts` counts claims since the job was created or last resumed: a crash-requeue keeps it, a
+user's resume resets it (a pause is not a failure).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, inspect, select, update
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+
+from core.models import Event, Job, utcnow
+
+VALIDATING_FILES = "validating_files"
+QUEUED = "queued"
+RUNNING = "running"
+PAUSED = "paused"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+
+STATUSES: tuple[str, ...] = (VALIDATING_FILES, QUEUED, RUNNING, PAUSED, SUCCEEDED, FAILED, CANCELLED)
+TERMINAL: frozenset[str] = frozenset({SUCCEEDED, FAILED, CANCELLED})
+CLAIMABLE: frozenset[str] = frozenset({VALIDATING_FILES, QUEUED})
+# statuses in which the job is being worked on (a lease must be held)
+ACTIVE: frozenset[str] = frozenset({VALIDATING_FILES, RUNNING})
+
+TRANSITIONS: dict[str, frozenset[str]] = {
+    # validating -> running directly when the worker that validated goes on to train
+    VALIDATING_FILES: frozenset({QUEUED, RUNNING, PAUSED, FAILED, CANCELLED}),
+    # a claimed queued job is validated again (cheap, cached) or goes straight to running
+    QUEUED: frozenset({VALIDATING_FILES, RUNNING, PAUSED, FAILED, CANCELLED}),
+    RUNNING: frozenset({QUEUED, PAUSED, SUCCEEDED, FAILED, CANCELLED}),
+    PAUSED: frozenset({QUEUED, CANCELLED}),
+    SUCCEEDED: frozenset(),
+    FAILED: frozenset(),
+    CANCELLED: frozenset(),
+}
+
+# Leaving for one of these ends the worker's hold on the job.
+_RELEASES_LEASE = TERMINAL | {QUEUED, PAUSED}
+
+
+class IllegalTransition(Exception):
+    """A status change the state machine does not allow (or a request that makes no sense in the
+    job's current status). The message says what the job's status is."""
+
+    def __init__(self, message: str, *, current: str | None = None, target: str | None = None) -> None:
+        super().__init__(message)
+        self.current = current
+        self.target = target
+
+
+class ConcurrentUpdate(IllegalTransition):
+    """Someone else changed the job (status or lease) since it was read; re-read and decide again."""
+
+
+def add_event(
+    session: Session,
+    job_id: str,
+    message: str,
+    level: str = "info",
+    data: dict[str, Any] | None = None,
+    type: str = "message",
+) -> Event:
+    event = Event(job_id=job_id, message=message, level=level, data=data, type=type)
+    session.add(event)
+    return event
+
+
+def _cas(session: Session, job: Job, values: dict[str, Any], *extra: ColumnElement[bool]) -> bool:
+    """UPDATE the job's row only if its status and lease owner are still what `job` says; on
+    success mirror the values onto `job` (without marking it dirty)."""
+    session.flush()  # pending changes to `job` go first, so they cannot overwrite ours later
+    owner_cond = Job.lease_owner.is_(None) if job.lease_owner is None else Job.lease_owner == job.lease_owner
+    values = {**values, "updated_at": values.get("updated_at", utcnow())}
+    result = session.execute(
+        update(Job).where(Job.id == job.id, Job.status == job.status, owner_cond, *extra).values(**values),
+        execution_options={"synchronize_session": False},
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    for key, value in values.items():
+        set_committed_value(job, key, value)
+    return True
+
+
+def _check(current: str, new_status: str) -> None:
+    if new_status not in TRANSITIONS:
+        raise IllegalTransition(f"unknown job status {new_status!r}", current=current, target=new_status)
+    if new_status not in TRANSITIONS[current]:
+        raise IllegalTransition(
+            f"a job that is {current} cannot become {new_status}", current=current, target=new_status
+        )
+
+
+def _status_message(job: Job, new_status: str) -> tuple[str, str, dict[str, Any]]:
+    data: dict[str, Any] = {"status": new_status}
+    if new_status == FAILED:
+        data["error"] = {"code": job.error_code, "message": job.error_message, "param": job.error_param}
+        return f"Job status: failed: {job.error_message or job.error_code or 'unknown error'}", "error", data
+    return f"Job status: {new_status}", "info", data
+
+
+def transition(session: Session, job: Job, new_status: str, **fields: Any) -> Job:
+    """Move `job` to `new_status` (setting any other Job columns given in `fields`), stamp
+    started_at/finished_at, release the lease when the worker's hold ends, and write the
+    lifecycle Event. Raises IllegalTransition, or ConcurrentUpdate when the row changed under us.
+    The caller commits."""
+    old = job.status
+    _check(old, new_status)
+    unknown = set(fields) - set(inspect(Job).column_attrs.keys())
+    if unknown:
+        raise TypeError(f"not Job columns: {sorted(unknown)}")
+    now = utcnow()
+    values: dict[str, Any] = {**fields, "status": new_status, "updated_at": now}
+    if new_status == RUNNING and job.started_at is None:
+        values.setdefault("started_at", now)
+    if new_status in TERMINAL:
+        values.setdefault("finished_at", now)
+    if new_status in _RELEASES_LEASE:
+        values.setdefault("lease_owner", None)
+        values.setdefault("lease_expires_at", None)
+    if new_status in TERMINAL or new_status == PAUSED:
+        values.setdefault("pause_requested", False)
+    if not _cas(session, job, values):
+        session.refresh(job)
+        raise ConcurrentUpdate(
+            f"job {job.id} changed while moving {old} -> {new_status} (now {job.status})",
+            current=job.status,
+            target=new_status,
+        )
+    message, level, data = _status_message(job, new_status)
+    add_event(session, job.id, message, level=level, data=data)
+    return job
+
+
+# ---- leases (these commit) ------------------------------------------------------------------
+def claim_job(session: Session, job_id: str, worker_id: str, lease_seconds: float) -> Job | None:
+    """Atomically take the job for `worker_id` if nobody holds it and it is waiting to run.
+    Returns the claimed Job (committed), or None: the message was a replay, the job finished,
+    was cancelled/paused, or another worker got it first. Drop the message in that case."""
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.lease_owner.is_(None), Job.status.in_(CLAIMABLE))
+        .values(
+            lease_owner=worker_id,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            attempts=Job.attempts + 1,
+            updated_at=now,
+        ),
+        execution_options={"synchronize_session": False},
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        session.rollback()
+        return None
+    session.commit()
+    job = session.get(Job, job_id, populate_existing=True)
+    return job
+
+
+def renew_lease(session: Session, job_id: str, worker_id: str, lease_seconds: float) -> bool:
+    """Heartbeat: extend the lease. False when the worker no longer holds the job (the reaper
+    re-queued it, or it was released): the worker must stop working on it."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.lease_owner == worker_id)
+        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)),
+        execution_options={"synchronize_session": False},
+    )
+    session.commit()
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def release_lease(session: Session, job_id: str, worker_id: str) -> bool:
+    """Give up the hold without changing status (e.g. a worker shutting down before it started:
+    the job goes back to waiting). Prefer `transition()`, which releases as part of the change."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.lease_owner == worker_id)
+        .values(lease_owner=None, lease_expires_at=None, updated_at=utcnow()),
+        execution_options={"synchronize_session": False},
+    )
+    session.commit()
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def requeue_expired(session: Session, max_attempts: int) -> list[tuple[str, str]]:
+    """The reaper: every job whose lease expired (its worker died or lost the database) is
+    re-queued when it has attempts left, else failed with error code `worker_lost`. A pending
+    cancel or pause is honoured instead. Commits; returns [(job_id, queue)] to enqueue again."""
+    now = utcnow()
+    expired = session.scalars(
+        select(Job)
+        .where(Job.lease_owner.is_not(None), Job.lease_expires_at < now)
+        .order_by(Job.created_at)
+        .execution_options(populate_existing=True)
+    ).all()
+    to_enqueue: list[tuple[str, str]] = []
+    for job in expired:
+        # guard every change by the lease still being expired: a late heartbeat wins
+        still_expired = Job.lease_expires_at < now
+        if job.cancel_requested:
+            _transition_if_expired(session, job, CANCELLED, still_expired)
+        elif job.pause_requested:
+            _transition_if_expired(session, job, PAUSED, still_expired)
+        elif job.attempts < max_attempts:
+            if job.status in ACTIVE:
+                requeued = _transition_if_expired(session, job, QUEUED, still_expired)
+            else:  # claimed while queued, lost before it started: just give the job back
+                requeued = _cas(session, job, {"lease_owner": None, "lease_expires_at": None}, still_expired)
+            if requeued:
+                add_event(
+                    session,
+                    job.id,
+                    f"worker lost; re-queued (attempt {job.attempts + 1} of {max_attempts})",
+                    level="warning",
+                    data={"attempt": job.attempts + 1, "max_attempts": max_attempts},
+                )
+                to_enqueue.append((job.id, job.queue))
+        else:
+            _transition_if_expired(
+                session,
+                job,
+                FAILED,
+                still_expired,
+                error_code="worker_lost",
+                error_message=(
+                    f"The worker running this job stopped responding (its lease expired) on each of "
+                    f"{job.attempts} attempts (max_attempts={max_attempts}), so the job was given up. "
+                    "Check the worker's logs (out of memory? killed? machine lost?), then start a new job."
+                ),
+            )
+    session.commit()
+    return to_enqueue
+
+
+def _transition_if_expired(
+    session: Session, job: Job, new_status: str, still_expired: ColumnElement[bool], **fields: Any
+) -> bool:
+    """transition() guarded by the lease still being the expired one we saw."""
+    old = job.status
+    _check(old, new_status)
+    now = utcnow()
+    values: dict[str, Any] = {**fields, "status": new_status, "updated_at": now, "lease_owner": None,
+                              "lease_expires_at": None}
+    if new_status in TERMINAL:
+        values["finished_at"] = now
+    if new_status in TERMINAL or new_status == PAUSED:
+        values["pause_requested"] = False
+    if not _cas(session, job, values, still_expired):
+        return False
+    message, level, data = _status_message(job, new_status)
+    add_event(session, job.id, message, level=level, data=data)
+    return True
+
+
+# ---- user requests (the caller commits) -----------------------------------------------------
+def _retrying(session: Session, job: Job, attempt: Any) -> Job:
+    """Run `attempt(job)` again after a re-read when a worker/reaper changed the job under us."""
+    for _ in range(5):
+        try:
+            return attempt(job)
+        except ConcurrentUpdate:
+            session.refresh(job)
+    return attempt(job)
+
+
+def request_cancel(session: Session, job: Job) -> Job:
+    """Cancel: a job nobody holds is cancelled at once; a held one gets `cancel_requested` and its
+    worker stops between steps. Cancelling a cancelled job is a no-op; other terminal jobs raise."""
+
+    def attempt(job: Job) -> Job:
+        if job.status == CANCELLED:
+            return job
+        if job.status in TERMINAL:
+            raise IllegalTransition(f"job {job.id} already {job.status}; it cannot be cancelled", current=job.status)
+        if job.lease_owner is None:
+            return transition(session, job, CANCELLED)
+        if not job.cancel_requested:
+            if not _cas(session, job, {"cancel_requested": True}):
+                raise ConcurrentUpdate("job changed", current=job.status)
+            add_event(session, job.id, "Cancellation requested")
+        return job
+
+    return _retrying(session, job, attempt)
+
+
+def request_pause(session: Session, job: Job) -> Job:
+    """Pause: a job nobody holds is paused at once; a held one gets `pause_requested` (its worker
+    saves a checkpoint and stops). Pausing a paused job is a no-op; terminal jobs raise."""
+
+    def attempt(job: Job) -> Job:
+        if job.status == PAUSED:
+            return job
+        if job.status in TERMINAL:
+            raise IllegalTransition(f"job {job.id} already {job.status}; it cannot be paused", current=job.status)
+        if job.lease_owner is None:
+            return transition(session, job, PAUSED)
+        if not job.pause_requested:
+            if not _cas(session, job, {"pause_requested": True}):
+                raise ConcurrentUpdate("job changed", current=job.status)
+            add_event(session, job.id, "Pause requested")
+        return job
+
+    return _retrying(session, job, attempt)
+
+
+def resume(session: Session, job: Job) -> tuple[Job, bool]:
+    """Resume: paused -> queued (attempts reset; the caller enqueues it after commit). A job whose
+    pause was requested but not yet obeyed simply keeps running. Returns (job, needs_enqueue)."""
+
+    def attempt(job: Job) -> tuple[Job, bool]:
+        if job.status == PAUSED:
+            return transition(session, job, QUEUED, attempts=0, cancel_requested=False), True
+        if job.status in TERMINAL:
+            raise IllegalTransition(f"job {job.id} is {job.status}; only a paused job can be resumed", current=job.status)
+        if job.pause_requested:
+            if not _cas(session, job, {"pause_requested": False}):
+                raise ConcurrentUpdate("job changed", current=job.status)
+            add_event(session, job.id, "Pause request withdrawn")
+            return job, False
+        raise IllegalTransition(f"job {job.id} is {job.status}, not paused; nothing to resume", current=job.status)
+
+    for _ in range(5):
+        try:
+            return attempt(job)
+        except ConcurrentUpdate:
+            session.refresh(job)
+    return attempt(job)

@@ -1,0 +1,105 @@
+"""One Settings object for every process (API, worker, CLI), read from `FROMSCRATCH_*` variables.
+
+Paths that are not given derive from `data_dir` (database, broker, blobs, worker scratch), so
+`FROMSCRATCH_DATA_DIR=d` alone configures a whole embedded install. SQLite URLs are made
+absolute so a subprocess started from another working directory opens the same files.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+QUEUES = ("cpu", "gpu")
+GiB = 1 << 30
+
+
+def _absolute_sqlite_url(url: str, base: Path) -> str:
+    """`sqlite:///rel.db` (or `sqla+sqlite:///rel.db`) -> absolute path resolved against `base`."""
+    for scheme in ("sqlite:///", "sqla+sqlite:///"):
+        if url.startswith(scheme):
+            rest = url[len(scheme) :]
+            path, sep, query = rest.partition("?")
+            if not path or path == ":memory:" or path.startswith("/"):
+                return url
+            return f"{scheme}{(base / path).resolve()}{sep}{query}"
+    return url
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FROMSCRATCH_", extra="ignore")
+
+    data_dir: Path = Field(default=Path("~/.fromscratch"), description="root of every default path")
+    # "" = derive from data_dir (see _derive); an explicit value wins
+    database_url: str = Field(default="", description="SQLAlchemy URL (postgresql+psycopg://... or sqlite:///...)")
+    broker_url: str = Field(default="", description="Celery broker URL (redis://... or sqla+sqlite:///...)")
+    blob_backend: Literal["db", "fs"] = "db"
+    blob_dir: Path | None = None
+    max_upload_bytes: int = Field(default=GiB, gt=0)
+    lease_seconds: float = Field(default=30.0, gt=0)
+    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+    worker_queues: str = "cpu"  # comma-separated
+    default_queue: Literal["cpu", "gpu"] = "cpu"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    work_dir: Path | None = None
+    metrics_flush_seconds: float = Field(default=1.0, gt=0)
+    reaper_interval_seconds: float = Field(default=5.0, gt=0)
+    # client CLI
+    server: str = "http://127.0.0.1:8000"
+    api_key: str | None = None
+
+    @model_validator(mode="after")
+    def _derive(self) -> Settings:
+        # Resolved here (not in defaults) so an overridden data_dir moves every derived path.
+        self.data_dir = self.data_dir.expanduser().resolve()
+        if not self.database_url:
+            self.database_url = f"sqlite:///{self.data_dir / 'fromscratch.db'}"
+        if not self.broker_url:
+            self.broker_url = f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
+        self.database_url = _absolute_sqlite_url(self.database_url, Path.cwd())
+        self.broker_url = _absolute_sqlite_url(self.broker_url, Path.cwd())
+        self.blob_dir = (self.blob_dir or self.data_dir / "blobs").expanduser().resolve()
+        self.work_dir = (self.work_dir or self.data_dir / "work").expanduser().resolve()
+        unknown = [q for q in self.queues if q not in QUEUES]
+        if unknown or not self.queues:
+            raise ValueError(f"worker_queues={self.worker_queues!r}: use a comma-separated subset of {QUEUES}")
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ValueError(
+                f"heartbeat_seconds ({self.heartbeat_seconds}) must be shorter than lease_seconds "
+                f"({self.lease_seconds}), or every lease would expire between heartbeats"
+            )
+        return self
+
+    @property
+    def queues(self) -> list[str]:
+        return [q.strip() for q in self.worker_queues.split(",") if q.strip()]
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as FROMSCRATCH_* variables, for a subprocess (worker, server) to read
+        back exactly; unset optional values are left out."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            env[f"FROMSCRATCH_{name.upper()}"] = str(value)
+        return env
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings from the environment (cached; tests build Settings(...) instead)."""
+    return Settings()
+
+
+def reset_settings() -> None:
+    """Forget the cached settings (tests that change the environment)."""
+    get_settings.cache_clear()

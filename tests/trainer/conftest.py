@@ -1,0 +1,66 @@
+"""Fixtures for the trainer-loop tests: tiny models on small data, so each test takes seconds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainer.config import ModelConfig, TrainConfig
+
+torch.set_num_threads(2)  # the CI machine has 2 cores shared with other jobs
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+SHAKESPEARE = DATA_DIR / "tiny_shakespeare_100k.txt"
+
+
+@pytest.fixture
+def shakespeare() -> Path:
+    return SHAKESPEARE
+
+
+@pytest.fixture(scope="session")
+def byte_tokenizer() -> Any:
+    from trainer.tokenizers import ByteTokenizer
+
+    return ByteTokenizer()
+
+
+@pytest.fixture(scope="session")
+def shakespeare_data(byte_tokenizer: Any) -> Any:
+    """Byte-tokenized tiny Shakespeare, 10% held out (prepared once per session)."""
+    from trainer.data import prepare_data
+
+    return prepare_data(SHAKESPEARE, byte_tokenizer, val_fraction=0.1)
+
+
+@pytest.fixture
+def tiny_model() -> Callable[..., ModelConfig]:
+    def make(**kw: Any) -> ModelConfig:
+        values = dict(n_layer=1, n_head=2, n_embd=32, ctx=32, vocab_size=258)
+        values.update(kw)
+        return ModelConfig(**values)
+    return make
+
+
+@pytest.fixture
+def tiny_train() -> Callable[..., TrainConfig]:
+    def make(**kw: Any) -> TrainConfig:
+        values: dict[str, Any] = dict(max_steps=8, batch_size=4, learning_rate=3e-3, warmup_steps=2,
+                                      eval_every=0, eval_batches=2, checkpoint_every=0, device="cpu")
+        values.update(kw)
+        return TrainConfig(**values)
+    return make
+
+
+def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
+    import json
+
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(out_dir: Path) -> list[float]:
+    return [m["train_loss"] for m in read_metrics(out_dir) if "train_loss" in m]

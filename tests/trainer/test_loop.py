@@ -1,0 +1,270 @@
+"""The training loop, optimisers and schedules: it learns, it is split-invariant, it reports and stops."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.trainer.conftest import read_metrics, train_losses
+from trainer.config import TrainConfig
+from trainer.data import TokenData, estimate_unigram_entropy
+from trainer.dataformat import DataError
+from trainer.loop import Callbacks, TrainingDiverged, train
+from trainer.optim import lr_at, make_optimizer
+
+
+class Recorder(Callbacks):
+    def __init__(self, stop_at: int | None = None, request: str = "pause"):
+        self.started: dict | None = None
+        self.steps: list[tuple] = []
+        self.evals: list[tuple[int, float]] = []
+        self.checkpoints: list[tuple[int, Path]] = []
+        self.stop_at, self.request = stop_at, request
+
+    def on_start(self, info: dict) -> None:
+        self.started = info
+
+    def on_step(self, step, train_loss, lr, grad_norm, tokens_per_s, tokens_seen) -> None:
+        self.steps.append((step, train_loss, lr, grad_norm, tokens_per_s, tokens_seen))
+
+    def on_eval(self, step, val_loss) -> None:
+        self.evals.append((step, val_loss))
+
+    def on_checkpoint(self, step, path) -> None:
+        assert (path / "state.json").exists()  # complete when reported
+        self.checkpoints.append((step, path))
+
+    def should_stop(self):
+        if self.stop_at is not None and self.steps and self.steps[-1][0] >= self.stop_at:
+            return self.request
+        return None
+
+
+# ---------------------------------------------------------------- learning
+
+def test_overfits_one_batch(tmp_path, tiny_model, tiny_train, byte_tokenizer):
+    # ctx+1 tokens hold exactly one window, so every batch is the same sequence.
+    tokens = np.random.default_rng(0).integers(0, 256, size=33).astype(np.uint16)
+    result = train(tiny_model(n_embd=64, n_head=4), tiny_train(max_steps=150, schedule="constant",
+                                                              learning_rate=1e-2, weight_decay=0.0),
+                   TokenData(tokens, None), tmp_path, tokenizer=byte_tokenizer)
+    losses = train_losses(tmp_path)
+    assert losses[0] > 5.0  # ~ln(258) at init
+    assert result.last_train_loss < 0.05
+
+
+def test_shakespeare_val_loss_beats_unigram_entropy(tmp_path, tiny_model, tiny_train, shakespeare_data,
+                                                    byte_tokenizer):
+    entropy = estimate_unigram_entropy(shakespeare_data.train)  # ~3.3 nats for English bytes
+    cfg = tiny_train(max_steps=200, batch_size=16, eval_every=100, eval_batches=8, warmup_steps=20)
+    rec = Recorder()
+    result = train(tiny_model(n_layer=2, n_head=4, n_embd=64, ctx=64), cfg, shakespeare_data, tmp_path, rec,
+                   tokenizer=byte_tokenizer)
+    assert [s for s, _ in rec.evals] == [100, 200]
+    assert result.last_val_loss < entropy - 0.8, (result.last_val_loss, entropy)
+    assert result.best_val_loss == min(v for _, v in rec.evals)
+
+
+@pytest.mark.parametrize("batch_size,grad_accum", [(4, 2), (2, 4)])
+def test_grad_accum_matches_one_big_batch(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer,
+                                          batch_size, grad_accum):
+    def run(out: Path, b: int, k: int) -> list[float]:
+        train(tiny_model(), tiny_train(max_steps=20, batch_size=b, grad_accum=k), shakespeare_data, out,
+              tokenizer=byte_tokenizer)
+        return train_losses(out)
+
+    reference = run(tmp_path / "8x1", 8, 1)
+    split = run(tmp_path / f"{batch_size}x{grad_accum}", batch_size, grad_accum)
+    assert len(reference) == len(split) == 20
+    np.testing.assert_allclose(split, reference, rtol=1e-4)
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "8x1" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / f"{batch_size}x{grad_accum}" / "final" / "model.safetensors"))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-3, atol=1e-4)
+
+
+# ---------------------------------------------------------------- reporting
+
+def test_metrics_callbacks_and_outputs(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer):
+    rec = Recorder()
+    cfg = tiny_train(max_steps=6, log_every=2, eval_every=3, checkpoint_every=2, keep_checkpoints=5)
+    result = train(tiny_model(), cfg, shakespeare_data, tmp_path, rec, tokenizer=byte_tokenizer)
+    assert rec.started == {"total_steps": 6, "start_step": 0, "n_params": rec.started["n_params"],
+                           "tokens_per_step": 4 * 32, "device": "cpu", "dtype": "float32"}
+    assert [s[0] for s in rec.steps] == [2, 4, 6]
+    assert [s[5] for s in rec.steps] == [256, 512, 768]
+    assert [s for s, _ in rec.evals] == [3, 6]
+    assert [s for s, _ in rec.checkpoints] == [2, 4]  # the last step goes to final/, not a step folder
+    metrics = read_metrics(tmp_path)
+    step_lines = [m for m in metrics if "train_loss" in m]
+    assert {"step", "train_loss", "lr", "grad_norm", "tokens_per_s", "tokens_seen", "time"} <= set(step_lines[0])
+    eval_lines = [m for m in metrics if "val_loss" in m]
+    assert [m["step"] for m in eval_lines] == [3, 6]
+    assert eval_lines[-1]["val_ppl"] == pytest.approx(math.exp(eval_lines[-1]["val_loss"]))
+    assert result.stop_reason == "completed" and result.step == 6 and result.tokens_seen == 6 * 128
+    assert result.final_checkpoint == tmp_path / "final"
+    assert (tmp_path / "final" / "state.json").exists() and (tmp_path / "best" / "state.json").exists()
+    assert step_lines[-1]["lr"] == pytest.approx(lr_at(5, cfg, 6))
+
+
+def test_eval_is_deterministic_and_leaves_training_alone(tmp_path, tiny_model, tiny_train, shakespeare_data,
+                                                         byte_tokenizer):
+    # same run with and without evaluations: identical training losses
+    train(tiny_model(), tiny_train(max_steps=6), shakespeare_data, tmp_path / "a", tokenizer=byte_tokenizer)
+    train(tiny_model(), tiny_train(max_steps=6, eval_every=1), shakespeare_data, tmp_path / "b",
+          tokenizer=byte_tokenizer)
+    assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
+
+
+@pytest.mark.parametrize("request_", ["pause", "stop"])
+def test_should_stop_writes_checkpoint_and_returns(tmp_path, tiny_model, tiny_train, shakespeare_data,
+                                                   byte_tokenizer, request_):
+    rec = Recorder(stop_at=3, request=request_)
+    result = train(tiny_model(), tiny_train(max_steps=50), shakespeare_data, tmp_path, rec, tokenizer=byte_tokenizer)
+    assert result.stop_reason == request_ and result.step == 3
+    assert result.final_checkpoint == tmp_path / "checkpoints" / "step-00000003"
+    assert rec.checkpoints == [(3, result.final_checkpoint)]
+    assert not (tmp_path / "final").exists()
+
+
+def test_time_limit_stops_with_checkpoint(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer):
+    result = train(tiny_model(), tiny_train(max_steps=10_000, time_limit=1e-6), shakespeare_data, tmp_path,
+                   tokenizer=byte_tokenizer)
+    assert result.stop_reason == "time_limit" and result.step < 10_000
+    assert (result.final_checkpoint / "state.json").exists()
+
+
+def test_nan_loss_raises_training_diverged(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer):
+    cfg = tiny_train(max_steps=20, learning_rate=1e30, warmup_steps=0, schedule="constant", grad_clip=0.0)
+    with pytest.raises(TrainingDiverged, match="diverged at step"):
+        train(tiny_model(), cfg, shakespeare_data, tmp_path, tokenizer=byte_tokenizer)
+
+
+def test_too_short_data_fails_before_training(tmp_path, tiny_model, tiny_train):
+    data = tmp_path / "short.txt"
+    data.write_text("too short for ctx 32")
+    with pytest.raises(DataError, match="ctx"):
+        train(tiny_model(), tiny_train(), data, tmp_path / "out")
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_trains_from_a_file_with_its_own_tokenizer(tmp_path, tiny_model, tiny_train, shakespeare):
+    result = train(tiny_model(), tiny_train(max_steps=2, tokenizer="bpe", vocab_size=300), shakespeare, tmp_path)
+    from trainer.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(result.final_checkpoint)
+    assert ckpt.tokenizer.kind == "bpe" and ckpt.tokenizer.vocab_size == 300
+    assert ckpt.model_config.vocab_size == 300
+    assert ckpt.model_state["tok_embeddings.weight"].shape == (300, 32)
+
+
+def test_n_epochs_sets_total_steps(tmp_path, tiny_model, tiny_train, byte_tokenizer):
+    tokens = np.arange(32 * 20 + 1, dtype=np.uint16) % 256  # 20 windows of ctx 32 per epoch
+    rec = Recorder()
+    train(tiny_model(), tiny_train(max_steps=None, n_epochs=2, batch_size=4), TokenData(tokens, None), tmp_path,
+          rec, tokenizer=byte_tokenizer)
+    assert rec.started["total_steps"] == 10
+
+
+def test_refuses_to_overwrite_a_run(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer):
+    train(tiny_model(), tiny_train(max_steps=2), shakespeare_data, tmp_path, tokenizer=byte_tokenizer)
+    with pytest.raises(FileExistsError, match="resume"):
+        train(tiny_model(), tiny_train(max_steps=2), shakespeare_data, tmp_path, tokenizer=byte_tokenizer)
+
+
+def test_init_from_starts_fresh_with_the_weights(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer):
+    first = train(tiny_model(n_embd=48, n_head=4), tiny_train(max_steps=3), shakespeare_data, tmp_path / "a",
+                  tokenizer=byte_tokenizer)
+    rec = Recorder()
+    # the architecture comes from the checkpoint, not from the (different) config passed in
+    train(tiny_model(), tiny_train(max_steps=2), shakespeare_data, tmp_path / "b", rec, tokenizer=byte_tokenizer,
+          init_from=first.final_checkpoint)
+    assert rec.started["start_step"] == 0
+    from trainer.checkpoint import load_checkpoint
+
+    assert load_checkpoint(tmp_path / "b" / "final").model_config.n_embd == 48
+
+
+# ---------------------------------------------------------------- precision / options
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_on_cpu(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer, dtype):
+    rec = Recorder()
+    result = train(tiny_model(), tiny_train(max_steps=4, dtype=dtype), shakespeare_data, tmp_path, rec,
+                   tokenizer=byte_tokenizer)
+    assert rec.started["dtype"] == dtype
+    assert math.isfinite(result.last_train_loss)
+    from safetensors.torch import load_file
+
+    assert all(t.dtype == torch.float32 for t in load_file(str(tmp_path / "final" / "model.safetensors")).values())
+
+
+def test_activation_checkpointing_gives_the_same_losses(tmp_path, tiny_model, tiny_train, shakespeare_data,
+                                                        byte_tokenizer):
+    train(tiny_model(), tiny_train(max_steps=4), shakespeare_data, tmp_path / "a", tokenizer=byte_tokenizer)
+    train(tiny_model(), tiny_train(max_steps=4, activation_checkpointing=True), shakespeare_data, tmp_path / "b",
+          tokenizer=byte_tokenizer)
+    np.testing.assert_allclose(train_losses(tmp_path / "b"), train_losses(tmp_path / "a"), rtol=1e-5)
+
+
+def test_lbfgs_reduces_the_loss(tmp_path, tiny_model, tiny_train, byte_tokenizer):
+    tokens = np.random.default_rng(1).integers(0, 256, size=33).astype(np.uint16)
+    result = train(tiny_model(), tiny_train(max_steps=15, optimizer="lbfgs", learning_rate=1.0),
+                   TokenData(tokens, None), tmp_path, tokenizer=byte_tokenizer)
+    losses = train_losses(tmp_path)
+    assert result.last_train_loss < losses[0] - 1.0
+
+
+def test_adamw_decays_only_matrices(tiny_model):
+    from trainer.model import Llama
+
+    model = Llama(tiny_model())
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1, beta1=0.8, beta2=0.9, eps=1e-6), "cpu")
+    assert isinstance(opt, torch.optim.AdamW)
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert decay["betas"] == (0.8, 0.9) and decay["eps"] == 1e-6
+
+
+# ---------------------------------------------------------------- schedules
+
+def test_cosine_schedule_warmup_and_floor():
+    cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_steps=10)
+    lrs = [lr_at(s, cfg, 100) for s in range(120)]
+    assert lrs[0] == pytest.approx(1e-3 / 11)
+    assert all(a < b for a, b in zip(lrs[:10], lrs[1:11], strict=True))  # warmup rises
+    assert lrs[10] == pytest.approx(1e-3)
+    assert lrs[55] == pytest.approx(5.5e-4)  # half way down the cosine
+    assert all(a >= b for a, b in zip(lrs[10:100], lrs[11:101], strict=True))
+    assert lrs[100] == lrs[119] == pytest.approx(1e-4)
+
+
+def test_default_min_lr_and_warmup():
+    cfg = TrainConfig(learning_rate=2e-3)
+    assert cfg.resolved_warmup(1000) == 100 and cfg.resolved_warmup(50) == 5
+    assert lr_at(1000, cfg, 1000) == pytest.approx(2e-4)
+
+
+def test_constant_schedule():
+    cfg = TrainConfig(learning_rate=1e-3, schedule="constant", warmup_steps=4)
+    assert [lr_at(s, cfg, 100) for s in (0, 3, 4, 99, 500)] == pytest.approx([2e-4, 8e-4, 1e-3, 1e-3, 1e-3])
+
+
+def test_cosine_restarts_like_llama_cpp():
+    cfg = TrainConfig(learning_rate=1.0, schedule="cosine-restarts", warmup_steps=0, cos_decay_steps=10,
+                      cos_decay_restart=2.0, cos_decay_alpha=0.1)
+    lr = [lr_at(s, cfg, 1000) for s in range(40)]
+    assert lr[0] == pytest.approx(1.0)
+    assert lr[5] == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr[10] == pytest.approx(0.1)  # end of the first cycle: the floor alpha * lr
+    assert lr[11] > 0.9  # restart, second cycle 20 steps long
+    assert lr[20] == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr[30] == pytest.approx(0.1)
+    assert min(lr) >= 0.1 - 1e-12

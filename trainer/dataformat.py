@@ -1,0 +1,271 @@
+"""Training-data formats: detect, validate and iterate documents. Torch-free and numpy-free (the API
+imports this to validate uploads), and streaming: files are read line by line or in chunks, never
+whole.
+
+Formats
+-------
+- **text**: any UTF-8 file. The whole file is one document; it is yielded in chunks of about
+  `chunk_chars` characters, each cut right after a newline that is followed by a non-space character
+  (or, failing that, right before a space between two words). At such points GPT-2-style byte-level
+  pre-tokenization splits anyway, so tokenizing chunk by chunk gives the same tokens as tokenizing
+  the whole file. Plain text gets no BOS/EOS. A leading UTF-8 BOM is dropped; line endings are kept
+  as they are.
+- **jsonl**: one JSON object per line (blank lines are skipped). Each record is one of
+    {"text": str}                                   -> text
+    {"prompt": str, "completion": str}              -> prompt + completion (no separator added)
+    {"messages": [{"role": str, "content": str}, ...]}  -> chat template, one block per message:
+        "<|{role}|>\\n{content}\\n"   e.g. "<|user|>\\nHi\\n<|assistant|>\\nHello!\\n"
+  Extra keys are ignored. When tokenized, every JSONL document is followed by EOS.
+
+`detect_format`: "jsonl" if the name ends in .jsonl or the first non-blank line parses as a JSON
+object, else "text". `validate_file` raises `DataError(message, line)` naming the 1-based line
+(and, for bad UTF-8, the byte offset) so the user can find and fix the problem.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Format = Literal["text", "jsonl"]
+
+DEFAULT_CHUNK_CHARS = 1 << 20  # ~1 MB of text per chunk keeps memory bounded
+_READ_BYTES = 1 << 20
+_DETECT_LIMIT = 64 << 20  # the first line is read at most this far when sniffing the format
+_BOM = "\ufeff"
+
+SHAPES_HELP = ('each line must be a JSON object with "text" (string), or "prompt" and "completion" '
+               '(strings), or "messages" (a list of {"role": string, "content": string})')
+
+
+class DataError(ValueError):
+    """Unusable training data. `line` is the 1-based line (None when not about one line);
+    `offset` the byte offset for encoding errors."""
+
+    def __init__(self, message: str, line: int | None = None, *, offset: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.offset = offset
+
+
+@dataclass(frozen=True)
+class FileSummary:
+    format: Format
+    n_records: int  # jsonl: records; text: lines
+    n_bytes: int
+
+
+def chat_template(messages: Iterable[dict[str, str]]) -> str:
+    """Render chat messages as plain text: "<|{role}|>\\n{content}\\n" per message."""
+    return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def record_to_document(record: Any, line: int | None = None) -> str:
+    """One JSONL record -> its document text; DataError (naming `line`) for unknown shapes."""
+    where = f"line {line}: " if line is not None else ""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}expected a JSON object, got {_type_name(record)}; {SHAPES_HELP}", line)
+    if "messages" in record:
+        messages = record["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise DataError(f'{where}"messages" must be a non-empty list of {{"role", "content"}} objects, '
+                            f"got {_type_name(messages)}", line)
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise DataError(f"{where}messages[{i}] must be an object with \"role\" and \"content\", "
+                                f"got {_type_name(m)}", line)
+            for key in ("role", "content"):
+                if not isinstance(m.get(key), str):
+                    raise DataError(f'{where}messages[{i}].{key} must be a string, got {_type_name(m.get(key))}',
+                                    line)
+        return chat_template(messages)
+    if "prompt" in record or "completion" in record:
+        for key in ("prompt", "completion"):
+            if not isinstance(record.get(key), str):
+                raise DataError(f'{where}"{key}" must be a string (prompt/completion records need both), '
+                                f"got {_type_name(record.get(key))}", line)
+        return record["prompt"] + record["completion"]
+    if "text" in record:
+        if not isinstance(record["text"], str):
+            raise DataError(f'{where}"text" must be a string, got {_type_name(record["text"])}', line)
+        return record["text"]
+    keys = ", ".join(sorted(record)) or "none"
+    raise DataError(f"{where}record has none of the accepted keys (it has: {keys}); {SHAPES_HELP}", line)
+
+
+def parse_jsonl_line(raw: str, line: int) -> str | None:
+    """Parse one JSONL line into its document; None for a blank line."""
+    if line == 1:
+        raw = raw.removeprefix(_BOM)
+    if not raw.strip():
+        return None
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise DataError(f"line {line}: invalid JSON ({e.msg} at column {e.colno}); {SHAPES_HELP}", line) from e
+    return record_to_document(record, line)
+
+
+def iter_jsonl_documents(lines: Iterable[str]) -> Iterator[str]:
+    """Documents from JSONL lines (e.g. an upload stream), raising DataError naming the line."""
+    for n, raw in enumerate(lines, 1):
+        doc = parse_jsonl_line(raw, n)
+        if doc is not None:
+            yield doc
+
+
+def detect_format(path: str | os.PathLike[str]) -> Format:
+    path = Path(path)
+    if path.suffix.lower() == ".jsonl":
+        return "jsonl"
+    with open(path, "rb") as f:
+        while True:
+            raw = f.readline(_DETECT_LIMIT)
+            if not raw:
+                return "text"
+            text = raw.decode("utf-8", errors="replace").removeprefix(_BOM)
+            if text.strip():
+                break
+    try:
+        return "jsonl" if isinstance(json.loads(text), dict) else "text"
+    except json.JSONDecodeError:
+        return "text"
+
+
+def validate_file(path: str | os.PathLike[str], max_bytes: int | None = None) -> FileSummary:
+    """Check a training file without loading it whole; DataError says what is wrong and where."""
+    path = Path(path)
+    n_bytes = path.stat().st_size
+    if n_bytes == 0:
+        raise DataError(f"{path.name} is empty; upload plain UTF-8 text or JSONL records")
+    if max_bytes is not None and n_bytes > max_bytes:
+        raise DataError(f"{path.name} is {n_bytes} bytes, over the limit of {max_bytes} bytes")
+    fmt = detect_format(path)
+    n_records = _validate_jsonl(path) if fmt == "jsonl" else _validate_text(path)
+    return FileSummary(fmt, n_records, n_bytes)
+
+
+def _not_utf8(offset: int, line: int, exc: UnicodeDecodeError) -> DataError:
+    return DataError(f"not UTF-8 text: invalid byte 0x{exc.object[exc.start]:02x} at byte offset {offset} "
+                     f"(line {line}); binary files are not accepted, convert the text to UTF-8",
+                     line, offset=offset)
+
+
+def _validate_text(path: Path) -> int:
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    consumed = 0  # bytes read before the current chunk
+    newlines = 0
+    has_content = False
+    ends_with_newline = False
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(_READ_BYTES)
+            final = not chunk
+            pending = decoder.getstate()[0]  # undecoded tail of the previous chunk
+            try:
+                text = decoder.decode(chunk, final=final)
+            except UnicodeDecodeError as e:
+                offset = consumed - len(pending) + e.start
+                line = newlines + 1 + (pending + chunk)[: e.start].count(b"\n")
+                raise _not_utf8(offset, line, e) from e
+            nul = text.find("\0")
+            if nul >= 0:
+                offset = consumed - len(pending) + len(text[:nul].encode("utf-8"))
+                line = newlines + 1 + text[:nul].count("\n")
+                raise DataError(f"binary data: NUL byte at byte offset {offset} (line {line}); "
+                                "upload plain UTF-8 text", line, offset=offset)
+            newlines += text.count("\n")
+            has_content = has_content or bool(text.strip().strip(_BOM))
+            if text:
+                ends_with_newline = text.endswith("\n")
+            if final:
+                break
+            consumed += len(chunk)
+    if not has_content:
+        raise DataError(f"{path.name} contains only whitespace; there is nothing to train on")
+    return newlines + (0 if ends_with_newline else 1)
+
+
+def _validate_jsonl(path: Path) -> int:
+    n_records = 0
+    offset = 0
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise _not_utf8(offset + e.start, n, e) from e
+            if parse_jsonl_line(text, n) is not None:
+                n_records += 1
+            offset += len(raw)
+    if n_records == 0:
+        raise DataError(f"{path.name} has no JSONL records (only blank lines); {SHAPES_HELP}")
+    return n_records
+
+
+def _split_point(buf: str) -> int:
+    """Where to cut `buf` so the next chunk starts at a pre-tokenization boundary (0 = nowhere)."""
+    i = len(buf) - 1  # the cut needs a following character to look at
+    while True:
+        nl = buf.rfind("\n", 0, i)
+        if nl < 0:
+            break
+        if not buf[nl + 1].isspace():
+            return nl + 1
+        i = nl
+    i = len(buf) - 1
+    while True:
+        sp = buf.rfind(" ", 1, i)
+        if sp < 0:
+            return 0
+        if not buf[sp - 1].isspace() and not buf[sp + 1].isspace():
+            return sp
+        i = sp
+
+
+def iter_text_chunks(path: str | os.PathLike[str], chunk_chars: int = DEFAULT_CHUNK_CHARS) -> Iterator[str]:
+    """A text file as chunks of about `chunk_chars` characters cut at whitespace boundaries
+    (see the module docstring); their concatenation is the file's text (minus a leading BOM)."""
+    carry = ""
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        while True:
+            new = f.read(chunk_chars)
+            buf = carry + new
+            if not new:
+                if buf:
+                    yield buf
+                return
+            cut = _split_point(buf)
+            if cut == 0:
+                if len(buf) < 4 * chunk_chars:
+                    carry = buf  # no boundary yet: read on
+                    continue
+                cut = len(buf)  # a huge run without whitespace: hard cut to keep memory bounded
+            carry = buf[cut:]
+            yield buf[:cut]
+
+
+def iter_documents(path: str | os.PathLike[str], chunk_chars: int = DEFAULT_CHUNK_CHARS) -> Iterator[str]:
+    """Text: the file as one document, in chunks. JSONL: one document per record.
+
+    Bad records raise DataError naming the line; so does bad UTF-8 (with its byte offset)."""
+    try:
+        if detect_format(path) == "text":
+            yield from iter_text_chunks(path, chunk_chars)
+            return
+        # newline="\n": split lines exactly where validate_file does (a lone "\r" is not a line end).
+        with open(path, encoding="utf-8", newline="\n") as f:
+            yield from iter_jsonl_documents(f)
+    except UnicodeDecodeError:
+        validate_file(path)  # rescan to report the byte offset and line as a DataError
+        raise

@@ -1,0 +1,66 @@
+"""ONNX export: one graph `input_ids` (batch, seq) int64 -> `logits` (batch, seq, vocab) float32.
+
+Made with torch's dynamo-based exporter (`torch.onnx.export(..., dynamo=True)`, torch >= 2.5), with
+batch and sequence length dynamic (seq up to ctx). No KV cache: each call runs the whole sequence,
+which is what a simple onnxruntime consumer wants.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+from trainer.config import ModelConfig
+from trainer.export import ExportError, write_atomically
+
+# A single protobuf file cannot exceed 2 GiB; larger models would need external data files.
+MAX_SINGLE_FILE_BYTES = 2**31 - 2**26
+
+
+class _LogitsOnly(torch.nn.Module):
+    """Llama.forward returns (logits, loss); ONNX gets the logits only."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids)[0]
+
+
+def write_onnx(cfg: ModelConfig, state: dict[str, torch.Tensor], out: Path, dtype: str) -> Path:
+    if dtype != "f32":
+        raise ExportError(f"the ONNX export supports dtype f32 only, got {dtype!r} (use gguf for f16/q8_0)")
+    from trainer.model import Llama
+
+    n_bytes = sum(t.numel() for k, t in state.items() if not (cfg.tie_embeddings and k == "output.weight")) * 4
+    if n_bytes > MAX_SINGLE_FILE_BYTES:
+        raise ExportError(f"the model's weights ({n_bytes / 2**30:.1f} GiB) exceed what one ONNX file can hold "
+                          "(2 GiB); export as gguf or hf instead")
+    model = Llama(cfg)
+    model.load_state_dict(state, strict=True)
+    wrapper = _LogitsOnly(model).eval()
+    # Example sizes of 2+: the exporter specialises dims of size 0/1 to constants.
+    example = torch.zeros(2, min(8, cfg.ctx), dtype=torch.long)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    # max=ctx lets the exporter prove the model's "sequence longer than ctx" check never fires.
+    seq = torch.export.Dim("seq", min=1, max=cfg.ctx)
+
+    def write(tmp: Path) -> None:
+        # The exporter logs that torchvision ops are unavailable; irrelevant here, so keep it quiet.
+        registration_log = logging.getLogger("torch.onnx._internal.exporter._registration")
+        level = registration_log.level
+        registration_log.setLevel(logging.ERROR)
+        try:
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")  # exporter deprecation chatter
+                torch.onnx.export(wrapper, (example,), str(tmp), input_names=["input_ids"],
+                                  output_names=["logits"], dynamic_shapes={"input_ids": {0: batch, 1: seq}},
+                                  dynamo=True, external_data=False, verbose=False)
+        finally:
+            registration_log.setLevel(level)
+
+    return write_atomically(out, write)

@@ -1,0 +1,111 @@
+"""Progress display for `fromscratch train`: a rich progress bar on a terminal (step/total, loss,
+tokens/s, ETA), plain log lines otherwise (pipes, CI logs). Ctrl-C asks the loop to stop at the
+next step boundary, which writes a checkpoint; a second Ctrl-C interrupts at once."""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from trainer.loop import Callbacks
+
+
+def _eta(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}"
+
+
+class ProgressCallbacks(Callbacks):
+    def __init__(self, stream: TextIO | None = None, *, rich_bar: bool | None = None, min_interval: float = 1.0):
+        self.stream = stream or sys.stdout
+        self.rich_bar = self.stream.isatty() if rich_bar is None else rich_bar
+        self.min_interval = min_interval  # plain mode: at most one step line per this many seconds
+        self.total = 0
+        self.start_step = 0
+        self._progress: Any = None
+        self._task: Any = None
+        self._last_print = -float("inf")
+        self._t0 = time.perf_counter()
+        self._stop_requested = False
+        self._old_handler: Any = None
+
+    # -- Ctrl-C -> graceful stop
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self._stop_requested:
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        self._print("interrupt: stopping after this step and writing a checkpoint (Ctrl-C again to abort)")
+
+    def should_stop(self) -> Literal["stop", "pause"] | None:
+        return "stop" if self._stop_requested else None
+
+    def _print(self, line: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(line, highlight=False)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def on_start(self, info: dict[str, Any]) -> None:
+        self.total, self.start_step = info["total_steps"], info["start_step"]
+        self._t0 = time.perf_counter()
+        try:
+            self._old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not the main thread
+            self._old_handler = None
+        self._print(f"training {info['n_params']:,} parameters on {info['device']} ({info['dtype']}), "
+                    f"{info['tokens_per_step']:,} tokens/step, steps {info['start_step']}..{info['total_steps']}")
+        if self.rich_bar:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                console=Console(file=self.stream), transient=False,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("train", total=self.total, completed=self.start_step,
+                                                 loss="-", tps="-")
+
+    def on_step(self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float,
+                tokens_seen: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, loss=f"{train_loss:.4f}", tps=f"{tokens_per_s:,.0f}")
+            return
+        now = time.perf_counter()
+        if now - self._last_print < self.min_interval and step not in (self.start_step + 1, self.total):
+            return
+        self._last_print = now
+        done = step - self.start_step
+        eta = (now - self._t0) / done * (self.total - step) if done else 0.0
+        self._print(f"step {step}/{self.total} | loss {train_loss:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | "
+                    f"{tokens_per_s:,.0f} tok/s | eta {_eta(eta)}")
+
+    def on_eval(self, step: int, val_loss: float) -> None:
+        self._print(f"eval step {step}: val_loss {val_loss:.4f} (perplexity {math.exp(min(val_loss, 700)):.2f})")
+
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        if self._progress is None:
+            self._print(f"checkpoint step {step}: {path}")
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._old_handler is not None:
+            signal.signal(signal.SIGINT, self._old_handler)
+            self._old_handler = None

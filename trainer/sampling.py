@@ -1,0 +1,89 @@
+"""Autoregressive sampling with a KV cache.
+
+When the context fills up, the cache is rebuilt from the last ctx//2 tokens (one prefill) and
+decoding continues; this costs one prefill per ctx/2 new tokens instead of one per token.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from trainer.model import KVCache, Llama
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+                generator: torch.Generator | None) -> int:
+    """One token id from a (vocab,) logits vector. temperature <= 0 means greedy (argmax)."""
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    logits = logits.float() / temperature
+    if top_k is not None and 0 < top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p is not None and 0 < top_p < 1:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # drop a token when the tokens ranked above it already reach top_p (the first always stays)
+        drop = (torch.cumsum(sorted_probs, 0) - sorted_probs) >= top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+        probs = probs / probs.sum()
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@torch.no_grad()
+def generate_ids(model: Llama, ids: Sequence[int], max_new_tokens: int = 200, temperature: float = 0.8,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 eos_id: int | None = None) -> list[int]:
+    """Continue `ids` by up to max_new_tokens tokens; returns the new ids only, stopping before
+    `eos_id` (which is not included). `ids` must not be empty (start from BOS for no prompt)."""
+    if not ids:
+        raise ValueError("generate_ids needs at least one token of context (use the BOS id)")
+    was_training = model.training
+    model.eval()
+    param = next(model.parameters())
+    device, ctx = param.device, model.cfg.ctx
+    generator = None
+    if temperature > 0:
+        generator = torch.Generator(device=device)
+        # torch.Generator() starts from a fixed seed; draw a fresh one when none is asked for.
+        generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+    tokens = list(ids)
+    out: list[int] = []
+
+    def prefill(window: list[int]) -> tuple[KVCache, torch.Tensor]:
+        cache = KVCache(model.cfg, 1, device, param.dtype)
+        logits, _ = model(torch.tensor([window], dtype=torch.long, device=device), cache=cache)
+        return cache, logits[0, -1]
+
+    cache, logits = prefill(tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2):])
+    try:
+        for _ in range(max_new_tokens):
+            nxt = sample_next(logits, temperature, top_k, top_p, generator)
+            if eos_id is not None and nxt == eos_id:
+                break
+            out.append(nxt)
+            tokens.append(nxt)
+            if len(out) == max_new_tokens:
+                break  # no need to run the model for a token nobody will sample
+            if cache.pos >= ctx:
+                cache, logits = prefill(tokens[-max(1, ctx // 2):])
+            else:
+                logits, _ = model(torch.tensor([[nxt]], dtype=torch.long, device=device), cache=cache)
+                logits = logits[0, -1]
+    finally:
+        model.train(was_training)
+    return out
+
+
+def generate(model: Llama, tokenizer: Any, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
+             top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> str:
+    """The continuation of `prompt` (not including the prompt). An empty prompt starts from BOS."""
+    ids = tokenizer.encode(prompt) if prompt else []
+    ids = ids or [tokenizer.bos_id]
+    new = generate_ids(model, ids, max_new_tokens, temperature, top_k, top_p, seed, eos_id=tokenizer.eos_id)
+    return tokenizer.decode(new)

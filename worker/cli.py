@@ -1,0 +1,52 @@
+"""`fromscratch worker [--queues cpu,gpu] [--loglevel info]`: one Celery worker process.
+
+Pool `solo`, concurrency 1, prefetch 1: a worker runs one training job at a time in its main
+process (run one worker process per GPU; scale with more processes or machines). Settings come
+from `FROMSCRATCH_*` like every other subcommand; `--queues` overrides `FROMSCRATCH_WORKER_QUEUES`.
+
+SIGTERM or Ctrl-C: the running job writes a checkpoint, goes back to `queued` and is re-sent, then
+the worker exits (a second Ctrl-C exits at once; the job's lease then expires and the reaper
+re-queues it). The reaper thread starts when the worker is ready (worker/reaper.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("worker", help="run a Celery training worker",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--queues", "-Q", default=None,
+                   help="comma-separated queues to consume: cpu, gpu (default: FROMSCRATCH_WORKER_QUEUES or cpu)")
+    p.add_argument("--loglevel", "-l", default="info", help="debug, info, warning, error (default info)")
+    p.add_argument("--hostname", "-n", default=None, help="Celery node name (default fromscratch-<pid>@<host>)")
+    p.set_defaults(func=run_worker)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    if args.queues:
+        os.environ["FROMSCRATCH_WORKER_QUEUES"] = args.queues
+    from core.settings import get_settings, reset_settings
+
+    reset_settings()
+    settings = get_settings()  # validates the queues before anything starts
+
+    from worker.celery_app import app
+
+    hostname = args.hostname or f"fromscratch-{os.getpid()}@{socket.gethostname()}"
+    argv = [
+        "worker",
+        f"--queues={','.join(settings.queues)}",
+        "--pool=solo",
+        "--concurrency=1",
+        "--prefetch-multiplier=1",
+        f"--loglevel={args.loglevel}",
+        f"--hostname={hostname}",
+        "--without-gossip",  # workers never talk to each other: the database coordinates them
+        "--without-mingle",
+    ]
+    app.worker_main(argv)
+    return 0

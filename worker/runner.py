@@ -1,0 +1,504 @@
+"""Run one training job inside a worker process: `run_job(job_id, settings)`.
+
+The Celery message carries only the job id; everything else is read from the database here, so a
+replayed or duplicated message is harmless:
+
+1. **Claim.** `core.jobstates.claim_job` is an atomic conditional UPDATE that only succeeds for a
+   job in `validating_files`/`queued` that nobody holds. `None` means the job is running elsewhere,
+   finished, paused or cancelled: the message is logged and dropped.
+2. **Lease.** A heartbeat thread renews the lease every `heartbeat_seconds`. If a renewal finds the
+   lease gone (the reaper gave the job away after this worker stalled), training stops at the next
+   step and this worker writes nothing more for the job.
+3. **Files.** The training/validation files are downloaded from the blob store into
+   `work_dir/cache/files/<sha256>` (once per content) and validated while the job is
+   `validating_files`. The tokenizer is cached per (file sha256, tokenizer kind, vocab_size) under
+   `work_dir/cache/tokenizers/`, the tokenized data per (file sha256, tokenizer hash) under
+   `work_dir/cache/tokens/` (see `trainer.data.prepare_data`).
+4. **Start or resume.** The newest stored Checkpoint of the job (a tar in the blob store) is
+   extracted and training resumes from it; metric rows after its step are deleted first so the
+   series never has duplicate steps. A job with `base_model_id` ("continue training" a model this
+   owner trained before) starts from that model's final checkpoint (`init_from`: weights, tokenizer
+   and architecture, fresh optimizer).
+5. **Train** with `worker.callbacks.ServiceCallbacks` (metrics in batches, checkpoints to the blob
+   store, cancel/pause between steps).
+6. **Finish.** Completed: the final checkpoint is stored as a Checkpoint row with `is_final`, the
+   job gets `fine_tuned_model` (`core.naming.final_model_id`) and becomes `succeeded`, in one
+   transaction. Paused: `paused` (its checkpoint is already stored). Cancelled: `cancelled`.
+   Worker shutting down (SIGTERM/Ctrl-C): the job checkpoints, goes back to `queued` and is
+   re-sent, instead of making the shutdown wait for a long run.
+
+Exports (GGUF, Hugging Face, ONNX) are *not* produced here: the API converts the final checkpoint
+on the first download of each format and keeps the result (an Export row), so a job finishes as soon
+as training does and formats nobody asks for cost nothing.
+
+Failures end the job as `failed` with `error.code`:
+`invalid_training_file` (data problems, including ones found late, e.g. too few tokens for one
+context window), `training_diverged` (NaN/inf loss), `out_of_memory`, `invalid_hyperparameters`
+(a configuration the trainer refuses), `internal_error` (anything else; logged with its traceback).
+The worker process itself always stays up for the next job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tarfile
+import threading
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.blobstore import blobstore_from_settings
+from core.db import make_engine, make_session_factory
+from core.jobstates import claim_job, renew_lease, transition
+from core.models import Checkpoint, File, Job, utcnow
+from core.naming import checkpoint_model_id, final_model_id
+from core.settings import Settings
+from trainer.config import ConfigError, ModelConfig, TrainConfig
+from trainer.dataformat import DataError, validate_file
+from worker.callbacks import LeaseLost, ServiceCallbacks, delete_metrics_after, lock_held_job, store_checkpoint
+
+log = logging.getLogger(__name__)
+
+_shutdown = threading.Event()
+
+
+def request_shutdown() -> None:
+    """Called from the worker's SIGTERM/SIGINT handler: the running job checkpoints and re-queues."""
+    _shutdown.set()
+
+
+class JobFailure(Exception):
+    """Ends the job as `failed` with this code/message/param (a message the user can act on)."""
+
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+@dataclass
+class Resources:
+    session_factory: sessionmaker[Session]
+    store: Any
+
+
+_resources: dict[tuple[str, str], Resources] = {}
+_resources_lock = threading.Lock()
+
+
+def resources(settings: Settings) -> Resources:
+    """One engine, session factory and blob store per worker process (per settings)."""
+    key = (settings.database_url, settings.model_dump_json())
+    with _resources_lock:
+        if key not in _resources:
+            session_factory = make_session_factory(make_engine(settings.database_url))
+            _resources[key] = Resources(session_factory, blobstore_from_settings(settings, session_factory))
+        return _resources[key]
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+# ---------------------------------------------------------------------------------- heartbeat
+class Heartbeat(threading.Thread):
+    """Renews the job's lease every `interval` seconds; sets `lost` when the lease is gone."""
+
+    def __init__(self, session_factory: sessionmaker[Session], job_id: str, worker_id: str,
+                 lease_seconds: float, interval: float):
+        super().__init__(name=f"heartbeat-{job_id}", daemon=True)
+        self.session_factory, self.job_id, self.worker_id = session_factory, job_id, worker_id
+        self.lease_seconds, self.interval = lease_seconds, interval
+        self.lost = threading.Event()
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                with self.session_factory() as session:
+                    ok = renew_lease(session, self.job_id, self.worker_id, self.lease_seconds)
+                    session.commit()
+            except Exception:  # a database hiccup: try again next beat (the lease has slack)
+                log.warning("heartbeat for %s failed", self.job_id, exc_info=True)
+                continue
+            if not ok:
+                log.warning("job %s: lease lost (another worker may own it now)", self.job_id)
+                self.lost.set()
+                return
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=30)
+
+
+# ---------------------------------------------------------------------------------- entry point
+def run_job(job_id: str, settings: Settings, *, worker_id: str | None = None) -> str | None:
+    """Claim and run one job. Returns the status the job ended in, or None when the message was
+    dropped (job not claimable) or the lease was lost. Never raises for a job's own failure."""
+    res = resources(settings)
+    worker_id = worker_id or new_worker_id()
+    with res.session_factory() as session:
+        job = claim_job(session, job_id, worker_id, settings.lease_seconds)
+        if job is None:
+            session.rollback()
+            log.info("job %s is not claimable (running elsewhere, finished, paused or unknown): "
+                     "dropping the message", job_id)
+            return None
+        session.commit()
+        log.info("claimed job %s (attempt %s) as %s", job_id, job.attempts, worker_id)
+
+    heartbeat = Heartbeat(res.session_factory, job_id, worker_id, settings.lease_seconds,
+                          settings.heartbeat_seconds)
+    heartbeat.start()
+    job_dir = Path(settings.work_dir) / "jobs" / job_id
+    runner = _JobRun(job_id, worker_id, settings, res, heartbeat.lost, job_dir)
+    try:
+        return runner.run()
+    finally:
+        heartbeat.stop()
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+class _JobRun:
+    def __init__(self, job_id: str, worker_id: str, settings: Settings, res: Resources,
+                 lease_lost: threading.Event, job_dir: Path):
+        self.job_id, self.worker_id, self.settings = job_id, worker_id, settings
+        self.sf, self.store = res.session_factory, res.store
+        self.lease_lost = lease_lost
+        self.job_dir = job_dir
+        self.cache_dir = Path(settings.work_dir) / "cache"
+
+    # ------------------------------------------------------------------ top level
+    def run(self) -> str | None:
+        try:
+            return self._run()
+        except LeaseLost:
+            log.warning("job %s: lease lost; leaving the job to its new owner", self.job_id)
+            return None
+        except JobFailure as exc:
+            return self._fail(exc.code, exc.message, exc.param)
+        except Exception as exc:
+            failure = classify_exception(exc)
+            if failure.code == "internal_error":
+                log.error("job %s failed with an internal error\n%s", self.job_id, traceback.format_exc())
+            else:
+                log.info("job %s failed: %s: %s", self.job_id, failure.code, failure.message)
+            return self._fail(failure.code, failure.message, failure.param)
+
+    def _run(self) -> str | None:
+        shutil.rmtree(self.job_dir, ignore_errors=True)
+        self.job_dir.mkdir(parents=True, exist_ok=True)
+        with self.sf() as session:
+            job = self._held(session)
+            snapshot = _JobSnapshot.of(job, session)
+        early = self._requested_stop()
+        if early:
+            return early
+
+        train_path = self._fetch_file(snapshot.training_file, "training_file")
+        val_path = (self._fetch_file(snapshot.validation_file, "validation_file")
+                    if snapshot.validation_file else None)
+
+        model_cfg = ModelConfig.from_dict(snapshot.model_config)
+        train_cfg = TrainConfig.from_dict({**snapshot.train_config, "seed": snapshot.seed})
+        if train_cfg.device == "auto" and self.settings.device != "auto":
+            train_cfg = TrainConfig.from_dict({**train_cfg.to_dict(), "device": self.settings.device})
+
+        resume_path, resume_step = self._resume_point()
+        init_from = None
+        if resume_path is None and snapshot.base_model_id:
+            init_from = self._parent_checkpoint(snapshot.base_model_id, snapshot.owner_id)
+
+        if resume_path is not None:
+            tokenizer = _tokenizer_of(resume_path)
+        elif init_from is not None:
+            tokenizer = _tokenizer_of(init_from)
+        else:
+            tokenizer = self._tokenizer(train_path, snapshot.training_sha256, train_cfg)
+        data = self._prepare(train_path, val_path, tokenizer, train_cfg)
+
+        early = self._requested_stop()
+        if early:
+            return early
+        with self.sf() as session:
+            job = self._held(session)
+            deleted = delete_metrics_after(session, self.job_id, resume_step if resume_path else -1)
+            fields: dict[str, Any] = {"step": resume_step if resume_path else 0}
+            if job.started_at is None:
+                fields["started_at"] = utcnow()
+            if resume_path is not None:
+                message = f"Resuming from the checkpoint at step {resume_step}"
+                if deleted:
+                    message += f" ({deleted} metric rows after it will be logged again)"
+                log.info("job %s: %s", self.job_id, message)
+            transition(session, job, "running", **fields)
+            session.commit()
+
+        from trainer.loop import train
+
+        callbacks = ServiceCallbacks(
+            self.sf, self.store, job_id=self.job_id, worker_id=self.worker_id,
+            checkpoint_model_id=lambda step: checkpoint_model_id(snapshot.naming_job, step),
+            scratch=self.job_dir, flush_seconds=self.settings.metrics_flush_seconds,
+            keep_checkpoints=train_cfg.keep_checkpoints, lease_lost=self.lease_lost, shutdown=_shutdown,
+        )
+        out_dir = self.job_dir / "run"
+        try:
+            result = train(model_cfg, train_cfg, data, out_dir, callbacks, tokenizer=tokenizer,
+                           resume=resume_path or False, init_from=init_from)
+        finally:
+            callbacks.flush()
+        if callbacks.cause == "lease_lost" or self.lease_lost.is_set():
+            raise LeaseLost(self.job_id)
+
+        if result.stop_reason in ("completed", "time_limit"):
+            final = result.final_checkpoint
+            if final is None:
+                raise JobFailure("internal_error", "Training ended without a final checkpoint.")
+            return self._succeed(snapshot, final, result.step, result.tokens_seen, callbacks)
+        if callbacks.cause == "cancel":
+            return self._finish("cancelled")
+        if callbacks.cause == "pause":
+            return self._finish("paused", message=f"Paused at step {result.step}")
+        if callbacks.cause == "shutdown":
+            return self._requeue_for_shutdown(snapshot.queue, result.step)
+        raise JobFailure("internal_error", f"Training stopped unexpectedly ({result.stop_reason}).")
+
+    # ------------------------------------------------------------------ pieces
+    def _held(self, session: Session) -> Job:
+        if self.lease_lost.is_set():
+            raise LeaseLost(self.job_id)
+        return lock_held_job(session, self.job_id, self.worker_id)
+
+    def _requested_stop(self) -> str | None:
+        """Honour cancel/pause/shutdown that arrived before training started."""
+        with self.sf() as session:
+            job = self._held(session)
+            cancel, pause = job.cancel_requested, job.pause_requested
+        if cancel:
+            return self._finish("cancelled")
+        if pause:
+            return self._finish("paused", message="Paused before training started")
+        if _shutdown.is_set():
+            with self.sf() as session:
+                return self._requeue_for_shutdown(self._held(session).queue, None)
+        return None
+
+    def _fetch_file(self, file_id: str, param: str) -> Path:
+        """Download a File's blob into the content-addressed cache (once) and validate it."""
+        with self.sf() as session:
+            file = session.get(File, file_id)
+            if file is None:
+                raise JobFailure("invalid_training_file", f"The {param.replace('_', ' ')} {file_id} no longer exists; "
+                                 "upload it again and create a new job.", param)
+            blob_id, sha, name = file.blob_id, file.sha256, file.filename
+        path = self.cache_dir / "files" / sha
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{sha}.tmp-{os.getpid()}")
+            self.store.read_to_path(blob_id, tmp)
+            os.replace(tmp, path)
+        try:
+            validate_file(path)
+        except DataError as exc:
+            raise JobFailure("invalid_training_file", f"{name}: {exc.message}", param) from exc
+        return path
+
+    def _tokenizer(self, train_path: Path, sha256: str, cfg: TrainConfig) -> Any:
+        """The tokenizer for this data: cached per (file sha256, kind, vocab size)."""
+        from trainer.dataformat import iter_documents
+        from trainer.tokenizers import tokenizer_from_json, train_tokenizer
+
+        vocab = cfg.resolved_vocab_size
+        if cfg.tokenizer == "byte":
+            return train_tokenizer("byte", vocab, [])
+        path = self.cache_dir / "tokenizers" / f"{sha256}-{cfg.tokenizer}-{vocab}.json"
+        if path.exists():
+            import json
+
+            return tokenizer_from_json(json.loads(path.read_text()))
+        tokenizer = train_tokenizer(cfg.tokenizer, vocab, iter_documents(train_path))
+        _write_json_atomic(path, tokenizer.to_json())
+        return tokenizer
+
+    def _prepare(self, train_path: Path, val_path: Path | None, tokenizer: Any, cfg: TrainConfig) -> Any:
+        from trainer.data import prepare_data
+
+        try:
+            return prepare_data(train_path, tokenizer, validation_path=val_path, val_fraction=cfg.val_fraction,
+                                cache_dir=self.cache_dir / "tokens")
+        except DataError as exc:
+            raise JobFailure("invalid_training_file", exc.message, "training_file") from exc
+
+    def _resume_point(self) -> tuple[Path | None, int]:
+        """Extract the newest stored checkpoint of this job (if any): (folder, step)."""
+        with self.sf() as session:
+            ckpt = session.execute(select(Checkpoint).where(Checkpoint.job_id == self.job_id)
+                                   .order_by(Checkpoint.step.desc()).limit(1)).scalar_one_or_none()
+            if ckpt is None:
+                return None, 0
+            blob_id, step = ckpt.blob_id, ckpt.step
+        return self._extract(blob_id, self.job_dir / "resume"), step
+
+    def _parent_checkpoint(self, base_model_id: str, owner_id: str) -> Path:
+        """The final checkpoint folder of the model this job continues training from."""
+        with self.sf() as session:
+            parent = session.execute(select(Job).where(Job.fine_tuned_model == base_model_id,
+                                                       Job.owner_id == owner_id)).scalar_one_or_none()
+            query = select(Checkpoint).where(Checkpoint.owner_id == owner_id)
+            if parent is not None:
+                query = query.where(Checkpoint.job_id == parent.id, Checkpoint.is_final.is_(True))
+            else:  # a checkpoint's model id
+                query = query.where(Checkpoint.model_id == base_model_id)
+            ckpt = session.execute(query.order_by(Checkpoint.step.desc()).limit(1)).scalar_one_or_none()
+            if ckpt is None:
+                raise JobFailure("invalid_base_model", f"The model {base_model_id} has no stored weights any more "
+                                 "(it was deleted); choose another model.", "model")
+            blob_id = ckpt.blob_id
+        return self._extract(blob_id, self.job_dir / "parent")
+
+    def _extract(self, blob_id: str, dest: Path) -> Path:
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        tar_path = dest.with_suffix(".tar")
+        self.store.read_to_path(blob_id, tar_path)
+        try:
+            with tarfile.open(tar_path) as tar:
+                tar.extractall(dest, filter="data")
+        finally:
+            tar_path.unlink(missing_ok=True)
+        folders = [p for p in dest.iterdir() if p.is_dir()]
+        if len(folders) != 1:
+            raise JobFailure("internal_error", "A stored checkpoint is damaged (unexpected archive layout).")
+        return folders[0]
+
+    # ------------------------------------------------------------------ endings
+    def _succeed(self, snapshot: _JobSnapshot, final: Path, step: int, tokens: int,
+                 callbacks: ServiceCallbacks) -> str:
+        model_id = final_model_id(snapshot.naming_job)
+
+        def finish(session: Session, job: Job) -> None:
+            transition(session, job, "succeeded", fine_tuned_model=model_id, step=step, trained_tokens=tokens)
+
+        store_checkpoint(self.sf, self.store, job_id=self.job_id, worker_id=self.worker_id, step=step,
+                         folder=final, model_id=checkpoint_model_id(snapshot.naming_job, step),
+                         metrics=callbacks.checkpoint_metrics(step), is_final=True,
+                         keep=snapshot.keep_checkpoints, scratch=self.job_dir, extra=finish)
+        log.info("job %s succeeded: %s", self.job_id, model_id)
+        return "succeeded"
+
+    def _finish(self, status: str, message: str | None = None) -> str:
+        with self.sf() as session:
+            job = self._held(session)
+            transition(session, job, status)
+            session.commit()
+        log.info("job %s %s%s", self.job_id, status, f": {message}" if message else "")
+        return status
+
+    def _requeue_for_shutdown(self, queue: str, step: int | None) -> str:
+        with self.sf() as session:
+            job = self._held(session)
+            transition(session, job, "queued")
+            session.commit()
+        log.info("worker shutting down: job %s re-queued%s", self.job_id,
+                 f" from step {step}" if step is not None else "")
+        try:
+            from worker.celery_app import enqueue_job
+
+            enqueue_job(self.job_id, queue)
+        except Exception:  # the reaper re-sends messages for queued jobs nobody holds
+            log.warning("could not re-send job %s; the reaper will", self.job_id, exc_info=True)
+        return "queued"
+
+    def _fail(self, code: str, message: str, param: str | None = None) -> str | None:
+        try:
+            with self.sf() as session:
+                job = self._held(session)
+                transition(session, job, "failed", error_code=code, error_message=message, error_param=param)
+                session.commit()
+        except LeaseLost:
+            log.warning("job %s: lease lost before its failure (%s) could be recorded", self.job_id, code)
+            return None
+        return "failed"
+
+
+@dataclass
+class _JobSnapshot:
+    """The job's inputs, read once (plain values, safe after the session closed)."""
+
+    owner_id: str
+    training_file: str
+    training_sha256: str
+    validation_file: str | None
+    model_config: dict[str, Any]
+    train_config: dict[str, Any]
+    seed: int
+    base_model_id: str | None
+    queue: str
+    keep_checkpoints: int | None
+    naming_job: Any  # a detached Job for core.naming
+
+    @classmethod
+    def of(cls, job: Job, session: Session) -> _JobSnapshot:
+        file = session.get(File, job.training_file)
+        sha = file.sha256 if file is not None else ""
+        session.expunge(job)
+        return cls(owner_id=job.owner_id, training_file=job.training_file, training_sha256=sha,
+                   validation_file=job.validation_file, model_config=dict(job.model_config or {}),
+                   train_config=dict(job.train_config or {}), seed=int(job.seed), base_model_id=job.base_model_id,
+                   queue=job.queue, keep_checkpoints=(job.train_config or {}).get("keep_checkpoints", 3),
+                   naming_job=job)
+
+
+def _tokenizer_of(checkpoint: Path) -> Any:
+    import json
+
+    from trainer.tokenizers import tokenizer_from_json
+
+    return tokenizer_from_json(json.loads((checkpoint / "tokenizer.json").read_text()))
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def classify_exception(exc: BaseException) -> JobFailure:
+    """Map an exception from data preparation or training to the job's error."""
+    from trainer.loop import TrainingDiverged
+
+    if isinstance(exc, TrainingDiverged):
+        return JobFailure("training_diverged", str(exc))
+    if isinstance(exc, DataError):
+        return JobFailure("invalid_training_file", exc.message, "training_file")
+    if isinstance(exc, ConfigError):
+        return JobFailure("invalid_hyperparameters", f"The job's configuration was refused: {exc}", exc.param)
+    if _is_oom(exc):
+        return JobFailure("out_of_memory", "Training ran out of memory. Lower batch_size (raise grad_accum to keep "
+                          "the same effective batch), ctx or the model size, or train in bfloat16.")
+    return JobFailure("internal_error", f"The worker hit an internal error ({type(exc).__name__}: {exc}). "
+                      "Retrying the job may help; if it fails again, report it with the job id.")
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    try:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+    except (ImportError, AttributeError):  # pragma: no cover
+        pass
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
