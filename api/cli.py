@@ -126,14 +126,12 @@ def run_keys_list(args: argparse.Namespace) -> int:
 
 def run_keys_revoke(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    from core.models import ApiKey, utcnow
+    from core.keys import revoke_key
 
     with _session_factory(settings)() as session:
-        key = session.get(ApiKey, args.key_id)
-        if key is None:
+        if not revoke_key(session, args.key_id):
             print(f"no key {args.key_id}; `fromscratch keys list` shows the ids", file=sys.stderr)
             return 1
-        key.revoked_at = key.revoked_at or utcnow()
         session.commit()
     print(f"revoked {args.key_id}")
     return 0

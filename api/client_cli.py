@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import types
@@ -31,8 +32,8 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED, EXIT_INTERRUPTED = 0, 1, 2, 3, 
 TERMINAL = ("succeeded", "failed", "cancelled")
 FORMATS = ("gguf", "hf", "onnx", "checkpoint")
 
-# TrainConfig fields that are the worker's business, not the job's.
-_NOT_JOB_OPTIONS = {"extra", "device"}
+# TrainConfig fields that are not job options.
+_NOT_JOB_OPTIONS = {"extra"}
 # OpenAI's hyperparameters that also accept "auto".
 _AUTO_OK = {"n_epochs", "batch_size"}
 # What a None default means (the rules live in TrainConfig's resolved_* properties).
@@ -356,6 +357,7 @@ class _FollowState:
         self.eta: float | None = p.get("eta_seconds")
         self.last_event_id: str | None = None
         self._rate_origin: tuple[float, int] | None = None  # (time, step) for a local ETA
+        self.plain_stream = False  # the server refused a made-up Last-Event-ID: start from scratch
 
     def job_update(self, job: dict[str, Any]) -> None:
         self.job = {**self.job, **job}
@@ -394,22 +396,27 @@ class _FollowState:
                 self.eta = max(0.0, (self.total - step) * (now - t0) / (step - s0))
 
     def event(self, name: str, data: Any) -> None:
-        """Apply one SSE event (metrics, status change) whatever its exact envelope."""
-        items = data if isinstance(data, list) else (data.get("data") if isinstance(data, dict)
-                                                     and isinstance(data.get("data"), list) else [data])
-        for item in items:
-            if not isinstance(item, dict):
-                continue
-            if "status" in item and ("object" in item or name in ("status", "job", "end", "done")):
-                self.job_update(item)
-            elif "status" in item and "step" not in item:
-                self.status = item["status"]
-                if item.get("progress"):
-                    self.job_update(item)
-            if "step" in item:
-                self.metric(item)
-            elif isinstance(item.get("data"), dict) and "step" in item["data"]:
-                self.metric(item["data"])  # an OpenAI-shaped metrics event
+        """Apply one SSE event of the job stream: `metrics` (a point as in /metrics), `status`
+        ({status, message, created_at, job}); `message` events (lifecycle notes) change nothing here."""
+        if not isinstance(data, dict):
+            return
+        if name == "metrics":
+            self.metric(data)
+        elif name == "status":
+            if isinstance(data.get("job"), dict):
+                self.job_update(data["job"])
+            elif isinstance(data.get("status"), str):
+                self.status = data["status"]
+
+    def resume_id(self) -> str | None:
+        """Last-Event-ID for the next connection: the stream's ids are "<step>.<seq>"; start after
+        the newest step known, whether the stream or a poll brought it."""
+        m = re.fullmatch(r"(-?\d+)\.(\d+)", self.last_event_id or "")
+        if m:
+            return f"{max(int(m.group(1)), self.step)}.{m.group(2)}"
+        if self.last_event_id:
+            return self.last_event_id
+        return f"{self.step}.0" if self.step > 0 and not self.plain_stream else None
 
 
 def follow_job(client: Any, job_id: str, json_summary: bool = False, poll_seconds: float = 2.0) -> int:
@@ -440,7 +447,7 @@ def follow_job(client: Any, job_id: str, json_summary: bool = False, poll_second
         while state.status not in TERMINAL:
             if time.monotonic() >= next_stream_try:
                 try:
-                    for ev in client.stream(job_id, state.last_event_id):
+                    for ev in client.stream(job_id, state.resume_id()):
                         if ev.id:
                             state.last_event_id = ev.id
                         try:
@@ -452,9 +459,11 @@ def follow_job(client: Any, job_id: str, json_summary: bool = False, poll_second
                         if state.status in TERMINAL:
                             break
                 except APIError as e:
+                    if e.status_code == 400 and e.param == "Last-Event-ID" and not state.plain_stream:
+                        state.last_event_id, state.plain_stream = None, True
+                        continue
                     if e.status_code in (401, 403, 404):
-                        if e.status_code != 404 or stream_failures > 0:
-                            raise
+                        raise
                     stream_failures += 1
                     # back off the stream; poll in between
                     next_stream_try = time.monotonic() + min(30.0, 2.0 * stream_failures)

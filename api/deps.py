@@ -69,6 +69,9 @@ def authenticate(session: Session, secret: str) -> ApiKey:
 
 def get_current_key(request: Request, session: Annotated[Session, Depends(get_session)]) -> ApiKey:
     key = authenticate(session, bearer_secret(request))
+    # End the read transaction: the connection goes back to the pool (long SSE streams and slow
+    # exports must not hold one); `key` stays readable (expire_on_commit=False).
+    session.commit()
     request.state.owner_id = key.owner_id
     return key
 

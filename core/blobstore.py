@@ -14,8 +14,8 @@ Visibility protocol ("write, then commit the row that points to it"):
    flushes; the caller commits that together with the row that points at the blob (File,
    Checkpoint, Export). If the caller rolls back or the process dies, the blob stays incomplete:
    never readable, and removed by `gc_incomplete()`.
-On SQLite, call `put()` before writing anything else in the caller's session: an open write
-transaction there would hold the lock that put's own transactions wait for.
+Exception: on SQLite, when the caller's session already holds the (single) write lock, put()
+writes through the caller's transaction instead (its own would wait for that lock forever).
 
 Reads dispatch on the row's `backend`, so blobs written before a backend switch stay readable.
 Every read checks size and sha256 at the end and raises BlobCorrupt on a mismatch.
@@ -27,6 +27,7 @@ import hashlib
 import os
 import secrets
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -84,6 +85,13 @@ def _chunks(stream: Iterable[bytes] | BinaryIO, size: int) -> Iterator[bytes]:
         yield bytes(buf)
 
 
+def _holds_sqlite_write_lock(session: Session) -> bool:
+    if session.get_bind().dialect.name != "sqlite" or not session.in_transaction():
+        return False
+    # pysqlite opens its transaction at the first write: in_transaction means "holds the lock"
+    return bool(getattr(session.connection().connection.dbapi_connection, "in_transaction", False))
+
+
 # FS deletes happen only once the deleting transaction commits, so a rollback keeps the file.
 @event.listens_for(Session, "after_commit")
 def _unlink_after_commit(session: Session) -> None:
@@ -118,13 +126,16 @@ class BlobStore:
         """Store the bytes; return the Blob row (complete, flushed, not committed) in `session`.
         Raises BlobTooLarge (after removing everything written) past `max_bytes`."""
         blob_id = new_id("blob")
+        # On SQLite a caller that already wrote holds the one write lock: our own transactions
+        # would wait for it forever, so write through the caller's transaction instead.
+        shared = session if _holds_sqlite_write_lock(session) else None
         try:
             if self.backend == "db":
-                size, digest = self._write_db(blob_id, stream, max_bytes)
+                size, digest = self._write_db(blob_id, stream, max_bytes, shared)
             else:
-                size, digest = self._write_fs(blob_id, stream, max_bytes)
+                size, digest = self._write_fs(blob_id, stream, max_bytes, shared)
         except BaseException:
-            self._discard(blob_id)
+            self._discard(blob_id, shared)
             raise
         blob = session.get(Blob, blob_id)
         if blob is None:  # a concurrent gc removed it: treat like a failed write
@@ -137,9 +148,20 @@ class BlobStore:
         with open(path, "rb") as f:
             return self.put(f, session, max_bytes=max_bytes)
 
-    def _write_db(self, blob_id: str, stream: Iterable[bytes] | BinaryIO, max_bytes: int | None) -> tuple[int, str]:
+    @contextmanager
+    def _writer(self, shared: Session | None) -> Iterator[tuple[Session, bool]]:
+        """(session, owned): our own short-transaction session, or the caller's."""
+        if shared is not None:
+            yield shared, False
+            return
+        with self.session_factory() as own:
+            yield own, True
+
+    def _write_db(
+        self, blob_id: str, stream: Iterable[bytes] | BinaryIO, max_bytes: int | None, shared: Session | None
+    ) -> tuple[int, str]:
         h, size = hashlib.sha256(), 0
-        with self.session_factory() as s:
+        with self._writer(shared) as (s, owned):
             s.add(Blob(id=blob_id, backend="db", complete=False))
             s.flush()
             for seq, chunk in enumerate(_chunks(stream, self.chunk_size)):
@@ -149,21 +171,24 @@ class BlobStore:
                 h.update(chunk)
                 # Core-style insert: the chunk is not kept in the session's identity map
                 s.execute(insert(BlobChunk).values(blob_id=blob_id, seq=seq, data=chunk))
-                if (seq + 1) % COMMIT_EVERY == 0:
+                if owned and (seq + 1) % COMMIT_EVERY == 0:
                     s.commit()
-            s.commit()
+            if owned:
+                s.commit()
         return size, h.hexdigest()
 
     def _fs_relpath(self, blob_id: str) -> str:
         # fan out on the random part of the id (the "blob-" prefix is the same for all)
         return f"{blob_id.rsplit('-', 1)[-1][:2]}/{blob_id}"
 
-    def _write_fs(self, blob_id: str, stream: Iterable[bytes] | BinaryIO, max_bytes: int | None) -> tuple[int, str]:
+    def _write_fs(
+        self, blob_id: str, stream: Iterable[bytes] | BinaryIO, max_bytes: int | None, shared: Session | None
+    ) -> tuple[int, str]:
         assert self.blob_dir is not None
         rel = self._fs_relpath(blob_id)
-        with self.session_factory() as s:  # the row first, so a crash leaves something gc can find
+        with self._writer(shared) as (s, owned):  # the row first, so a crash leaves something gc can find
             s.add(Blob(id=blob_id, backend="fs", path=rel, complete=False))
-            s.commit()
+            s.commit() if owned else s.flush()
         final = self.blob_dir / rel
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.with_name(f"{blob_id}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
@@ -183,11 +208,17 @@ class BlobStore:
             tmp.unlink(missing_ok=True)
         return size, h.hexdigest()
 
-    def _discard(self, blob_id: str) -> None:
+    def _discard(self, blob_id: str, shared: Session | None) -> None:
         """Remove a failed write: committed chunks, the row and any file."""
-        with self.session_factory() as s:
-            self._delete_rows(s, blob_id)
-            s.commit()
+        with self._writer(shared) as (s, owned):
+            if owned:
+                self._delete_rows(s, blob_id)
+                s.commit()
+            else:
+                try:
+                    self._delete_rows(s, blob_id)
+                except Exception:  # the caller's transaction is broken: its rollback removes the rows
+                    pass
         if self.blob_dir is not None:
             self._remove_files(blob_id)
 

@@ -263,8 +263,13 @@ def _transition_if_expired(
     old = job.status
     _check(old, new_status)
     now = utcnow()
-    values: dict[str, Any] = {**fields, "status": new_status, "updated_at": now, "lease_owner": None,
-                              "lease_expires_at": None}
+    values: dict[str, Any] = {
+        **fields,
+        "status": new_status,
+        "updated_at": now,
+        "lease_owner": None,
+        "lease_expires_at": None,
+    }
     if new_status in TERMINAL:
         values["finished_at"] = now
     if new_status in TERMINAL or new_status == PAUSED:
@@ -295,7 +300,9 @@ def request_cancel(session: Session, job: Job) -> Job:
         if job.status == CANCELLED:
             return job
         if job.status in TERMINAL:
-            raise IllegalTransition(f"job {job.id} already {job.status}; it cannot be cancelled", current=job.status)
+            raise IllegalTransition(
+                f"job {job.id} already {job.status}; it cannot be cancelled", current=job.status
+            )
         if job.lease_owner is None:
             return transition(session, job, CANCELLED)
         if not job.cancel_requested:
@@ -315,7 +322,9 @@ def request_pause(session: Session, job: Job) -> Job:
         if job.status == PAUSED:
             return job
         if job.status in TERMINAL:
-            raise IllegalTransition(f"job {job.id} already {job.status}; it cannot be paused", current=job.status)
+            raise IllegalTransition(
+                f"job {job.id} already {job.status}; it cannot be paused", current=job.status
+            )
         if job.lease_owner is None:
             return transition(session, job, PAUSED)
         if not job.pause_requested:
@@ -335,13 +344,17 @@ def resume(session: Session, job: Job) -> tuple[Job, bool]:
         if job.status == PAUSED:
             return transition(session, job, QUEUED, attempts=0, cancel_requested=False), True
         if job.status in TERMINAL:
-            raise IllegalTransition(f"job {job.id} is {job.status}; only a paused job can be resumed", current=job.status)
+            raise IllegalTransition(
+                f"job {job.id} is {job.status}; only a paused job can be resumed", current=job.status
+            )
         if job.pause_requested:
             if not _cas(session, job, {"pause_requested": False}):
                 raise ConcurrentUpdate("job changed", current=job.status)
             add_event(session, job.id, "Pause request withdrawn")
             return job, False
-        raise IllegalTransition(f"job {job.id} is {job.status}, not paused; nothing to resume", current=job.status)
+        raise IllegalTransition(
+            f"job {job.id} is {job.status}, not paused; nothing to resume", current=job.status
+        )
 
     for _ in range(5):
         try:

@@ -35,7 +35,9 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(default=Path("~/.fromscratch"), description="root of every default path")
     # "" = derive from data_dir (see _derive); an explicit value wins
-    database_url: str = Field(default="", description="SQLAlchemy URL (postgresql+psycopg://... or sqlite:///...)")
+    database_url: str = Field(
+        default="", description="SQLAlchemy URL (postgresql+psycopg://... or sqlite:///...)"
+    )
     broker_url: str = Field(default="", description="Celery broker URL (redis://... or sqla+sqlite:///...)")
     blob_backend: Literal["db", "fs"] = "db"
     blob_dir: Path | None = None
@@ -67,7 +69,9 @@ class Settings(BaseSettings):
         self.work_dir = (self.work_dir or self.data_dir / "work").expanduser().resolve()
         unknown = [q for q in self.queues if q not in QUEUES]
         if unknown or not self.queues:
-            raise ValueError(f"worker_queues={self.worker_queues!r}: use a comma-separated subset of {QUEUES}")
+            raise ValueError(
+                f"worker_queues={self.worker_queues!r}: use a comma-separated subset of {QUEUES}"
+            )
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ValueError(
                 f"heartbeat_seconds ({self.heartbeat_seconds}) must be shorter than lease_seconds "

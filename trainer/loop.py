@@ -171,6 +171,10 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, train_path: Any, out_d
 
     cfg = train_cfg
     callbacks = callbacks or Callbacks()
+    if cfg.optimizer == "lbfgs" and cfg.dtype == "float16":
+        raise ConfigError([("dtype", "float16 needs a gradient scaler, which L-BFGS cannot use; use bfloat16 or float32")])
+    device = resolve_device(cfg)
+    dtype = resolve_dtype(cfg, device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out_dir / "checkpoints"
@@ -189,11 +193,6 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, train_path: Any, out_d
     source = resumed or init
     if source is not None:
         tokenizer, model_cfg = source.tokenizer, source.model_config
-
-    if cfg.optimizer == "lbfgs" and cfg.dtype == "float16":
-        raise ConfigError([("dtype", "float16 needs a gradient scaler, which L-BFGS cannot use; use bfloat16 or float32")])
-    device = resolve_device(cfg)
-    dtype = resolve_dtype(cfg, device)
 
     # ---- data (errors here come before any training)
     if isinstance(train_path, TokenData):

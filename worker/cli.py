@@ -34,6 +34,11 @@ def run_worker(args: argparse.Namespace) -> int:
     reset_settings()
     settings = get_settings()  # validates the queues before anything starts
 
+    import logging
+
+    # Celery leaves the root logger alone (worker_hijack_root_logger=False): ours is set up here.
+    logging.basicConfig(level=args.loglevel.upper(),
+                        format="[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: %(message)s")
     from worker.celery_app import app
 
     hostname = args.hostname or f"fromscratch-{os.getpid()}@{socket.gethostname()}"

@@ -57,13 +57,19 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.blobstore import blobstore_from_settings
 from core.db import make_engine, make_session_factory
-from core.jobstates import claim_job, renew_lease, transition
-from core.models import Checkpoint, File, Job, utcnow
+from core.jobstates import add_event, claim_job, renew_lease, transition
+from core.models import Checkpoint, File, Job
 from core.naming import checkpoint_model_id, final_model_id
 from core.settings import Settings
 from trainer.config import ConfigError, ModelConfig, TrainConfig
 from trainer.dataformat import DataError, validate_file
-from worker.callbacks import LeaseLost, ServiceCallbacks, delete_metrics_after, lock_held_job, store_checkpoint
+from worker.callbacks import (
+    LeaseLost,
+    ServiceCallbacks,
+    delete_metrics_after,
+    lock_held_job,
+    store_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -231,13 +237,12 @@ class _JobRun:
             job = self._held(session)
             deleted = delete_metrics_after(session, self.job_id, resume_step if resume_path else -1)
             fields: dict[str, Any] = {"step": resume_step if resume_path else 0}
-            if job.started_at is None:
-                fields["started_at"] = utcnow()
             if resume_path is not None:
                 message = f"Resuming from the checkpoint at step {resume_step}"
                 if deleted:
                     message += f" ({deleted} metric rows after it will be logged again)"
                 log.info("job %s: %s", self.job_id, message)
+                add_event(session, self.job_id, message, data={"step": resume_step})
             transition(session, job, "running", **fields)
             session.commit()
 

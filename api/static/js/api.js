@@ -30,7 +30,7 @@ function authHeaders(extra = {}) {
   return key ? { Authorization: `Bearer ${key}`, ...extra } : { ...extra };
 }
 
-async function errorFrom(res) {
+async function errorFrom(res, notify = true) {
   let err = {};
   try {
     const body = await res.json();
@@ -39,12 +39,13 @@ async function errorFrom(res) {
   } catch { /* not JSON */ }
   if (!err.message) err.message = `${res.status} ${res.statusText || "error"}`;
   const e = new ApiError(res.status, err);
-  if (res.status === 401) unauthorizedHandler(e);
+  if (res.status === 401 && notify) unauthorizedHandler(e);
   return e;
 }
 
-/** JSON request to /v1<path>. Throws ApiError (network failures too, with status 0). */
-export async function api(path, { method = "GET", body, signal, headers = {} } = {}) {
+/** JSON request to /v1<path>. Throws ApiError (network failures too, with status 0). A 401 also
+ *  signs the user out (onUnauthorized) unless `notify401` is false. */
+export async function api(path, { method = "GET", body, signal, headers = {}, notify401 = true } = {}) {
   const init = { method, signal, headers: authHeaders(headers) };
   if (body !== undefined) {
     init.body = JSON.stringify(body);
@@ -57,7 +58,7 @@ export async function api(path, { method = "GET", body, signal, headers = {} } =
     if (e.name === "AbortError") throw e;
     throw new ApiError(0, { message: "cannot reach the server (network error)" });
   }
-  if (!res.ok) throw await errorFrom(res);
+  if (!res.ok) throw await errorFrom(res, notify401);
   if (res.status === 204) return null;
   return res.json();
 }
@@ -139,10 +140,10 @@ export class SSEParser {
  * Read GET /v1/fine_tuning/jobs/{id}/stream and call onEvent({event, data, id}) for each event.
  * Resolves when the server ends the stream; rejects on errors (ApiError for HTTP errors).
  */
-export async function streamJob(jobId, { lastEventId, afterStep, signal, onEvent }) {
+export async function streamJob(jobId, { lastEventId, signal, onEvent }) {
   const headers = authHeaders({ Accept: "text/event-stream" });
   if (lastEventId) headers["Last-Event-ID"] = lastEventId;
-  const url = `/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}/stream${query({ after_step: afterStep })}`;
+  const url = `/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}/stream`;
   const res = await fetch(url, { headers, signal, cache: "no-store" });
   if (!res.ok) throw await errorFrom(res);
   if (!res.body) throw new ApiError(0, { message: "streaming is not supported by this browser" });

@@ -15,15 +15,18 @@ export class Series {
 
   clear() { this.xs = []; this.ys = []; }
 
+  /** Drop the points at x and after. */
+  truncate(x) {
+    const i = lowerBound(this.xs, x);
+    this.xs.length = i;
+    this.ys.length = i;
+  }
+
   /** Add a point in x order. A point at or before the last x replaces the tail from there
    *  (a resumed job re-reports the steps after its checkpoint). */
   push(x, y) {
     if (y === null || y === undefined || !Number.isFinite(y)) return;
-    if (x <= this.lastX) {
-      const i = lowerBound(this.xs, x);
-      this.xs.length = i;
-      this.ys.length = i;
-    }
+    if (x <= this.lastX) this.truncate(x);
     this.xs.push(x);
     this.ys.push(y);
     if (this.xs.length > this.max) this.compact();

@@ -9,7 +9,7 @@ export const TRAIN_DEFAULTS = {
   "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "eps": 1e-08, "grad_clip": 1.0,
   "activation_checkpointing": false, "eval_every": 100, "eval_batches": 20, "val_fraction": 0.1,
   "checkpoint_every": 500, "keep_checkpoints": 3, "samples_after_nl": false, "seed": 1337,
-  "dtype": "auto", "compile": false, "time_limit": null, "log_every": 1
+  "device": "auto", "dtype": "auto", "compile": false, "time_limit": null, "log_every": 1
 };
 
 export const MODEL_DEFAULTS = {

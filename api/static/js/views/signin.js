@@ -35,8 +35,9 @@ export function mountSignIn(root, { notice } = {}) {
     button.textContent = "Checking…";
     setKey(key);
     try {
-      await api("/fine_tuning/jobs?limit=1");
-      location.hash = "#/jobs";
+      await api("/fine_tuning/jobs?limit=1", { notify401: false });
+      if (location.hash === "#/jobs") window.dispatchEvent(new HashChangeEvent("hashchange"));
+      else location.hash = "#/jobs";
     } catch (e) {
       clearKey();
       if (e instanceof ApiError && e.status === 401) {

@@ -1,0 +1,108 @@
+"""The FastAPI application: `create_app(settings=None)` (uvicorn: `--factory api.main:create_app`).
+
+State on `app.state`: `settings`, `engine`, `session_factory`, `blobstore`, `celery`, plus
+`registry` (Prometheus), `model_cache` (loaded models for /generate).
+
+Routers, one per resource: files, jobs (+ presets), events (events, metrics, SSE stream),
+checkpoints, models (+ content, generate), health (healthz, readyz, metrics). The dashboard's
+static files (`api/static/`) are mounted at `/` after the routers, so every API path wins.
+Every error is JSON in OpenAI's envelope (api/errors.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import Histogram
+
+from api.errors import install_error_handlers
+from api.generation import ModelCache
+from api.routes import checkpoints, events, files, health, jobs, models
+from core.settings import Settings, get_settings
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+API_DESCRIPTION = """Train small LLaMA models from scratch through an OpenAI-compatible fine-tuning API.
+
+Authenticate with `Authorization: Bearer <key>`. Errors are `{"error": {message, type, param, code}}`."""
+
+
+class LatencyMiddleware:
+    """Pure ASGI middleware (streams pass through untouched) observing the time to the response
+    start per (method, route template, status)."""
+
+    def __init__(self, app: Any, histogram: Histogram) -> None:
+        self.app = app
+        self.histogram = histogram
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        observed = False
+
+        def observe(status: int) -> None:
+            nonlocal observed
+            if observed:
+                return
+            observed = True
+            route = scope.get("route")
+            path = getattr(route, "path", None)
+            if path is None:
+                path = "static" if status < 400 else "<unmatched>"
+            self.histogram.labels(scope.get("method", ""), path, str(status)).observe(time.perf_counter() - start)
+
+        async def wrapped_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                observe(int(message["status"]))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, wrapped_send)
+        except Exception:
+            observe(500)
+            raise
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    from core.blobstore import blobstore_from_settings
+    from core.broker import make_celery
+    from core.db import make_engine, make_session_factory
+
+    settings = settings or get_settings()
+    engine_kwargs: dict[str, Any] = {}
+    if not settings.is_sqlite:
+        engine_kwargs = {"pool_size": 10, "max_overflow": 20}
+    engine = make_engine(settings.database_url, **engine_kwargs)
+    session_factory = make_session_factory(engine)
+    celery = make_celery(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
+
+    app = FastAPI(title="fromscratch", version="0.1.0", description=API_DESCRIPTION, lifespan=lifespan,
+                  docs_url="/docs", redoc_url=None)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.session_factory = session_factory
+    app.state.blobstore = blobstore_from_settings(settings, session_factory)
+    app.state.celery = celery
+    app.state.model_cache = ModelCache()
+    registry, latency = health.make_registry(session_factory)
+    app.state.registry = registry
+
+    install_error_handlers(app)
+    app.add_middleware(LatencyMiddleware, histogram=latency)
+    for module in (health, files, jobs, events, checkpoints, models):
+        app.include_router(module.router)
+    if STATIC_DIR.is_dir():
+        app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="dashboard")
+    return app

@@ -1,0 +1,276 @@
+"""Loss and lifecycle of a job, three ways (all read from the database, the source of truth):
+
+GET /v1/fine_tuning/jobs/{id}/events   OpenAI's shape, newest first, `after`/`limit`.
+    Lifecycle Event rows are `type: "message"` events (their own ids); Metric rows are
+    `type: "metrics"` events with `data {step, train_loss, valid_loss, learning_rate, grad_norm,
+    tokens_per_s, tokens_seen}` and the id `ftevent-<job hex>-s<step>`. Both are ordered by
+    (created_at, kind, seq|step), message after metrics at the same instant.
+
+GET /v1/fine_tuning/jobs/{id}/metrics?after_step=N&limit=M&max_points=P
+    `{object: "list", data: [{step, train_loss, val_loss, lr, tokens_per_s, tokens_seen, grad_norm,
+    created_at}], has_more}` in step order, steps > after_step. `limit` (default 1000 without
+    max_points, unbounded with it; at most 100000) cuts the window; `has_more` says rows exist
+    past it. `max_points` downsamples the window to at most P points that always include its last
+    point: the steps before the last are split into P-1 equal step ranges, each keeping one real
+    row (its last evaluation row if it has one, so the validation curve survives, else its last
+    row). Done in SQL: cheap for a 100,000-step job.
+
+GET /v1/fine_tuning/jobs/{id}/stream   Server-Sent Events (text/event-stream):
+    event: metrics   data: one point as in /metrics
+    event: status    data: {status, message, created_at, job: <the job object>} — from each
+                     lifecycle row that records a status change (and a snapshot if ever needed)
+    event: message   data: an OpenAI event object, other lifecycle rows (warnings, requests)
+    Every event has `id: <S>.<Q>`: S = the highest metric step sent so far (-1 for none), Q = the
+    highest lifecycle Event seq sent so far (0 for none). Reconnecting with `Last-Event-ID: S.Q`
+    (what EventSource sends; or `?last_event_id=S.Q`) sends only metrics with step > S and
+    lifecycle rows with seq > Q. The database is polled every 0.25 s with two indexed queries; a
+    comment line `: keep-alive` goes out after 15 s of silence; the stream ends after the
+    terminal status event (a reconnect to a finished job whose events were all seen gets an empty
+    stream that ends at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy.orm import Session
+
+from api.deps import CurrentKey, SessionDep
+from api.errors import APIError
+from api.queries import bad_cursor, check_limit, owned_job
+from api.schemas import (
+    TERMINAL,
+    JobEvent,
+    ListEnvelope,
+    job_hex,
+    metric_point,
+    to_event,
+    to_job,
+    to_metric_event,
+    unix,
+)
+from core.models import Event, Job, Metric
+
+router = APIRouter(prefix="/v1/fine_tuning", tags=["fine-tuning"])
+
+RANK_METRIC, RANK_MESSAGE = 0, 1
+POLL_SECONDS = 0.25
+HEARTBEAT_SECONDS = 15.0
+STREAM_BATCH = 500
+_METRIC_EVENT_RE = re.compile(r"^ftevent-([0-9a-f]+)-s(\d+)$")
+
+
+# ------------------------------------------------------------------------------------------ events
+def _event_cursor(session: Session, job: Job, after: str) -> tuple[Any, int, int]:
+    m = _METRIC_EVENT_RE.match(after)
+    if m:
+        if m.group(1) != job_hex(job.id):
+            raise bad_cursor(after)
+        row = session.get(Metric, (job.id, int(m.group(2))))
+        if row is None:
+            raise bad_cursor(after)
+        return row.created_at, RANK_METRIC, row.step
+    ev = session.scalar(select(Event).where(Event.id == after, Event.job_id == job.id))
+    if ev is None:
+        raise bad_cursor(after)
+    return ev.created_at, RANK_MESSAGE, ev.seq
+
+
+@router.get("/jobs/{job_id}/events", response_model=ListEnvelope[JobEvent],
+            summary="A job's events, newest first (lifecycle messages and per-step metrics)")
+def list_events(job_id: str, session: SessionDep, key: CurrentKey, after: str | None = None,
+                limit: Annotated[int, Query()] = 20) -> ListEnvelope[JobEvent]:
+    check_limit(limit, 1000)
+    job = owned_job(session, key.owner_id, job_id)
+    mq = select(Metric).where(Metric.job_id == job.id)
+    eq = select(Event).where(Event.job_id == job.id)
+    if after:
+        at, rank, n = _event_cursor(session, job, after)
+        if rank == RANK_METRIC:
+            mq = mq.where(or_(Metric.created_at < at, and_(Metric.created_at == at, Metric.step < n)))
+            eq = eq.where(Event.created_at < at)
+        else:
+            mq = mq.where(Metric.created_at <= at)
+            eq = eq.where(or_(Event.created_at < at, and_(Event.created_at == at, Event.seq < n)))
+    metrics = session.scalars(mq.order_by(Metric.created_at.desc(), Metric.step.desc()).limit(limit + 1)).all()
+    events = session.scalars(eq.order_by(Event.created_at.desc(), Event.seq.desc()).limit(limit + 1)).all()
+    merged: list[tuple[Any, int, int, JobEvent]] = [
+        (m.created_at, RANK_METRIC, m.step, to_metric_event(job.id, m, job.total_steps)) for m in metrics]
+    merged += [(e.created_at, RANK_MESSAGE, e.seq, to_event(e)) for e in events]
+    merged.sort(key=lambda t: (t[0], t[1], t[2]), reverse=True)
+    page = [t[3] for t in merged[: limit + 1]]
+    data = page[:limit]
+    return ListEnvelope(data=data, has_more=len(page) > limit, first_id=data[0].id if data else None,
+                        last_id=data[-1].id if data else None)
+
+
+# ----------------------------------------------------------------------------------------- metrics
+def select_metrics(session: Session, job_id: str, after_step: int | None, limit: int | None,
+                   max_points: int | None) -> tuple[list[Metric], bool]:
+    """Rows in step order (see the module docstring); returns (rows, has_more)."""
+    base = [Metric.job_id == job_id]
+    if after_step is not None:
+        base.append(Metric.step > after_step)
+    has_more = False
+    if limit is not None:
+        upper = session.scalar(select(Metric.step).where(*base).order_by(Metric.step).offset(limit - 1).limit(1))
+        if upper is not None:
+            has_more = session.scalar(select(Metric.step).where(*base, Metric.step > upper).limit(1)) is not None
+            base.append(Metric.step <= upper)
+    if max_points is None:
+        return list(session.scalars(select(Metric).where(*base).order_by(Metric.step)).all()), has_more
+    lo, last, count = session.execute(
+        select(func.min(Metric.step), func.max(Metric.step), func.count()).where(*base)).one()
+    if not count:
+        return [], has_more
+    if count <= max_points:
+        return list(session.scalars(select(Metric).where(*base).order_by(Metric.step)).all()), has_more
+    if max_points == 1:
+        return list(session.scalars(select(Metric).where(*base, Metric.step == last)).all()), has_more
+    width = max(1, math.ceil((last - lo) / (max_points - 1)))
+    bucket = (Metric.step - lo) // width
+    chosen = (select(func.coalesce(func.max(case((Metric.val_loss.is_not(None), Metric.step))),
+                                   func.max(Metric.step)))
+              .where(*base, Metric.step < last).group_by(bucket))
+    rows = session.scalars(select(Metric).where(*base, or_(Metric.step.in_(chosen), Metric.step == last))
+                           .order_by(Metric.step)).all()
+    return list(rows), has_more
+
+
+@router.get("/jobs/{job_id}/metrics", summary="A job's metrics in step order, optionally downsampled")
+def list_metrics(job_id: str, session: SessionDep, key: CurrentKey,
+                 after_step: Annotated[int | None, Query(description="only steps greater than this")] = None,
+                 limit: Annotated[int | None, Query(description="window size (default 1000 without max_points)")] = None,
+                 max_points: Annotated[int | None, Query(description="downsample to at most this many points")] = None,
+                 ) -> dict[str, Any]:
+    job = owned_job(session, key.owner_id, job_id)
+    if limit is not None:
+        check_limit(limit, 100_000)
+    elif max_points is None:
+        limit = 1000
+    if max_points is not None and not 1 <= max_points <= 100_000:
+        raise APIError(400, f"max_points must be between 1 and 100000, got {max_points}", param="max_points",
+                       code="invalid_max_points")
+    rows, has_more = select_metrics(session, job.id, after_step, limit, max_points)
+    data = [metric_point(m) for m in rows]
+    return {"object": "list", "data": data, "has_more": has_more,
+            "job_status": job.status, "total_steps": job.total_steps}
+
+
+# ------------------------------------------------------------------------------------------ stream
+@dataclass
+class StreamCursor:
+    step: int = -1
+    seq: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.step}.{self.seq}"
+
+    @classmethod
+    def parse(cls, text: str) -> StreamCursor:
+        m = re.fullmatch(r"(-1|\d+)\.(\d+)", text.strip())
+        if not m:
+            raise APIError(400, f"Last-Event-ID {text!r} is not an id this stream sent (format <step>.<seq>)",
+                           param="Last-Event-ID", code="invalid_last_event_id")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+
+def _sse(event: str, data: Any, id: str | None = None) -> str:
+    lines = [f"event: {event}"]
+    if id is not None:
+        lines.append(f"id: {id}")
+    lines.append("data: " + json.dumps(data, separators=(",", ":")))
+    return "\n".join(lines) + "\n\n"
+
+
+def _poll(factory: Any, job_id: str, cursor: StreamCursor) -> tuple[dict[str, Any] | None, list[dict[str, Any]],
+                                                                   list[Event]]:
+    """One poll: the job (read first, so a terminal status implies its last metrics are visible
+    too), then newer metrics and lifecycle rows."""
+    with factory() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return None, [], []
+        snapshot = to_job(job).model_dump(mode="json")
+        metrics = session.scalars(select(Metric).where(Metric.job_id == job_id, Metric.step > cursor.step)
+                                  .order_by(Metric.step).limit(STREAM_BATCH)).all()
+        events = session.scalars(select(Event).where(Event.job_id == job_id, Event.seq > cursor.seq)
+                                 .order_by(Event.seq).limit(STREAM_BATCH)).all()
+        points = [metric_point(m) for m in metrics]
+        for e in events:
+            session.expunge(e)
+        return snapshot, points, list(events)
+
+
+def _status_of(e: Event) -> str | None:
+    status = (e.data or {}).get("status") if isinstance(e.data, dict) else None
+    return status if isinstance(status, str) else None
+
+
+async def _stream(request: Request, job_id: str, cursor: StreamCursor, sent_status: str | None) -> AsyncIterator[str]:
+    factory = request.app.state.session_factory
+    yield "retry: 2000\n\n"
+    last_write = time.monotonic()
+    while True:
+        if await request.is_disconnected():
+            return
+        job, points, events = await run_in_threadpool(_poll, factory, job_id, cursor)
+        if job is None:
+            return
+        out: list[str] = []
+        for p in points:
+            cursor.step = max(cursor.step, int(p["step"]))
+            out.append(_sse("metrics", p, str(cursor)))
+        for e in events:
+            cursor.seq = max(cursor.seq, e.seq)
+            status = _status_of(e)
+            if status is not None:
+                sent_status = status
+                out.append(_sse("status", {"status": status, "message": e.message, "created_at": unix(e.created_at),
+                                           "job": job}, str(cursor)))
+            else:
+                out.append(_sse("message", to_event(e).model_dump(mode="json"), str(cursor)))
+        drained = len(points) < STREAM_BATCH and len(events) < STREAM_BATCH
+        if drained and job["status"] != sent_status and (sent_status is None or job["status"] in TERMINAL):
+            # no lifecycle row told this client the current status yet: say it once
+            sent_status = job["status"]
+            out.append(_sse("status", {"status": sent_status, "message": f"Job status: {sent_status}",
+                                       "created_at": int(time.time()), "job": job}, str(cursor)))
+        if out:
+            yield "".join(out)
+            last_write = time.monotonic()
+        if drained and job["status"] in TERMINAL and sent_status == job["status"]:
+            return
+        if not drained:
+            continue
+        if time.monotonic() - last_write >= HEARTBEAT_SECONDS:
+            yield ": keep-alive\n\n"
+            last_write = time.monotonic()
+        await asyncio.sleep(POLL_SECONDS)
+
+
+@router.get("/jobs/{job_id}/stream", summary="Server-Sent Events: metrics and status as they happen",
+            response_class=StreamingResponse, responses={200: {"content": {"text/event-stream": {}}}})
+async def stream_job(job_id: str, request: Request, session: SessionDep, key: CurrentKey,
+                     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+                     last_event_id_query: Annotated[str | None, Query(alias="last_event_id")] = None,
+                     ) -> StreamingResponse:
+    job = await run_in_threadpool(owned_job, session, key.owner_id, job_id)
+    resume_from = last_event_id or last_event_id_query
+    cursor = StreamCursor.parse(resume_from) if resume_from else StreamCursor()
+    # A resuming client has seen the status as of its cursor; newer changes arrive as rows.
+    sent_status = job.status if resume_from else None
+    await run_in_threadpool(session.close)
+    return StreamingResponse(_stream(request, job.id, cursor, sent_status), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

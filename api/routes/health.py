@@ -1,0 +1,120 @@
+"""Open endpoints (no key): /healthz (the process answers), /readyz (database and broker reachable,
+else 503 in the error envelope), /metrics (Prometheus text format).
+
+Prometheus metrics (one registry per app, so tests can build many apps):
+- `fromscratch_http_request_duration_seconds{method, route, status}` histogram: time to the
+  response's first byte (for SSE streams that is the time to open the stream), by route template;
+- `fromscratch_jobs{status}` gauge, computed from the database at scrape time;
+- `fromscratch_queue_depth{queue}` gauge: jobs waiting for a worker (validating_files/queued,
+  not claimed);
+- `fromscratch_training_tokens_per_second{job_id, queue}` for running jobs and
+  `fromscratch_training_tokens_per_second_total` their sum;
+- `fromscratch_database_up` 1/0 (0 when the scrape-time queries failed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select, text
+
+from api.errors import error_response
+from core.jobstates import STATUSES
+from core.models import Job
+
+log = logging.getLogger("fromscratch.api")
+router = APIRouter(tags=["health"])
+
+
+class JobsCollector(Collector):
+    def __init__(self, session_factory: Any) -> None:
+        self.session_factory = session_factory
+
+    def collect(self) -> Iterator[Any]:
+        up = GaugeMetricFamily("fromscratch_database_up", "1 when the scrape-time database queries succeeded")
+        try:
+            with self.session_factory() as s:
+                counts = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
+                waiting = s.execute(select(Job.queue, func.count())
+                                    .where(Job.status.in_(("validating_files", "queued")), Job.lease_owner.is_(None))
+                                    .group_by(Job.queue)).all()
+                running = s.execute(select(Job.id, Job.queue, Job.tokens_per_s)
+                                    .where(Job.status == "running")).all()
+        except Exception:  # noqa: BLE001 - a scrape must not fail because the database is down
+            log.warning("metrics scrape: database query failed", exc_info=True)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        jobs = GaugeMetricFamily("fromscratch_jobs", "Jobs by status", labels=["status"])
+        for status in STATUSES:
+            jobs.add_metric([status], float(counts.get(status, 0)))
+        yield jobs
+        depth = GaugeMetricFamily("fromscratch_queue_depth", "Jobs waiting for a worker", labels=["queue"])
+        waiting_by_queue = dict(waiting)
+        for queue in sorted({"cpu", "gpu", *waiting_by_queue}):
+            depth.add_metric([queue], float(waiting_by_queue.get(queue, 0)))
+        yield depth
+        tps = GaugeMetricFamily("fromscratch_training_tokens_per_second", "Training throughput of running jobs",
+                                labels=["job_id", "queue"])
+        total = 0.0
+        for job_id, queue, value in running:
+            tps.add_metric([job_id, queue], float(value or 0.0))
+            total += float(value or 0.0)
+        yield tps
+        yield GaugeMetricFamily("fromscratch_training_tokens_per_second_total",
+                                "Sum of the training throughput of running jobs", value=total)
+
+
+def make_registry(session_factory: Any) -> tuple[CollectorRegistry, Histogram]:
+    registry = CollectorRegistry(auto_describe=False)
+    latency = Histogram("fromscratch_http_request_duration_seconds", "HTTP request latency (to the first byte)",
+                        ["method", "route", "status"], registry=registry,
+                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+    registry.register(JobsCollector(session_factory))
+    return registry, latency
+
+
+@router.get("/healthz", summary="The process is up")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+def _check_broker(celery: Any) -> None:
+    with celery.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2, interval_max=0.5, timeout=3)
+
+
+@router.get("/readyz", summary="Database and broker reachable (503 otherwise)")
+def readyz(request: Request) -> Response:
+    checks: dict[str, str] = {}
+    problems: list[str] = []
+    try:
+        with request.app.state.session_factory() as s:
+            s.execute(text("SELECT 1"))
+        checks["database"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        checks["database"] = "unreachable"
+        problems.append(f"database unreachable ({type(e).__name__})")
+    try:
+        _check_broker(request.app.state.celery)
+        checks["broker"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        checks["broker"] = "unreachable"
+        problems.append(f"broker unreachable ({type(e).__name__})")
+    if problems:
+        return error_response(503, "Not ready: " + "; ".join(problems), code="not_ready")
+    return JSONResponse({"status": "ok", "checks": checks})
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,57 @@
+// Hash routes: #/jobs[?after=ID], #/jobs/<id>, #/new, #/signin. Each view is mounted into <main>
+// and returns {destroy()} so its timers, streams and charts stop when the route changes.
+
+import { clearKey, getKey, onUnauthorized } from "./api.js";
+import { mountJob } from "./views/job.js";
+import { mountJobs } from "./views/jobs.js";
+import { mountNewJob } from "./views/newjob.js";
+import { mountSignIn } from "./views/signin.js";
+
+const main = document.getElementById("main");
+const nav = document.getElementById("nav");
+let current = null;
+let notice = null;
+
+function parse(hash) {
+  const [path, qs] = (hash.replace(/^#/, "") || "/jobs").split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  return { parts, params: new URLSearchParams(qs || "") };
+}
+
+function route() {
+  if (current) { current.destroy(); current = null; }
+  main.replaceChildren();
+  const { parts, params } = parse(location.hash);
+  const signedIn = !!getKey();
+  nav.hidden = !signedIn;
+  if (!signedIn || parts[0] === "signin") {
+    if (signedIn && parts[0] === "signin") { location.hash = "#/jobs"; return; }
+    current = mountSignIn(main, { notice });
+    notice = null;
+    return;
+  }
+  for (const a of nav.querySelectorAll("a[data-route]")) {
+    const active = a.dataset.route === (parts[0] === "new" ? "new" : "jobs") && !(parts[0] === "jobs" && parts[1]);
+    if (active) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+  if (parts[0] === "new") current = mountNewJob(main);
+  else if (parts[0] === "jobs" && parts[1]) current = mountJob(main, { id: parts[1] });
+  else current = mountJobs(main, { after: params.get("after") || undefined });
+  document.title = "fromscratch";
+}
+
+onUnauthorized(() => {
+  if (!getKey()) return;
+  clearKey();
+  notice = "Your API key was refused (401 Unauthorized): it may have been revoked. Sign in again.";
+  route();
+});
+
+document.getElementById("sign-out").addEventListener("click", () => {
+  clearKey();
+  notice = "Signed out.";
+  location.hash = "#/signin";
+});
+
+window.addEventListener("hashchange", () => { route(); main.focus({ preventScroll: true }); });
+route();

@@ -1,0 +1,110 @@
+"""Every error is JSON in OpenAI's envelope, whatever raised it; open routes need no key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from tests.api.conftest import Tenant
+
+ENVELOPE_KEYS = {"message", "type", "param", "code"}
+
+
+def assert_envelope(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json"), response.headers["content-type"]
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == ENVELOPE_KEYS, body
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    assert "Traceback" not in response.text
+    return body["error"]
+
+
+def test_unknown_path_is_json_404(client: TestClient, tenant: Tenant) -> None:
+    err = assert_envelope(client.get("/v1/nope", headers=tenant.headers), 404)
+    assert "/v1/nope" in err["message"]
+    assert_envelope(client.get("/definitely/not/here"), 404)
+
+
+def test_wrong_method_is_json_405(client: TestClient, tenant: Tenant) -> None:
+    err = assert_envelope(client.put("/v1/files", headers=tenant.headers), 405)
+    assert err["type"] == "invalid_request_error"
+
+
+def test_bad_body_is_json_422(client: TestClient, tenant: Tenant) -> None:
+    r = client.post("/v1/fine_tuning/jobs", headers={**tenant.headers, "Content-Type": "application/json"},
+                    content=b"{not json")
+    err = assert_envelope(r, 422)
+    assert err["code"] == "validation_error"
+    r = client.post("/v1/models/ft:x:y/generate", headers=tenant.headers, json={"max_tokens": "many"})
+    err = assert_envelope(r, 422)
+    assert err["param"] == "max_tokens"
+
+
+def test_missing_and_bad_keys_are_401(client: TestClient) -> None:
+    for headers in ({}, {"Authorization": "Bearer fsk-wrong"}, {"Authorization": "Basic abc"},
+                    {"Authorization": "Bearer "}):
+        for method, path in (("get", "/v1/files"), ("get", "/v1/fine_tuning/jobs"), ("get", "/v1/models"),
+                             ("post", "/v1/fine_tuning/jobs"), ("post", "/v1/files")):
+            err = assert_envelope(getattr(client, method)(path, headers=headers), 401)
+            assert err["code"] in ("missing_api_key", "invalid_api_key")
+
+
+def test_revoked_key_is_401(client: TestClient, tenant: Tenant, session_factory: Any) -> None:
+    from core.keys import hash_secret
+    from core.models import ApiKey, utcnow
+
+    assert client.get("/v1/files", headers=tenant.headers).status_code == 200
+    with session_factory() as s:
+        key = s.query(ApiKey).filter_by(key_hash=hash_secret(tenant.secret)).one()
+        key.revoked_at = utcnow()
+        s.commit()
+    assert_envelope(client.get("/v1/files", headers=tenant.headers), 401)
+
+
+def test_unhandled_exception_is_json_500_without_trace(settings: Any) -> None:
+    app = create_app(settings)
+
+    def boom() -> None:
+        raise RuntimeError("secret internals")
+
+    app.add_api_route("/boom", boom)
+    app.router.routes.insert(0, app.router.routes.pop())  # before the dashboard's mount at /
+
+    with TestClient(app, raise_server_exceptions=False) as c:
+        err = assert_envelope(c.get("/boom"), 500)
+    assert err["type"] == "server_error"
+    assert "secret internals" not in err["message"]
+
+
+def test_open_routes_need_no_key(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["checks"] == {"database": "ok", "broker": "ok"}
+    assert client.get("/docs").status_code == 200
+    assert client.get("/openapi.json").json()["info"]["title"] == "fromscratch"
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    assert "fromscratch_jobs" in metrics.text
+
+
+def test_readyz_503_when_broker_unreachable(settings: Any) -> None:
+    bad = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
+    with TestClient(create_app(bad)) as c:
+        err = assert_envelope(c.get("/readyz"), 503)
+    assert "broker" in err["message"]
+
+
+def test_request_latency_and_job_gauges_exported(client: TestClient, tenant: Tenant, factory: Any) -> None:
+    factory.job(tenant.owner_id, status="running", tokens_per_s=1234.0)
+    client.get("/v1/files", headers=tenant.headers)
+    text = client.get("/metrics").text
+    assert 'fromscratch_http_request_duration_seconds_count{method="GET",route="/v1/files",status="200"}' in text
+    running = [line for line in text.splitlines() if line.startswith('fromscratch_jobs{status="running"}')]
+    assert running and float(running[0].split()[-1]) >= 1
+    assert "fromscratch_queue_depth" in text
+    assert "fromscratch_training_tokens_per_second{" in text
