@@ -65,10 +65,16 @@ def _settings(args: argparse.Namespace) -> Any:
     """Apply --data-dir to the environment (so child processes see it too) and read settings."""
     if getattr(args, "data_dir", None):
         os.environ["FROMSCRATCH_DATA_DIR"] = str(Path(args.data_dir).expanduser().resolve())
+    from pydantic import ValidationError
+
     from core.settings import get_settings, reset_settings
 
     reset_settings()
-    settings = get_settings()
+    try:
+        settings = get_settings()
+    except ValidationError as exc:
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        raise SystemExit(f"fromscratch: invalid settings (FROMSCRATCH_* variables): {problems}") from None
     if settings.is_sqlite:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     return settings
@@ -256,7 +262,9 @@ def run_serve(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         config = uvicorn.Config("api.main:create_app", factory=True, host=args.host, port=args.port,
-                                log_level=args.log_level)
+                                log_level=args.log_level,
+                                # open SSE streams must not hold the shutdown up for ever
+                                timeout_graceful_shutdown=5)
         uvicorn.Server(config).run()
     finally:
         if supervisor is not None:

@@ -164,10 +164,18 @@ def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=False))
 
 
-def _when(ts: Any) -> str:
+def _when(ts: Any, short: bool = False) -> str:
     if not isinstance(ts, int | float) or ts <= 0:
         return "-"
-    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ts).strftime("%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S")
+
+
+def _id_column(table: Any, rows: list[dict[str, Any]]) -> None:
+    """A first ID column that is never cut or wrapped: ids are what users copy."""
+    from rich.table import Column
+
+    width = max([len(str(r.get("id", ""))) for r in rows] + [2])
+    table.columns.insert(0, Column("ID", no_wrap=True, min_width=width))
 
 
 def _num(value: Any, fmt: str = ".4f") -> str:
@@ -231,8 +239,10 @@ def cmd_files_list(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(page)
         return EXIT_OK
-    table = Table("ID", "Filename", "Size", "Purpose", "Created")
-    for f in page.get("data", []):
+    files = page.get("data", [])
+    table = Table("Filename", "Size", "Purpose", "Created")
+    _id_column(table, files)
+    for f in files:
         table.add_row(f.get("id", "?"), f.get("filename", "-"), _size(f.get("bytes")), f.get("purpose", "-"),
                       _when(f.get("created_at")))
     _console().print(table)
@@ -279,12 +289,14 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(page)
         return EXIT_OK
-    table = Table("ID", "Status", "Model", "Step", "Train loss", "Val loss", "Created", "Finished")
-    for job in page.get("data", []):
+    jobs = page.get("data", [])
+    table = Table("Status", "Model", "Step", "Train loss", "Val loss", "Created", "Finished")
+    _id_column(table, jobs)
+    for job in jobs:
         p = job.get("progress") or {}
         table.add_row(job.get("id", "?"), job.get("status", "?"), job.get("model", "-"), _progress_text(job),
-                      _num(p.get("train_loss")), _num(p.get("val_loss")), _when(job.get("created_at")),
-                      _when(job.get("finished_at")))
+                      _num(p.get("train_loss")), _num(p.get("val_loss")), _when(job.get("created_at"), short=True),
+                      _when(job.get("finished_at"), short=True))
     console = _console()
     console.print(table)
     if page.get("has_more") and page.get("data"):
@@ -525,8 +537,10 @@ def cmd_models_list(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(page)
         return EXIT_OK
-    table = Table("ID", "Created", "Owned by")
-    for m in page.get("data", []):
+    models = page.get("data", [])
+    table = Table("Created", "Owned by")
+    _id_column(table, models)
+    for m in models:
         table.add_row(m.get("id", "?"), _when(m.get("created")), m.get("owned_by", "-"))
     _console().print(table)
     return EXIT_OK

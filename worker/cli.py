@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,10 +30,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_worker(args: argparse.Namespace) -> int:
     if args.queues:
         os.environ["FROMSCRATCH_WORKER_QUEUES"] = args.queues
+    from pydantic import ValidationError
+
     from core.settings import get_settings, reset_settings
 
     reset_settings()
-    settings = get_settings()  # validates the queues before anything starts
+    try:
+        settings = get_settings()  # validates the queues before anything starts
+    except ValidationError as exc:
+        problems = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        print(f"fromscratch worker: invalid settings: {problems}", file=sys.stderr)
+        return 2
 
     import logging
 

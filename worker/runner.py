@@ -214,8 +214,9 @@ class _JobRun:
 
         model_cfg = ModelConfig.from_dict(snapshot.model_config)
         train_cfg = TrainConfig.from_dict({**snapshot.train_config, "seed": snapshot.seed})
-        if train_cfg.device == "auto" and self.settings.device != "auto":
-            train_cfg = TrainConfig.from_dict({**train_cfg.to_dict(), "device": self.settings.device})
+        device = worker_device(self.settings.device)
+        if train_cfg.device == "auto" and device is not None:
+            train_cfg = TrainConfig.from_dict({**train_cfg.to_dict(), "device": device})
 
         resume_path, resume_step = self._resume_point()
         init_from = None
@@ -477,6 +478,19 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(obj))
     os.replace(tmp, path)
+
+
+def worker_device(setting: str) -> str | None:
+    """The TrainConfig.device a worker's `device` setting means for jobs that left it "auto"
+    (None: let the trainer choose). `cuda:N` pins this worker process to GPU N."""
+    if setting in ("cpu", "cuda"):
+        return setting
+    if setting.startswith("cuda:"):
+        import torch
+
+        torch.cuda.set_device(int(setting.split(":", 1)[1]))
+        return "cuda"
+    return None  # "auto", or a device the trainer does not know (it picks cuda when available)
 
 
 def classify_exception(exc: BaseException) -> JobFailure:

@@ -21,7 +21,7 @@ import secrets
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -31,7 +31,7 @@ from api.hyperparams import HyperparameterError, check_context, resolve
 from api.queries import bad_cursor, check_limit, find_model, newest_first_after, owned_job
 from api.schemas import FineTuningJob, JobCreate, ListEnvelope, to_job
 from core import jobstates
-from core.models import File, Job
+from core.models import Event, File, Job
 from trainer.config import PRESETS, TrainConfig, model_config_from_preset
 
 log = logging.getLogger("fromscratch.api")
@@ -186,30 +186,37 @@ def create_job(body: JobCreate, request: Request, session: SessionDep, key: Curr
         if existing is None:
             raise
         return to_job(existing)
-    _enqueue(request, session, job)
+    _enqueue(request, session, job, _undo_create)
     return to_job(job)
 
 
-def _enqueue(request: Request, session: Session, job: Job) -> None:
-    """Send the job id to the broker (after the commit). If the broker is down the job fails at
-    once with a clear error instead of waiting forever for a message that was never sent."""
+def _enqueue(request: Request, session: Session, job: Job, undo: Any) -> None:
+    """Send the job id to the broker (after the commit). If the broker refuses, `undo(session, job)`
+    takes the change back and the request fails with 503, so a retry (the SDK retries 5xx with
+    the same Idempotency-Key) starts over instead of finding a job no worker will ever hear of."""
     from core.broker import enqueue_job
 
     try:
         enqueue_job(request.app.state.celery, job.id, job.queue)
     except Exception as e:  # noqa: BLE001 - any broker failure
         log.exception("could not enqueue job %s", job.id)
+        session.rollback()
         session.refresh(job)
-        try:
-            jobstates.transition(session, job, jobstates.FAILED, error_code="broker_unavailable",
-                                 error_message=f"The job could not be queued: the broker did not accept it ({e}). "
-                                               "Try again when the service is healthy (GET /readyz).")
-            session.commit()
-        except jobstates.IllegalTransition:
-            session.rollback()  # a worker already picked it up some other way
-            return
-        raise APIError(503, "The job could not be queued because the broker is unreachable; it was marked failed. "
-                            "Try again later.", code="broker_unavailable") from e
+        undo(session, job)
+        session.commit()
+        raise APIError(503, f"The job could not be queued: the broker is unreachable ({type(e).__name__}). "
+                            "Nothing was changed; try again later (GET /readyz shows when the service is ready).",
+                       code="broker_unavailable") from e
+
+
+def _undo_create(session: Session, job: Job) -> None:
+    session.execute(delete(Event).where(Event.job_id == job.id))
+    session.execute(delete(Job).where(Job.id == job.id))
+
+
+def _undo_resume(session: Session, job: Job) -> None:
+    if job.status == jobstates.QUEUED and job.lease_owner is None:
+        jobstates.transition(session, job, jobstates.PAUSED)
 
 
 @router.get("/jobs", response_model=ListEnvelope[FineTuningJob], summary="List your jobs, newest first")
@@ -267,7 +274,7 @@ def resume_job(job_id: str, request: Request, session: SessionDep, key: CurrentK
 
     job = _control(session, key, job_id, action)
     if needs.get("enqueue"):
-        _enqueue(request, session, job)
+        _enqueue(request, session, job, _undo_create)
     return to_job(job)
 
 

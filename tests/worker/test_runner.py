@@ -118,3 +118,38 @@ def test_failures_end_the_job_not_the_worker(service_settings, session_factory, 
     wait_for_status(session_factory, healthy, "succeeded", diagnostics=worker_proc.output)
     assert worker_proc.alive and worker_proc.starts == 1
     assert any(m.startswith("Job status: failed: ") for m in event_messages(session_factory, diverging))
+
+
+def test_exceptions_map_to_user_facing_error_codes() -> None:
+    import torch
+
+    from trainer.config import ConfigError
+    from trainer.dataformat import DataError
+    from trainer.loop import TrainingDiverged
+    from worker.runner import classify_exception
+
+    oom = classify_exception(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert oom.code == "out_of_memory" and "batch_size" in oom.message
+    assert classify_exception(RuntimeError("DefaultCPUAllocator: out of memory")).code == "out_of_memory"
+    assert classify_exception(TrainingDiverged(7, float("nan"))).code == "training_diverged"
+    data = classify_exception(DataError("line 3: expected a JSON object", 3))
+    assert (data.code, data.param) == ("invalid_training_file", "training_file")
+    cfg = classify_exception(ConfigError([("n_embd", "must be divisible by n_head")]))
+    assert (cfg.code, cfg.param) == ("invalid_hyperparameters", "n_embd")
+    internal = classify_exception(KeyError("boom"))
+    assert internal.code == "internal_error" and "job id" in internal.message
+
+
+def test_continue_training_starts_from_the_parent_model(service_settings, session_factory, worker_proc) -> None:
+    parent_id = make_job(service_settings, session_factory, train=long_run(150))
+    parent = wait_for_status(session_factory, parent_id, "succeeded", diagnostics=worker_proc.output)
+    child_id = make_job(service_settings, session_factory, train=SMALL_RUN, base_model_id=parent.fine_tuned_model)
+    child = wait_for_status(session_factory, child_id, "succeeded", diagnostics=worker_proc.output)
+
+    assert child.fine_tuned_model == final_model_id(child)
+    assert child.fine_tuned_model.startswith("ft:llama-tiny:") and child.fine_tuned_model != parent.fine_tuned_model
+    parent_rows, child_rows = metric_rows(session_factory, parent_id), metric_rows(session_factory, child_id)
+    assert_clean_series(child_rows, total_steps=50)
+    # the child starts from the parent's weights, not from scratch (fresh init is ~ln(258) = 5.55)
+    assert child_rows[0].train_loss < parent_rows[0].train_loss - 1.0
+    assert child_rows[0].train_loss < parent_rows[-1].train_loss + 0.5

@@ -1,0 +1,128 @@
+"""/v1/models: list/get/delete (ids with colons), downloads produced once and kept, generation."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from core.models import Export
+from tests.api.conftest import Factory, Tenant, blob_count, count
+from tests.api.test_errors import assert_envelope
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint_tar(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A real (untrained) trainer checkpoint folder as the worker stores it: a tar, folder at root."""
+    import torch
+
+    from trainer.checkpoint import save_checkpoint
+    from trainer.config import ModelConfig, TrainConfig
+    from trainer.model import Llama
+    from trainer.tokenizers import ByteTokenizer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layer=1, n_head=2, n_embd=16, ctx=32, vocab_size=258)
+    folder = save_checkpoint(tmp_path_factory.mktemp("ckpt") / "step-00000050", model=Llama(cfg), model_config=cfg,
+                             train_config=TrainConfig(), tokenizer=ByteTokenizer(),
+                             state={"step": 50, "tokens_seen": 0, "best_val_loss": None, "sampler": {},
+                                    "total_steps": 50})
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        tf.add(folder, arcname=folder.name)
+    return buf.getvalue()
+
+
+def test_list_get_delete(client: TestClient, tenant: Tenant, factory: Factory) -> None:
+    job_id, model_id = factory.finished_model(tenant.owner_id, steps=(10, 20))
+    running = factory.job(tenant.owner_id, status="running")
+    factory.checkpoint(running, 5, f"ft:llama-tiny:{running.split('-', 1)[1]}:ckpt-step-5")
+    listed = client.get("/v1/models", headers=tenant.headers).json()
+    ids = {m["id"] for m in listed["data"]}
+    assert ids == {model_id, f"{model_id}:ckpt-step-10", f"{model_id}:ckpt-step-20",
+                   f"ft:llama-tiny:{running.split('-', 1)[1]}:ckpt-step-5"}
+    final = next(m for m in listed["data"] if m["id"] == model_id)
+    assert final["object"] == "model" and final["owned_by"] == tenant.owner_id and final["kind"] == "fine_tuned"
+    assert final["job_id"] == job_id and final["step"] == 20 and final["root"] == "llama-tiny"
+
+    ckpt = client.get(f"/v1/models/{model_id}:ckpt-step-10", headers=tenant.headers).json()
+    assert ckpt["kind"] == "checkpoint" and ckpt["step"] == 10
+    r = client.delete(f"/v1/models/{model_id}:ckpt-step-10", headers=tenant.headers)
+    assert r.json() == {"id": f"{model_id}:ckpt-step-10", "object": "model", "deleted": True}
+    assert_envelope(client.get(f"/v1/models/{model_id}:ckpt-step-10", headers=tenant.headers), 404)
+    assert f"{model_id}:ckpt-step-10" not in {m["id"] for m in client.get("/v1/models", headers=tenant.headers).json()["data"]}
+    steps = [c["step_number"] for c in client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints",
+                                                  headers=tenant.headers).json()["data"]]
+    assert steps == [20]
+    assert client.delete(f"/v1/models/{model_id}", headers=tenant.headers).status_code == 200
+    assert_envelope(client.get(f"/v1/models/{model_id}", headers=tenant.headers), 404)
+    assert_envelope(client.get(f"/v1/models/{model_id}/content?format=checkpoint", headers=tenant.headers), 404)
+    assert_envelope(client.get("/v1/models/ft:nope:abc", headers=tenant.headers), 404)
+
+
+def test_checkpoint_download_is_the_stored_tar(client: TestClient, tenant: Tenant, factory: Factory,
+                                               tiny_checkpoint_tar: bytes) -> None:
+    _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)
+    r = client.get(f"/v1/models/{model_id}/content?format=checkpoint", headers=tenant.headers)
+    assert r.status_code == 200
+    assert r.content == tiny_checkpoint_tar
+    assert r.headers["content-length"] == str(len(tiny_checkpoint_tar))
+    assert ".tar" in r.headers["content-disposition"] and "attachment" in r.headers["content-disposition"]
+    err = assert_envelope(client.get(f"/v1/models/{model_id}/content?format=zip", headers=tenant.headers), 400)
+    assert err["param"] == "format"
+
+
+def test_gguf_produced_once_and_kept(client: TestClient, tenant: Tenant, factory: Factory,
+                                     tiny_checkpoint_tar: bytes, session_factory: Any, tmp_path: Path) -> None:
+    from gguf import GGUFReader
+
+    _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)
+    first = client.get(f"/v1/models/{model_id}/content?format=gguf", headers=tenant.headers)
+    assert first.status_code == 200, first.text
+    assert first.content[:4] == b"GGUF"
+    assert first.headers["content-length"] == str(len(first.content))
+    assert first.headers["content-disposition"].endswith('.gguf') or ".gguf" in first.headers["content-disposition"]
+    assert count(session_factory, Export, Export.model_id == model_id) == 1
+    blobs = blob_count(session_factory)
+    second = client.get(f"/v1/models/{model_id}/content?format=gguf", headers=tenant.headers)
+    assert second.content == first.content
+    assert blob_count(session_factory) == blobs  # served from the kept export
+    path = tmp_path / "m.gguf"
+    path.write_bytes(first.content)
+    reader = GGUFReader(path)
+    assert any(t.name == "token_embd.weight" for t in reader.tensors)
+    # deleting the model frees its exports
+    client.delete(f"/v1/models/{model_id}", headers=tenant.headers)
+    assert count(session_factory, Export, Export.model_id == model_id) == 0
+
+
+def test_hf_download_is_a_tar_folder(client: TestClient, tenant: Tenant, factory: Factory,
+                                     tiny_checkpoint_tar: bytes) -> None:
+    _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)
+    r = client.get(f"/v1/models/{model_id}/content?format=hf", headers=tenant.headers)
+    assert r.status_code == 200, r.text
+    with tarfile.open(fileobj=io.BytesIO(r.content)) as tf:
+        names = tf.getnames()
+    assert any(n.endswith("config.json") for n in names)
+    assert any(n.endswith(".safetensors") for n in names)
+
+
+def test_generate(client: TestClient, tenant: Tenant, factory: Factory, tiny_checkpoint_tar: bytes) -> None:
+    _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)
+    body = {"prompt": "To be", "max_tokens": 8, "temperature": 0.0}
+    a = client.post(f"/v1/models/{model_id}/generate", headers=tenant.headers, json=body)
+    assert a.status_code == 200, a.text
+    b = client.post(f"/v1/models/{model_id}:ckpt-step-50/generate", headers=tenant.headers, json=body)
+    assert isinstance(a.json()["text"], str)
+    assert a.json()["text"] == b.json()["text"]  # greedy: the same weights give the same text
+    seeded = {"prompt": "", "max_tokens": 8, "temperature": 1.0, "top_k": 20, "seed": 3}
+    s1 = client.post(f"/v1/models/{model_id}/generate", headers=tenant.headers, json=seeded).json()["text"]
+    s2 = client.post(f"/v1/models/{model_id}/generate", headers=tenant.headers, json=seeded).json()["text"]
+    assert s1 == s2
+    err = assert_envelope(client.post(f"/v1/models/{model_id}/generate", headers=tenant.headers,
+                                      json={"prompt": "x", "max_tokens": 0}), 422)
+    assert err["param"] == "max_tokens"
