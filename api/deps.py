@@ -76,8 +76,21 @@ def get_current_key(request: Request, session: Annotated[Session, Depends(get_se
     return key
 
 
+def get_stream_key(request: Request, session: Annotated[Session, Depends(get_session)]) -> ApiKey:
+    """Like get_current_key, but also accepts `?api_key=<key>`: a browser's EventSource cannot
+    send headers. Only the SSE route uses it (a key in a URL can end up in access logs)."""
+    query_key = request.query_params.get("api_key")
+    if query_key and not request.headers.get("authorization"):
+        key = authenticate(session, query_key)
+        session.commit()
+        request.state.owner_id = key.owner_id
+        return key
+    return get_current_key(request, session)
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 SessionDep = Annotated[Session, Depends(get_session)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 BlobStoreDep = Annotated[Any, Depends(get_blobstore)]
 CurrentKey = Annotated[ApiKey, Depends(get_current_key)]
+StreamKey = Annotated[ApiKey, Depends(get_stream_key)]

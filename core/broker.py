@@ -26,9 +26,12 @@ TRAIN_TASK = "fromscratch.train_job"
 
 def make_celery(settings: Settings) -> Celery:
     app = Celery("fromscratch", broker=settings.broker_url, set_as_current=False)
-    transport_options: dict[str, object] = {}
     if settings.broker_url.startswith("sqla+"):
-        transport_options["polling_interval"] = 0.25  # the SQL transport polls; keep pickup snappy
+        # The SQL transport polls (default every 1 s). Its transport options all go to
+        # create_engine(), so the interval is set on the transport class instead.
+        from kombu.transport import sqlalchemy as kombu_sqla
+
+        kombu_sqla.Transport.polling_interval = 0.25
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -38,7 +41,6 @@ def make_celery(settings: Settings) -> Celery:
         task_acks_late=False,
         worker_prefetch_multiplier=1,  # long tasks: never reserve a second job while training one
         broker_connection_retry_on_startup=True,
-        broker_transport_options=transport_options,
         # one routing table: the queue given at send time (job.queue) wins over this default
         task_queues=[Queue(name, routing_key=name) for name in QUEUES],
         task_default_queue=settings.default_queue,

@@ -27,6 +27,8 @@ GET /v1/fine_tuning/jobs/{id}/stream   Server-Sent Events (text/event-stream):
     comment line `: keep-alive` goes out after 15 s of silence; the stream ends after the
     terminal status event (a reconnect to a finished job whose events were all seen gets an empty
     stream that ends at once).
+    Auth: the Bearer header, or `?api_key=<key>` for a browser's EventSource (it cannot send
+    headers); only this route accepts a key in the URL.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from api.deps import CurrentKey, SessionDep
+from api.deps import CurrentKey, SessionDep, StreamKey
 from api.errors import APIError
 from api.queries import bad_cursor, check_limit, owned_job
 from api.schemas import (
@@ -262,7 +264,7 @@ async def _stream(request: Request, job_id: str, cursor: StreamCursor, sent_stat
 
 @router.get("/jobs/{job_id}/stream", summary="Server-Sent Events: metrics and status as they happen",
             response_class=StreamingResponse, responses={200: {"content": {"text/event-stream": {}}}})
-async def stream_job(job_id: str, request: Request, session: SessionDep, key: CurrentKey,
+async def stream_job(job_id: str, request: Request, session: SessionDep, key: StreamKey,
                      last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
                      last_event_id_query: Annotated[str | None, Query(alias="last_event_id")] = None,
                      ) -> StreamingResponse:

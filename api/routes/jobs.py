@@ -274,7 +274,7 @@ def resume_job(job_id: str, request: Request, session: SessionDep, key: CurrentK
 
     job = _control(session, key, job_id, action)
     if needs.get("enqueue"):
-        _enqueue(request, session, job, _undo_create)
+        _enqueue(request, session, job, _undo_resume)
     return to_job(job)
 
 

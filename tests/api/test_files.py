@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -48,6 +49,8 @@ def _rejected(client: TestClient, tenant: Tenant, session_factory: Any, content:
     err = assert_envelope(upload(client, tenant, content, filename, purpose), 400)
     assert count(session_factory, File, File.owner_id == tenant.owner_id) == 0
     assert blob_count(session_factory) == blobs
+    uploads = Path(client.app.state.settings.work_dir) / "uploads"  # type: ignore[attr-defined]
+    assert not uploads.exists() or list(uploads.iterdir()) == []  # the spooled upload is gone too
     return err
 
 

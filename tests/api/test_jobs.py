@@ -218,3 +218,14 @@ def test_presets_listed(client: TestClient, tenant: Tenant) -> None:
     names = [p["id"] for p in body["data"]]
     assert "llama-tiny" in names
     assert body["hyperparameters"]["learning_rate"] == 1e-3
+
+
+def test_broker_down_takes_the_create_back(settings: Any, tenant: Tenant, session_factory: Any) -> None:
+    from api.main import create_app
+
+    bad = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
+    with TestClient(create_app(bad)) as c:
+        fid = upload(c, tenant, SHAKESPEARE.read_bytes(), "s.txt").json()["id"]
+        err = assert_envelope(create(c, tenant, {"model": "llama-tiny", "training_file": fid}), 503)
+        assert err["code"] == "broker_unavailable"
+    assert count(session_factory, Job, Job.owner_id == tenant.owner_id) == 0

@@ -164,3 +164,15 @@ def test_checkpoints_openai_shape(client: TestClient, tenant: Tenant, factory: F
     assert first["metrics"]["step"] == 30 and "train_loss" in first["metrics"] and "valid_loss" in first["metrics"]
     rest = client.get(f"{JOBS}/{job_id}/checkpoints?after={page['data'][-1]['id']}", headers=tenant.headers).json()
     assert [c["step_number"] for c in rest["data"]] == [10] and rest["has_more"] is False
+
+
+def test_stream_accepts_api_key_query_for_eventsource(client: TestClient, tenant: Tenant, other: Tenant,
+                                                      factory: Factory) -> None:
+    job_id = factory.job(tenant.owner_id, status="cancelled")
+    with client.stream("GET", f"{JOBS}/{job_id}/stream?api_key={tenant.secret}") as r:
+        assert r.status_code == 200
+        assert parse_sse(r.read().decode())[-1]["json"]["status"] == "cancelled"
+    assert_envelope(client.get(f"{JOBS}/{job_id}/stream?api_key={other.secret}"), 404)
+    assert_envelope(client.get(f"{JOBS}/{job_id}/stream?api_key=fsk-bad"), 401)
+    # other routes do not take keys from the URL
+    assert_envelope(client.get(f"{JOBS}/{job_id}?api_key={tenant.secret}"), 401)

@@ -72,7 +72,12 @@ def test_upload_create_follow_show_download(live_server: Any, worker_proc: Any, 
     assert saved.parent == folder and saved.stat().st_size > 0
 
 
-def test_follow_exits_non_zero_when_the_job_is_cancelled(live_server: Any, worker_proc: Any) -> None:
+def show(server: Any, job_id: str) -> dict[str, Any]:
+    return json.loads(ok(cli(server, "jobs", "show", job_id, "--json")).stdout)
+
+
+def test_pause_resume_cancel_while_following(live_server: Any, worker_proc: Any) -> None:
+    """`jobs follow` keeps following through pause and resume, and exits 3 when the job is cancelled."""
     file_id = upload(live_server)
     job_id = ok(cli(live_server, "jobs", "create", "--file", file_id, "--max-steps", 100000,
                     "--checkpoint-every", 0, "--eval-every", 0)).stdout.strip().splitlines()[-1]
@@ -80,12 +85,15 @@ def test_follow_exits_non_zero_when_the_job_is_cancelled(live_server: Any, worke
     follower = subprocess.Popen(fromscratch_cmd("jobs", "follow", job_id), env=env, cwd=REPO_ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        def running() -> bool:
-            job = json.loads(ok(cli(live_server, "jobs", "show", job_id, "--json")).stdout)
-            return job["status"] == "running" and job["progress"]["step"] > 0
-
-        wait_until(running, timeout=120, interval=1.0, message=f"job {job_id} to be running")
-        assert follower.poll() is None  # still following a live job
+        wait_until(lambda: show(live_server, job_id)["progress"]["step"] > 0, timeout=120, interval=1.0,
+                   message=f"job {job_id} to be running")
+        ok(cli(live_server, "jobs", "pause", job_id))
+        paused = wait_until(lambda: (j := show(live_server, job_id))["status"] == "paused" and j, timeout=60,
+                            interval=0.5, message=f"job {job_id} to pause")
+        ok(cli(live_server, "jobs", "resume", job_id))
+        wait_until(lambda: show(live_server, job_id)["progress"]["step"] > paused["progress"]["step"], timeout=120,
+                   interval=1.0, message=f"job {job_id} to go on after resume")
+        assert follower.poll() is None  # pause did not end the follow
         cancelled = ok(cli(live_server, "jobs", "cancel", job_id))
         assert job_id in cancelled.stdout
         out, err = follower.communicate(timeout=120)
@@ -98,6 +106,9 @@ def test_follow_exits_non_zero_when_the_job_is_cancelled(live_server: Any, worke
     # following a job that already ended answers at once with the same verdict
     again = cli(live_server, "jobs", "follow", job_id, "--json")
     assert again.returncode == 3 and json.loads(again.stdout)["status"] == "cancelled"
+    # a finished job cannot be paused: one clear line, exit 1
+    refused = cli(live_server, "jobs", "pause", job_id)
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
 
 
 def test_errors_are_one_line_with_exit_codes(live_server: Any) -> None:

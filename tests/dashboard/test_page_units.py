@@ -93,7 +93,7 @@ def test_chart_draws_lines_and_reports_its_points(new_page: Any, static_url: str
             if (px[i + 2] > 200 && px[i] < 80 && px[i + 1] < 80) blue++;
         }
         chart.destroy();
-        return { points: canvas.dataset.points, train: canvas.dataset.trainlossPoints, red, blue,
+        return { points: canvas.dataset.points, train: canvas.getAttribute('data-points-train-loss'), red, blue,
                  label: canvas.getAttribute('aria-label') };
     }""")
     assert result["points"] == "66" and result["train"] == "60"

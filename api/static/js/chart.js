@@ -78,6 +78,8 @@ function linearTicks(lo, hi, count) {
 }
 
 function logTicks(lo, hi) {
+  // within a decade or so, evenly spaced round values read better than 1-2-5 (still placed on the log scale)
+  if (hi / lo < 4) return linearTicks(lo, hi, 5);
   const a = Math.floor(Math.log10(lo)), b = Math.ceil(Math.log10(hi));
   const mults = b - a <= 1 ? [1, 1.5, 2, 3, 4, 5, 6, 8] : b - a <= 2 ? [1, 2, 5] : [1];
   const ticks = [];
@@ -101,7 +103,8 @@ export function formatNumber(v) {
 export class LineChart {
   /**
    * canvas: the <canvas>; series: Series[]; options: {xLabel, yLabel, yFormat, log, xMax}
-   * The canvas gets data-points (points drawn, all series) and data-<name>-points attributes.
+   * The canvas gets data-points (points drawn, all series) and data-points-<series name> attributes
+   * (e.g. data-points-train-loss).
    */
   constructor(canvas, series, options = {}) {
     this.canvas = canvas;
@@ -177,7 +180,7 @@ export class LineChart {
       }
     }
     canvas.dataset.points = String(total);
-    for (const s of this.series) canvas.dataset[`${s.name.replace(/\W+/g, "")}Points`] = String(s.length);
+    for (const s of this.series) canvas.setAttribute(`data-points-${s.name.replace(/\W+/g, "-")}`, String(s.length));
 
     if (!(xMax >= xMin)) {
       ctx.fillStyle = c.axis;

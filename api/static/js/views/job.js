@@ -441,6 +441,7 @@ export function mountJob(root, { id }) {
       if (!model) return;
       for (const x of dlButtons) x.disabled = true;
       dlProgress.hidden = false;
+      dlProgress.classList.remove("done");
       setProgress(dlBar, 0, 1);
       dlText.textContent = `Preparing ${fmt}…`;
       try {
@@ -452,6 +453,7 @@ export function mountJob(root, { id }) {
           },
         });
         setProgress(dlBar, 1, 1);
+        dlProgress.classList.add("done");
         dlText.textContent = `Saved ${name} (${fmtBytes(size)})`;
       } catch (e) {
         if (e.name === "AbortError") return;
