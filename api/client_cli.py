@@ -368,7 +368,7 @@ class _FollowState:
         self.tokens_per_s: float | None = p.get("tokens_per_s")
         self.eta: float | None = p.get("eta_seconds")
         self.last_event_id: str | None = None
-        self._rate_origin: tuple[float, int] | None = None  # (time, step) for a local ETA
+        self._rate_origin: tuple[float, int] | None = None  # (created_at, step) for a local ETA
         self.plain_stream = False  # the server refused a made-up Last-Event-ID: start from scratch
 
     def job_update(self, job: dict[str, Any]) -> None:
@@ -399,13 +399,17 @@ class _FollowState:
             self.train_loss = m["train_loss"]
         if m.get("tokens_per_s") is not None:
             self.tokens_per_s = m["tokens_per_s"]
-        now = time.monotonic()
-        if self._rate_origin is None:
-            self._rate_origin = (now, step)
+        # ETA from the steps' own timestamps (server time), so a burst of replayed points does not
+        # look infinitely fast; the server's eta_seconds stands until a second of history exists.
+        t = m.get("created_at")
+        if not isinstance(t, int | float):
+            return
+        if self._rate_origin is None or step < self._rate_origin[1]:
+            self._rate_origin = (t, step)
         else:
             t0, s0 = self._rate_origin
-            if step > s0 and now > t0 and self.total:
-                self.eta = max(0.0, (self.total - step) * (now - t0) / (step - s0))
+            if step > s0 and t - t0 >= 1.0 and self.total:
+                self.eta = max(0.0, (self.total - step) * (t - t0) / (step - s0))
 
     def event(self, name: str, data: Any) -> None:
         """Apply one SSE event of the job stream: `metrics` (a point as in /metrics), `status`
@@ -456,6 +460,7 @@ def follow_job(client: Any, job_id: str, json_summary: bool = False, poll_second
 
         stream_failures = 0
         next_stream_try = 0.0
+        last_job_read, job_read_seconds = time.monotonic(), 5.0
         while state.status not in TERMINAL:
             if time.monotonic() >= next_stream_try:
                 try:
@@ -466,10 +471,15 @@ def follow_job(client: Any, job_id: str, json_summary: bool = False, poll_second
                             state.event(ev.event, ev.json())
                         except ValueError:
                             continue
-                        refresh()
                         stream_failures = 0
                         if state.status in TERMINAL:
+                            refresh()
                             break
+                        if time.monotonic() - last_job_read >= job_read_seconds:
+                            # the job itself now and then: total steps and the server's ETA
+                            state.job_update(client.get_job(job_id))
+                            last_job_read = time.monotonic()
+                        refresh()
                 except APIError as e:
                     if e.status_code == 400 and e.param == "Last-Event-ID" and not state.plain_stream:
                         state.last_event_id, state.plain_stream = None, True

@@ -163,13 +163,36 @@ def run_job(job_id: str, settings: Settings, *, worker_id: str | None = None) ->
     heartbeat = Heartbeat(res.session_factory, job_id, worker_id, settings.lease_seconds,
                           settings.heartbeat_seconds)
     heartbeat.start()
-    job_dir = Path(settings.work_dir) / "jobs" / job_id
+    jobs_dir = Path(settings.work_dir) / "jobs"
+    clean_stale_job_dirs(jobs_dir)
+    # per claim, so a worker that lost its lease never shares (or deletes) its successor's files
+    job_dir = jobs_dir / f"{job_id}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     runner = _JobRun(job_id, worker_id, settings, res, heartbeat.lost, job_dir)
     try:
         return runner.run()
     finally:
         heartbeat.stop()
         shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def clean_stale_job_dirs(jobs_dir: Path) -> None:
+    """Remove scratch folders (`<job id>.<pid>.<hex>`) of worker processes that no longer exist
+    (a SIGKILLed worker cannot clean up after itself)."""
+    if not jobs_dir.is_dir():
+        return
+    for d in jobs_dir.iterdir():
+        parts = d.name.split(".")
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        pid = int(parts[1])
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
 
 
 class _JobRun:
@@ -199,7 +222,6 @@ class _JobRun:
             return self._fail(failure.code, failure.message, failure.param)
 
     def _run(self) -> str | None:
-        shutil.rmtree(self.job_dir, ignore_errors=True)
         self.job_dir.mkdir(parents=True, exist_ok=True)
         with self.sf() as session:
             job = self._held(session)

@@ -28,7 +28,7 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 STEPS, BATCH, CTX, EVAL_EVERY, CKPT_EVERY = 50, 8, 64, 10, 10
 HYPERPARAMETERS = {
     "max_steps": STEPS, "batch_size": BATCH, "ctx": CTX, "eval_every": EVAL_EVERY, "eval_batches": 4,
-    "checkpoint_every": CKPT_EVERY, "keep_checkpoints": 10, "learning_rate": 1e-2, "warmup_steps": 5,
+    "checkpoint_every": CKPT_EVERY, "keep_checkpoints": 10, "learning_rate": 3e-3, "warmup_steps": 5,
 }
 JOB_DEADLINE_S = 600.0  # generous: two shared cores, a worker that first imports torch
 PROMPT = "ROMEO:\n"
@@ -286,6 +286,12 @@ def test_gguf_greedy_decodes_like_the_service_and_the_trainer(trained: Trained, 
         llm.eval([theirs[-1]])
     assert theirs == ours, (f"llama.cpp {tok.decode(theirs)!r} vs trainer {tok.decode(ours)!r}; "
                             f"smallest top-2 logit margin {min(margins):.2e}")
+    # and the logits themselves along the decoded sequence
+    with torch.no_grad():
+        expected = model(torch.tensor([prompt_ids + ours]))[0][0].numpy()
+    rows = np.array(llm.scores[len(prompt_ids) - 1:len(prompt_ids) - 1 + N_NEW])
+    diff = np.abs(rows - expected[len(prompt_ids) - 1:len(prompt_ids) - 1 + N_NEW]).max()
+    assert diff < 1e-3, f"llama.cpp logits differ from the trainer's by {diff}"
 
 
 def test_hf_archive_loads_in_transformers_with_the_checkpoint_logits(trained: Trained,
@@ -296,7 +302,7 @@ def test_hf_archive_loads_in_transformers_with_the_checkpoint_logits(trained: Tr
     model, tok = checkpoint_model
     tar = _download(trained.client, trained.job["fine_tuned_model"], "hf", tmp_path / "hf.tar")
     folder = _extract(tar, tmp_path / "hf", "config.json")
-    hf_model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     hf_tok = AutoTokenizer.from_pretrained(folder)
 
     text = SHAKESPEARE.read_text(encoding="utf-8")[:CTX]

@@ -44,7 +44,7 @@ def test_cancel_mid_run(service_settings, session_factory, worker_proc) -> None:
 
 
 def test_pause_then_resume_continues_from_the_same_step(service_settings, session_factory, worker_proc) -> None:
-    total = 400
+    total = 250
     job_id = make_job(service_settings, session_factory, train=long_run(total))
     _wait_for_step(session_factory, job_id, 15, worker_proc)
     _request(session_factory, job_id, request_pause)
@@ -67,7 +67,7 @@ def test_pause_then_resume_continues_from_the_same_step(service_settings, sessio
 
 
 def test_sigkill_mid_run_resumes_from_last_checkpoint(service_settings, session_factory, worker_proc) -> None:
-    total, every = 300, 10
+    total, every = 250, 10
     job_id = make_job(service_settings, session_factory, train=long_run(total, checkpoint_every=every))
     wait_until(lambda: any(c.step >= 2 * every for c in checkpoint_rows(session_factory, job_id)), timeout=120,
                message=lambda: f"a checkpoint at step >= {2 * every}\n{worker_proc.output()}")
@@ -98,7 +98,7 @@ def test_lost_worker_after_max_attempts_fails_the_job(service_settings, session_
 
 
 def test_sigterm_checkpoints_and_requeues_the_running_job(service_settings, session_factory, worker_proc) -> None:
-    total = 400
+    total = 250
     job_id = make_job(service_settings, session_factory, train=long_run(total))
     _wait_for_step(session_factory, job_id, 15, worker_proc)
     assert worker_proc.stop(timeout=60) == 0  # warm shutdown does not wait for the whole run

@@ -62,7 +62,7 @@ def test_job_runs_to_succeeded_with_metrics_and_checkpoints(service_settings, se
 def test_replayed_messages_are_dropped(service_settings, session_factory, worker_proc) -> None:
     from worker.runner import run_job
 
-    job_id = make_job(service_settings, session_factory, train=long_run(400))
+    job_id = make_job(service_settings, session_factory, train=long_run(250))
     wait_until(lambda: get_job(session_factory, job_id).step >= 5, timeout=120,
                message=lambda: f"the job to start training\n{worker_proc.output()}")
     # a replay handled by another worker while this one runs the job: nothing happens
@@ -80,7 +80,7 @@ def test_replayed_messages_are_dropped(service_settings, session_factory, worker
     after = get_job(session_factory, job_id)
     assert (after.status, after.attempts, after.fine_tuned_model) == ("succeeded", 1, done.fine_tuned_model)
     assert event_messages(session_factory, job_id) == events_before
-    assert_clean_series(metric_rows(session_factory, job_id), total_steps=400)
+    assert_clean_series(metric_rows(session_factory, job_id), total_steps=250)
     assert "dropping the message" in worker_proc.output()
 
 

@@ -270,7 +270,7 @@ export function mountJob(root, { id }) {
     if (typeof m.created_at === "number") {
       // steps per second over the points seen live, for the ETA between job reads
       if (!state.rateOrigin || m.step < state.rateOrigin.step) state.rateOrigin = { t: m.created_at, step: m.step };
-      else if (m.created_at > state.rateOrigin.t && m.step > state.rateOrigin.step) {
+      else if (m.created_at - state.rateOrigin.t >= 1 && m.step > state.rateOrigin.step) {
         state.rate = (m.step - state.rateOrigin.step) / (m.created_at - state.rateOrigin.t);
       }
     }
