@@ -40,7 +40,9 @@ class ConsoleLog:
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium)")
+        # Fail, never skip: a suite that quietly drops its browser tests proves nothing.
+        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium); "
+                    "scripts/test.sh does this when run as root")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

@@ -112,6 +112,7 @@ def test_train_watch_and_download_in_the_browser(new_page: Any, live_server: Any
     box = page.locator("#loss-chart").bounding_box()
     page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)
     page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    page.wait_for_selector("#toast:not(.show)", state="attached")  # the "succeeded" note fades out
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "job_page.png"), full_page=True)
 
