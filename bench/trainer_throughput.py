@@ -63,6 +63,10 @@ _NANO_PARAMS = _NANO_L * (2 * 2 * _NANO_D + 4 * _NANO_D * _NANO_D + 4 * _NANO_D 
 NANOGPT_FLOPS_PER_TOKEN = 6 * _NANO_PARAMS + 12 * _NANO_L * _NANO_T * _NANO_D
 
 Precision = Literal["fp32", "bf16"]
+# Clock for steps and peaks alike. "wall" (perf_counter) is what a user sees; "thread" (CPU time of
+# the one training thread, with torch at 1 thread) does not count time the OS gave to other
+# processes, which keeps ratios steady on a machine shared by many jobs (bench/README.md).
+clock: Callable[[], float] = time.perf_counter
 DTYPE_NAME: dict[str, Literal["float32", "bfloat16"]] = {"fp32": "float32", "bf16": "bfloat16"}
 TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -180,14 +184,14 @@ class PeakMeter:
         a @ b  # warm (kernel selection, caches)
         if cuda:
             torch.cuda.synchronize()
-        iters, batch, t0 = 0, 1, time.perf_counter()
+        iters, batch, t0 = 0, 1, clock()
         while True:
             for _ in range(batch):
                 a @ b
             if cuda:
                 torch.cuda.synchronize()
             iters += batch
-            elapsed = time.perf_counter() - t0
+            elapsed = clock() - t0
             if elapsed >= seconds:
                 return 2 * n**3 * iters / elapsed
             if cuda:
@@ -218,11 +222,11 @@ class _Timer(Callbacks):
         self._start: float | None = None
 
     def on_start(self, info: dict[str, Any]) -> None:
-        self._start = time.perf_counter()
+        self._start = clock()
 
     def on_step(self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float,
                 tokens_seen: int) -> None:
-        now = time.perf_counter()  # after loss.item(): the step is done on the device
+        now = clock()  # after loss.item(): the step is done on the device
         assert self._start is not None
         self.durations.append(now - self._start)
         self.losses.append(train_loss)
@@ -230,7 +234,7 @@ class _Timer(Callbacks):
             self.peaks.append(self.peak())
         else:
             self.peaks.append({})
-        self._start = time.perf_counter()
+        self._start = clock()
 
     def timed(self) -> list[tuple[float, dict[str, float]]]:
         """(duration, peak beside it) of each step after the warmup."""
@@ -325,7 +329,9 @@ def fmt(x: float | None, spec: str) -> str:
 
 def print_table(rows: list[Row], meter: PeakMeter, device: torch.device) -> None:
     print()
-    print(f"# trainer_throughput  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine_description(device)}")
+    clock_name = "thread CPU time" if clock is time.thread_time else "wall clock"
+    print(f"# trainer_throughput  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine_description(device)}; "
+          f"{clock_name}")
     peak_desc = ", ".join(f"{p} {median(v) / 1e9:,.0f} (n={meter.size[p]})" for p, v in meter.history.items())
     print(f"# matmul peak GFLOP/s, median: {peak_desc}. tok/s and MFU: medians over all timed steps of "
           "all rounds, each step divided by the peak measured beside it")
@@ -386,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", action="store_true", help="CPU: also run torch.compile'd variants")
     ap.add_argument("--batch-size", type=int, default=16, help="CUDA batch size (CPU configs fix their own)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="thread: CPU time of the training thread, torch at 1 thread (steady on a busy machine)")
     ap.add_argument("--loss-check", type=int, default=0, metavar="STEPS",
                     help="also train the nanoGPT shape STEPS steps in fp32, bf16 and fp32 with another seed")
     args = ap.parse_args(argv)
@@ -394,6 +402,12 @@ def main(argv: list[str] | None = None) -> int:
                           else "cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device available")
+    if args.clock == "thread":
+        if device.type == "cuda":
+            ap.error("--clock thread is for CPU runs")
+        global clock
+        clock = time.thread_time
+        args.threads = 1
     if args.threads:
         torch.set_num_threads(args.threads)
     cuda = device.type == "cuda"

@@ -10,6 +10,7 @@ GGUF export permutes the rows of wq/wk (see trainer/export/gguf.py).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -18,6 +19,12 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ModelConfig
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the next matmul runs in: the autocast dtype when autocast is on, else x's."""
+    device_type = x.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
 
 
 class RMSNorm(nn.Module):
@@ -30,7 +37,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).type_as(x)
+        # Returned in the dtype of the matmul that follows (bf16 under bf16 autocast), so the one
+        # cast happens here rather than once in every consuming linear (the same values: autocast
+        # would round the float32 result to bf16 there).
+        return (xf * self.weight.float()).to(compute_dtype(x))
 
 
 def rope_cache(cfg: ModelConfig, length: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,14 +52,53 @@ def rope_cache(cfg: ModelConfig, length: int, device: torch.device | None = None
     return emb.cos(), emb.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, H, T, head_dim); cos/sin: (T, n_rot). Rotates the first n_rot dims, passes the rest."""
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """`x * cos + rotate_half(x) * sin` over the first n_rot = cos.shape[-1] dims of x (the rest
+    pass through), computed in float32 (float64 for float64 input), returned as out_dtype.
+    cos/sin are rope_cache tables shaped to broadcast against x[..., :n_rot]. Pass -sin to turn
+    the other way (RoPE's backward)."""
     n_rot = cos.shape[-1]
-    xr, xpass = x[..., :n_rot], x[..., n_rot:]
-    x1, x2 = xr[..., : n_rot // 2], xr[..., n_rot // 2:]
-    rotated = torch.cat((-x2, x1), dim=-1)
-    out = (xr.float() * cos + rotated.float() * sin).type_as(x)
-    return torch.cat((out, xpass), dim=-1) if xpass.shape[-1] else out
+    half = n_rot // 2
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    xr = xf[..., :n_rot] if n_rot < xf.shape[-1] else xf
+    # rotate_half(x) * sin = (-x2, x1) * sin = roll(x) * (-sin, sin): one copy, no slices of
+    # half rows, and the same float arithmetic as the rotate_half form.
+    sin_signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    out = xr * cos + xr.roll(half, dims=-1) * sin_signed
+    if n_rot < xf.shape[-1]:
+        out = torch.cat((out, xf[..., n_rot:]), dim=-1)
+    return out.to(out_dtype)
+
+
+class _RoPE(torch.autograd.Function):
+    """RoPE with a hand-written backward (the gradient turned back by the same angles): autograd
+    through the slices, casts and products of the forward costs several times the forward."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                out_dtype: torch.dtype) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)
+        ctx.in_dtype = x.dtype  # type: ignore[attr-defined]
+        return _rotate(x, cos, sin, out_dtype)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        cos, sin = ctx.saved_tensors  # type: ignore[attr-defined]
+        return _rotate(grad, cos, -sin, ctx.in_dtype), None, None, None  # type: ignore[attr-defined]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Rotates the first n_rot dims of x's last axis (the rest pass through) in float32 and returns
+    out_dtype (default: x's dtype). cos/sin: rope_cache tables (T, n_rot), or views of them that
+    broadcast against x[..., :n_rot] for other layouts: x (B, H, T, hd) takes (T, n_rot) as they
+    are, x (B, T, H, hd) takes them unsqueezed to (T, 1, n_rot)."""
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _RoPE.apply(x, cos, sin, out_dtype)
+    return _rotate(x, cos, sin, out_dtype)  # inference, tracing and export: plain tensor ops
+
+
+CPU_FP32_ATTENTION_MIN_HEAD_DIM = 16  # see Attention.forward
 
 
 class KVCache:
@@ -74,27 +123,48 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        """x: (B, T, n_embd); cos/sin: (T, n_rot) rows of rope_cache for these positions."""
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = self.wk(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, KV, T, hd)
-        v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # llama: rotary positions
-        if cache is not None:
+        H, KV, hd = self.n_head, self.n_kv_head, self.head_dim
+        # Attention runs in float32 on CPU (q and k leave RoPE in float32 anyway): torch's CPU
+        # flash-attention kernel is slower in bf16 than in float32 there, forward + backward 1.7x at
+        # head_dim 64, 3.8x at 16, except at tiny head dims (8: bf16 1.3x faster). On CUDA it runs
+        # in the matmul dtype. (bench/README.md has the measurements.)
+        cdt = compute_dtype(x)
+        attn_dtype = torch.float32 if x.device.type == "cpu" and hd >= CPU_FP32_ATTENTION_MIN_HEAD_DIM else cdt
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, n_rot): RoPE on (B, T, heads, hd)
+        if cache is None:
+            # One matmul for q, k and v (and one for their input gradient), on views of the weights
+            # concatenated per call; the decoding path below keeps three so as not to copy the
+            # weights for every token.
+            w = torch.cat((self.wq.weight, self.wk.weight, self.wv.weight))
+            qk, v = F.linear(x, w).view(B, T, H + 2 * KV, hd).split((H + KV, KV), dim=2)
+            qk = apply_rope(qk, cos, sin, attn_dtype)  # llama: rotary positions, q and k at once
+            q, k = (t.transpose(1, 2) for t in qk.split((H, KV), dim=2))  # (B, H, T, hd), (B, KV, T, hd)
+            v = v.transpose(1, 2).to(attn_dtype)
+        else:
+            q = apply_rope(self.wq(x).view(B, T, H, hd), cos, sin, attn_dtype).transpose(1, 2)  # (B, H, T, hd)
+            k = apply_rope(self.wk(x).view(B, T, KV, hd), cos, sin).transpose(1, 2)  # (B, KV, T, hd)
+            v = self.wv(x).view(B, T, KV, hd).transpose(1, 2)
             start = cache.pos
             cache.k[layer][:, :, start:start + T] = k
             cache.v[layer][:, :, start:start + T] = v
-            k, v = cache.k[layer][:, :, :start + T], cache.v[layer][:, :, :start + T]
+            k = cache.k[layer][:, :, :start + T].to(attn_dtype)
+            v = cache.v[layer][:, :, :start + T].to(attn_dtype)
         # llama: grouped-query attention; enable_gqa lets SDPA broadcast kv heads without a copy.
-        gqa = self.n_kv_head != self.n_head
-        if cache is None or T > 1 and cache.pos == 0:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        elif T == 1:
-            y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)  # one new query sees everything
-        else:  # a chunk appended after a prefix: causal mask offset by the prefix length
-            S = k.shape[2]
-            mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * self.head_dim)
+        gqa = KV != H
+        with torch.autocast(x.device.type, enabled=False) if torch.is_autocast_enabled(x.device.type) \
+                else contextlib.nullcontext():  # autocast would cast a float32 attention back down
+            if cache is None or T > 1 and cache.pos == 0:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+            elif T == 1:
+                y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)  # one new query sees everything
+            else:  # a chunk appended after a prefix: causal mask offset by the prefix length
+                S = k.shape[2]
+                mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        # (B, H, T, hd) -> (B, T, H*hd) in the matmul dtype: transpose and cast in one copy
+        y = y.transpose(1, 2).to(cdt, memory_format=torch.contiguous_format).view(B, T, H * hd)
         return self.wo(y)
 
 
@@ -107,7 +177,9 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(cfg.n_embd, cfg.hidden_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        # w1 and w3 as one matmul (and one for their input gradient)
+        gate, up = F.linear(x, torch.cat((self.w1.weight, self.w3.weight))).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
 
 
 class Block(nn.Module):

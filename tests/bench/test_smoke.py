@@ -1,0 +1,40 @@
+"""Each benchmark script in bench/ runs in its seconds-long --smoke mode and prints its table, so
+the scripts do not rot. The benchmarks themselves never run in the test suite."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# script -> the table header line it prints last
+SCRIPTS = {
+    "trainer_throughput.py": "config ",
+    "service_overhead.py": "run ",
+    "stream_latency.py": "service ",
+    "api_load.py": "requests/s ",
+    "transfer.py": "backend ",
+}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_smoke_mode_prints_its_table(script: str, tmp_path: Path) -> None:
+    if script == "api_load.py" and shutil.which("wrk") is None:
+        pytest.skip("api_load needs wrk (apt-get install wrk)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
+    env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / script), "--smoke"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=220)
+    assert proc.returncode == 0, f"{script} --smoke failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    lines = proc.stdout.splitlines()
+    header = [i for i, line in enumerate(lines) if line.startswith(SCRIPTS[script])]
+    assert header, f"{script} printed no table:\n{proc.stdout[-3000:]}"
+    assert lines[header[-1] + 1].startswith("---"), proc.stdout[-3000:]
+    assert len(lines) > header[-1] + 2, f"{script}'s table has no rows:\n{proc.stdout[-3000:]}"
