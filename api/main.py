@@ -76,9 +76,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     from core.db import make_engine, make_session_factory
 
     settings = settings or get_settings()
-    engine_kwargs: dict[str, Any] = {}
-    if not settings.is_sqlite:
-        engine_kwargs = {"pool_size": 10, "max_overflow": 20}
+    # Sync endpoints and the teardown of their session dependency both run in anyio's threadpool
+    # (40 threads). A pool smaller than that deadlocks under load: every thread waits for a
+    # connection while the threads that would return one wait for a free thread. So the pool
+    # may grow past the threadpool; idle connections above pool_size are closed again.
+    engine_kwargs: dict[str, Any] = {"pool_size": 10, "max_overflow": 50, "pool_timeout": 10}
     engine = make_engine(settings.database_url, **engine_kwargs)
     session_factory = make_session_factory(engine)
     celery = make_celery(settings)

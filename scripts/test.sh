@@ -19,14 +19,18 @@ fi
 CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}" \
   "$VENV/bin/pip" install -q -e ".[test]"
 
-# The browser tests drive Debian's Chromium through Playwright (no browser download).
-if ! command -v chromium >/dev/null 2>&1; then
+# The browser tests drive Debian's Chromium through Playwright (no browser download); the
+# api_load benchmark's smoke test drives wrk. Both come from Debian's packages.
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing Debian's chromium for the browser tests..."
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-      || echo "warning: could not install chromium; the browser tests will fail and say so" >&2
+    echo "installing Debian's ${missing[*]} for the browser and benchmark smoke tests..."
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null) \
+      || echo "warning: could not install ${missing[*]}; the tests that need them will fail and say so" >&2
   else
-    echo "warning: chromium not found; install Debian's 'chromium' package for the browser tests" >&2
+    echo "warning: install Debian's ${missing[*]} package(s); the tests that need them will fail without" >&2
   fi
 fi
 

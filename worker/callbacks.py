@@ -195,6 +195,7 @@ class ServiceCallbacks(Callbacks):
         self.last_train_loss: float | None = None
         self.last_val_loss: float | None = None
         self.stored_steps: list[int] = []
+        self.first_step_written = False  # the first loss of a run is written at once (time to first loss)
 
     # ------------------------------------------------------------------ trainer hooks
     def on_start(self, info: dict[str, Any]) -> None:
@@ -256,7 +257,9 @@ class ServiceCallbacks(Callbacks):
         return {"step": step, "train_loss": self.last_train_loss, "valid_loss": self.last_val_loss}
 
     def maybe_flush(self) -> None:
-        if len(self.buffer) >= self.flush_rows or time.monotonic() - self.last_flush >= self.flush_seconds:
+        if (not self.first_step_written or len(self.buffer) >= self.flush_rows
+                or time.monotonic() - self.last_flush >= self.flush_seconds):
+            self.first_step_written = bool(self.buffer)
             self.flush()
 
     def flush(self) -> None:
