@@ -118,7 +118,7 @@ class Reaper(threading.Thread):
 
 def start_reaper(celery: Any, settings: Settings) -> Reaper:
     """Start this process's reaper (once)."""
-    from worker.runner import resources
+    from worker.process import resources
 
     with _lock:
         reaper = _started.get(settings.database_url)

@@ -36,6 +36,11 @@ Failures end the job as `failed` with `error.code`:
 context window), `training_diverged` (NaN/inf loss), `out_of_memory`, `invalid_hyperparameters`
 (a configuration the trainer refuses), `internal_error` (anything else; logged with its traceback).
 The worker process itself always stays up for the next job.
+
+This module is the orchestration; the pieces live next to it: `worker.process` (per-process
+handles, worker ids, the shutdown flag), `worker.lease` (claim, heartbeat), `worker.data_cache`
+(files, tokenizers, tokens), `worker.checkpoint_restore` (resume / continue-training checkpoints),
+`worker.failures` (error codes) and `worker.callbacks` (metrics, stored checkpoints, stop requests).
 """
 
 from __future__ import annotations
@@ -43,8 +48,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
-import tarfile
 import threading
 import traceback
 import uuid
@@ -52,17 +55,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from core.blobstore import blobstore_from_settings
-from core.db import make_engine, make_session_factory
-from core.jobstates import add_event, claim_job, renew_lease, transition
-from core.models import Checkpoint, File, Job
+from core.jobstates import add_event, transition
+from core.models import File, Job
 from core.naming import checkpoint_model_id, final_model_id
 from core.settings import Settings
-from trainer.config import ConfigError, ModelConfig, TrainConfig
-from trainer.dataformat import DataError, validate_file
+from trainer.config import ModelConfig, TrainConfig
 from worker.callbacks import (
     LeaseLost,
     ServiceCallbacks,
@@ -70,95 +69,36 @@ from worker.callbacks import (
     lock_held_job,
     store_checkpoint,
 )
+from worker.checkpoint_restore import base_model_checkpoint, latest_checkpoint
+from worker.data_cache import fetch_file, job_tokenizer, prepare_tokens, tokenizer_of
+from worker.failures import JobFailure, classify_exception
+from worker.lease import Heartbeat, claim
+from worker.process import Resources, new_worker_id, request_shutdown, resources, shutdown_event
+
+# names other modules and tests import from here (they moved to the modules above)
+__all__ = [
+    "Heartbeat",
+    "JobFailure",
+    "Resources",
+    "classify_exception",
+    "clean_stale_job_dirs",
+    "new_worker_id",
+    "request_shutdown",
+    "resources",
+    "run_job",
+    "worker_device",
+]
 
 log = logging.getLogger(__name__)
 
-_shutdown = threading.Event()
 
-
-def request_shutdown() -> None:
-    """Called from the worker's SIGTERM/SIGINT handler: the running job checkpoints and re-queues."""
-    _shutdown.set()
-
-
-class JobFailure(Exception):
-    """Ends the job as `failed` with this code/message/param (a message the user can act on)."""
-
-    def __init__(self, code: str, message: str, param: str | None = None):
-        super().__init__(message)
-        self.code, self.message, self.param = code, message, param
-
-
-@dataclass
-class Resources:
-    session_factory: sessionmaker[Session]
-    store: Any
-
-
-_resources: dict[tuple[str, str], Resources] = {}
-_resources_lock = threading.Lock()
-
-
-def resources(settings: Settings) -> Resources:
-    """One engine, session factory and blob store per worker process (per settings)."""
-    key = (settings.database_url, settings.model_dump_json())
-    with _resources_lock:
-        if key not in _resources:
-            session_factory = make_session_factory(make_engine(settings.database_url))
-            _resources[key] = Resources(session_factory, blobstore_from_settings(settings, session_factory))
-        return _resources[key]
-
-
-def new_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-# ---------------------------------------------------------------------------------- heartbeat
-class Heartbeat(threading.Thread):
-    """Renews the job's lease every `interval` seconds; sets `lost` when the lease is gone."""
-
-    def __init__(self, session_factory: sessionmaker[Session], job_id: str, worker_id: str,
-                 lease_seconds: float, interval: float):
-        super().__init__(name=f"heartbeat-{job_id}", daemon=True)
-        self.session_factory, self.job_id, self.worker_id = session_factory, job_id, worker_id
-        self.lease_seconds, self.interval = lease_seconds, interval
-        self.lost = threading.Event()
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
-            try:
-                with self.session_factory() as session:
-                    ok = renew_lease(session, self.job_id, self.worker_id, self.lease_seconds)
-                    session.commit()
-            except Exception:  # a database hiccup: try again next beat (the lease has slack)
-                log.warning("heartbeat for %s failed", self.job_id, exc_info=True)
-                continue
-            if not ok:
-                log.warning("job %s: lease lost (another worker may own it now)", self.job_id)
-                self.lost.set()
-                return
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join(timeout=30)
-
-
-# ---------------------------------------------------------------------------------- entry point
 def run_job(job_id: str, settings: Settings, *, worker_id: str | None = None) -> str | None:
     """Claim and run one job. Returns the status the job ended in, or None when the message was
     dropped (job not claimable) or the lease was lost. Never raises for a job's own failure."""
     res = resources(settings)
     worker_id = worker_id or new_worker_id()
-    with res.session_factory() as session:
-        job = claim_job(session, job_id, worker_id, settings.lease_seconds)
-        if job is None:
-            session.rollback()
-            log.info("job %s is not claimable (running elsewhere, finished, paused or unknown): "
-                     "dropping the message", job_id)
-            return None
-        session.commit()
-        log.info("claimed job %s (attempt %s) as %s", job_id, job.attempts, worker_id)
+    if not claim(res.session_factory, job_id, worker_id, settings.lease_seconds):
+        return None
 
     heartbeat = Heartbeat(res.session_factory, job_id, worker_id, settings.lease_seconds,
                           settings.heartbeat_seconds)
@@ -196,6 +136,8 @@ def clean_stale_job_dirs(jobs_dir: Path) -> None:
 
 
 class _JobRun:
+    """One claimed job from its inputs to its final state (steps 3-6 of the module docstring)."""
+
     def __init__(self, job_id: str, worker_id: str, settings: Settings, res: Resources,
                  lease_lost: threading.Event, job_dir: Path):
         self.job_id, self.worker_id, self.settings = job_id, worker_id, settings
@@ -230,9 +172,11 @@ class _JobRun:
         if early:
             return early
 
-        train_path = self._fetch_file(snapshot.training_file, "training_file")
-        val_path = (self._fetch_file(snapshot.validation_file, "validation_file")
-                    if snapshot.validation_file else None)
+        train_path = fetch_file(self.sf, self.store, self.cache_dir, snapshot.training_file, "training_file")
+        val_path = None
+        if snapshot.validation_file:
+            val_path = fetch_file(self.sf, self.store, self.cache_dir, snapshot.validation_file,
+                                  "validation_file")
 
         model_cfg = ModelConfig.from_dict(snapshot.model_config)
         train_cfg = TrainConfig.from_dict({**snapshot.train_config, "seed": snapshot.seed})
@@ -240,18 +184,20 @@ class _JobRun:
         if train_cfg.device == "auto" and device is not None:
             train_cfg = TrainConfig.from_dict({**train_cfg.to_dict(), "device": device})
 
-        resume_path, resume_step = self._resume_point()
+        resume_path, resume_step = latest_checkpoint(self.sf, self.store, self.job_id,
+                                                     self.job_dir / "resume")
         init_from = None
         if resume_path is None and snapshot.base_model_id:
-            init_from = self._parent_checkpoint(snapshot.base_model_id, snapshot.owner_id)
+            init_from = base_model_checkpoint(self.sf, self.store, snapshot.base_model_id, snapshot.owner_id,
+                                              self.job_dir / "parent")
 
         if resume_path is not None:
-            tokenizer = _tokenizer_of(resume_path)
+            tokenizer = tokenizer_of(resume_path)
         elif init_from is not None:
-            tokenizer = _tokenizer_of(init_from)
+            tokenizer = tokenizer_of(init_from)
         else:
-            tokenizer = self._tokenizer(train_path, snapshot.training_sha256, train_cfg)
-        data = self._prepare(train_path, val_path, tokenizer, train_cfg)
+            tokenizer = job_tokenizer(self.cache_dir, train_path, snapshot.training_sha256, train_cfg)
+        data = prepare_tokens(self.cache_dir, train_path, val_path, tokenizer, train_cfg)
 
         early = self._requested_stop()
         if early:
@@ -275,7 +221,7 @@ class _JobRun:
             self.sf, self.store, job_id=self.job_id, worker_id=self.worker_id,
             checkpoint_model_id=lambda step: checkpoint_model_id(snapshot.naming_job, step),
             scratch=self.job_dir, flush_seconds=self.settings.metrics_flush_seconds,
-            keep_checkpoints=train_cfg.keep_checkpoints, lease_lost=self.lease_lost, shutdown=_shutdown,
+            keep_checkpoints=train_cfg.keep_checkpoints, lease_lost=self.lease_lost, shutdown=shutdown_event,
         )
         out_dir = self.job_dir / "run"
         try:
@@ -314,98 +260,10 @@ class _JobRun:
             return self._finish("cancelled")
         if pause:
             return self._finish("paused", message="Paused before training started")
-        if _shutdown.is_set():
+        if shutdown_event.is_set():
             with self.sf() as session:
                 return self._requeue_for_shutdown(self._held(session).queue, None)
         return None
-
-    def _fetch_file(self, file_id: str, param: str) -> Path:
-        """Download a File's blob into the content-addressed cache (once) and validate it."""
-        with self.sf() as session:
-            file = session.get(File, file_id)
-            if file is None:
-                raise JobFailure("invalid_training_file", f"The {param.replace('_', ' ')} {file_id} no longer exists; "
-                                 "upload it again and create a new job.", param)
-            blob_id, sha, name = file.blob_id, file.sha256, file.filename
-        path = self.cache_dir / "files" / sha
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{sha}.tmp-{os.getpid()}")
-            self.store.read_to_path(blob_id, tmp)
-            os.replace(tmp, path)
-        try:
-            validate_file(path)
-        except DataError as exc:
-            raise JobFailure("invalid_training_file", f"{name}: {exc.message}", param) from exc
-        return path
-
-    def _tokenizer(self, train_path: Path, sha256: str, cfg: TrainConfig) -> Any:
-        """The tokenizer for this data: cached per (file sha256, kind, vocab size)."""
-        from trainer.dataformat import iter_documents
-        from trainer.tokenizers import tokenizer_from_json, train_tokenizer
-
-        vocab = cfg.resolved_vocab_size
-        if cfg.tokenizer == "byte":
-            return train_tokenizer("byte", vocab, [])
-        path = self.cache_dir / "tokenizers" / f"{sha256}-{cfg.tokenizer}-{vocab}.json"
-        if path.exists():
-            import json
-
-            return tokenizer_from_json(json.loads(path.read_text()))
-        tokenizer = train_tokenizer(cfg.tokenizer, vocab, iter_documents(train_path))
-        _write_json_atomic(path, tokenizer.to_json())
-        return tokenizer
-
-    def _prepare(self, train_path: Path, val_path: Path | None, tokenizer: Any, cfg: TrainConfig) -> Any:
-        from trainer.data import prepare_data
-
-        try:
-            return prepare_data(train_path, tokenizer, validation_path=val_path, val_fraction=cfg.val_fraction,
-                                cache_dir=self.cache_dir / "tokens")
-        except DataError as exc:
-            raise JobFailure("invalid_training_file", exc.message, "training_file") from exc
-
-    def _resume_point(self) -> tuple[Path | None, int]:
-        """Extract the newest stored checkpoint of this job (if any): (folder, step)."""
-        with self.sf() as session:
-            ckpt = session.execute(select(Checkpoint).where(Checkpoint.job_id == self.job_id)
-                                   .order_by(Checkpoint.step.desc()).limit(1)).scalar_one_or_none()
-            if ckpt is None:
-                return None, 0
-            blob_id, step = ckpt.blob_id, ckpt.step
-        return self._extract(blob_id, self.job_dir / "resume"), step
-
-    def _parent_checkpoint(self, base_model_id: str, owner_id: str) -> Path:
-        """The final checkpoint folder of the model this job continues training from."""
-        with self.sf() as session:
-            parent = session.execute(select(Job).where(Job.fine_tuned_model == base_model_id,
-                                                       Job.owner_id == owner_id)).scalar_one_or_none()
-            query = select(Checkpoint).where(Checkpoint.owner_id == owner_id)
-            if parent is not None:
-                query = query.where(Checkpoint.job_id == parent.id, Checkpoint.is_final.is_(True))
-            else:  # a checkpoint's model id
-                query = query.where(Checkpoint.model_id == base_model_id)
-            ckpt = session.execute(query.order_by(Checkpoint.step.desc()).limit(1)).scalar_one_or_none()
-            if ckpt is None:
-                raise JobFailure("invalid_base_model", f"The model {base_model_id} has no stored weights any more "
-                                 "(it was deleted); choose another model.", "model")
-            blob_id = ckpt.blob_id
-        return self._extract(blob_id, self.job_dir / "parent")
-
-    def _extract(self, blob_id: str, dest: Path) -> Path:
-        shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir(parents=True)
-        tar_path = dest.with_suffix(".tar")
-        self.store.read_to_path(blob_id, tar_path)
-        try:
-            with tarfile.open(tar_path) as tar:
-                tar.extractall(dest, filter="data")
-        finally:
-            tar_path.unlink(missing_ok=True)
-        folders = [p for p in dest.iterdir() if p.is_dir()]
-        if len(folders) != 1:
-            raise JobFailure("internal_error", "A stored checkpoint is damaged (unexpected archive layout).")
-        return folders[0]
 
     # ------------------------------------------------------------------ endings
     def _succeed(self, snapshot: _JobSnapshot, final: Path, step: int, tokens: int,
@@ -485,22 +343,6 @@ class _JobSnapshot:
                    naming_job=job)
 
 
-def _tokenizer_of(checkpoint: Path) -> Any:
-    import json
-
-    from trainer.tokenizers import tokenizer_from_json
-
-    return tokenizer_from_json(json.loads((checkpoint / "tokenizer.json").read_text()))
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    import json
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
-
 
 def worker_device(setting: str) -> str | None:
     """The TrainConfig.device a worker's `device` setting means for jobs that left it "auto"
@@ -513,33 +355,3 @@ def worker_device(setting: str) -> str | None:
         torch.cuda.set_device(int(setting.split(":", 1)[1]))
         return "cuda"
     return None  # "auto", or a device the trainer does not know (it picks cuda when available)
-
-
-def classify_exception(exc: BaseException) -> JobFailure:
-    """Map an exception from data preparation or training to the job's error."""
-    from trainer.loop import TrainingDiverged
-
-    if isinstance(exc, TrainingDiverged):
-        return JobFailure("training_diverged", str(exc))
-    if isinstance(exc, DataError):
-        return JobFailure("invalid_training_file", exc.message, "training_file")
-    if isinstance(exc, ConfigError):
-        return JobFailure("invalid_hyperparameters", f"The job's configuration was refused: {exc}", exc.param)
-    if _is_oom(exc):
-        return JobFailure("out_of_memory", "Training ran out of memory. Lower batch_size (raise grad_accum to keep "
-                          "the same effective batch), ctx or the model size, or train in bfloat16.")
-    return JobFailure("internal_error", f"The worker hit an internal error ({type(exc).__name__}: {exc}). "
-                      "Retrying the job may help; if it fails again, report it with the job id.")
-
-
-def _is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError):
-        return True
-    try:
-        import torch
-
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-    except (ImportError, AttributeError):  # pragma: no cover
-        pass
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()

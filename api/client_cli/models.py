@@ -1,0 +1,83 @@
+"""`fromscratch models list|download`: trained models on the server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from api.client_cli.output import add_id_column, format_size, format_time, make_console, print_json
+from api.client_cli.runner import EXIT_OK, connect
+
+FORMATS = ("gguf", "hf", "onnx", "checkpoint")
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    """`models list`: your models as a table."""
+
+    from rich.table import Table
+
+    with connect(args) as client:
+        page = client.list_models()
+    if args.json:
+        print_json(page)
+        return EXIT_OK
+    models = page.get("data", [])
+    table = Table("Created", "Owned by")
+    add_id_column(table, models)
+    for m in models:
+        table.add_row(m.get("id", "?"), format_time(m.get("created")), m.get("owned_by", "-"))
+    make_console().print(table)
+    return EXIT_OK
+
+
+def cmd_models_download(args: argparse.Namespace) -> int:
+    """`models download MODEL_ID`: stream the export to a file (whole or not at all)."""
+
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    out_arg = Path(args.output) if args.output else None
+    tmp: Path | None = None
+    fh: Any = None
+    final: Path | None = None
+    with connect(args) as client, Progress(
+        "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(), console=make_console(stderr=True),
+    ) as bar:
+        task = bar.add_task(f"{args.id} ({args.format})", total=None)
+
+        def on_start(total: int | None, filename: str | None) -> None:
+            nonlocal tmp, fh, final
+            default_name = filename or f"{args.id.replace(':', '_')}.{_default_ext(args.format)}"
+            if out_arg is None:
+                final = Path(default_name)
+            elif out_arg.is_dir():
+                final = out_arg / default_name
+            else:
+                final = out_arg
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp = final.with_name(f".{final.name}.part-{os.getpid()}")
+            fh = tmp.open("wb")
+            bar.update(task, total=total)
+
+        try:
+            client.download_model(args.id, args.format, write=lambda b: fh.write(b), on_start=on_start,
+                                  progress=lambda n: bar.advance(task, n))
+            fh.close()
+            os.replace(tmp, final)  # the file appears whole or not at all
+        finally:
+            if fh is not None and not fh.closed:
+                fh.close()
+            if tmp is not None and tmp.exists():
+                tmp.unlink()
+    size = final.stat().st_size
+    print(f"saved {final} ({format_size(size)})", file=sys.stderr)
+    print(final)
+    return EXIT_OK
+
+
+def _default_ext(fmt: str) -> str:
+    """The file extension of a download format when the server names no file."""
+    return {"gguf": "gguf", "onnx": "onnx", "hf": "tar", "checkpoint": "tar"}[fmt]

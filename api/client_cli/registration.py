@@ -1,0 +1,94 @@
+"""The argparse tree of `fromscratch files|jobs|models`: `register(subparsers)` adds the three
+command groups, each leaf with the connection options and its handler."""
+
+from __future__ import annotations
+
+import argparse
+
+from api.client_cli.files import cmd_files_list, cmd_files_upload
+from api.client_cli.hyperparameter_options import add_hyperparameter_options
+from api.client_cli.jobs import (
+    cmd_jobs_action,
+    cmd_jobs_create,
+    cmd_jobs_follow,
+    cmd_jobs_list,
+    cmd_jobs_show,
+)
+from api.client_cli.models import FORMATS, cmd_models_download, cmd_models_list
+from api.client_cli.runner import Handler, run_command
+from trainer.config import PRESETS
+
+
+def _connection_options() -> argparse.ArgumentParser:
+    """The --server/--api-key options every command shares (a parent parser)."""
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("server")
+    # SUPPRESS: given at either level (`jobs --server X list` or `jobs list --server X`) it sticks.
+    group.add_argument("--server", default=argparse.SUPPRESS,
+                       help="server URL (env FROMSCRATCH_SERVER, default http://127.0.0.1:8000)")
+    group.add_argument("--api-key", default=argparse.SUPPRESS, help="API key (env FROMSCRATCH_API_KEY)")
+    return common
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `files`, `jobs` and `models` command groups to `fromscratch`'s subparsers."""
+    common = _connection_options()
+
+    def leaf(group: argparse._SubParsersAction, name: str, help_text: str,
+             handler: Handler, json_flag: bool = False) -> argparse.ArgumentParser:
+        p = group.add_parser(name, help=help_text, description=help_text, parents=[common])
+        p.set_defaults(func=run_command(handler))
+        if json_flag:
+            p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+        return p
+
+    # files
+    files = subparsers.add_parser("files", help="upload and list training files on a server", parents=[common])
+    files_sub = files.add_subparsers(dest="files_command", metavar="COMMAND", required=True)
+    p = leaf(files_sub, "upload", "upload a training file (UTF-8 text or JSONL); prints its id", cmd_files_upload,
+             json_flag=True)
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--purpose", default="fine-tune", help="file purpose")
+    leaf(files_sub, "list", "list your uploaded files", cmd_files_list, json_flag=True)
+
+    # jobs
+    jobs = subparsers.add_parser("jobs", help="create, follow and control training jobs on a server",
+                                 parents=[common])
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="COMMAND", required=True)
+    p = leaf(jobs_sub, "create", "start a training job; prints its id", cmd_jobs_create, json_flag=True)
+    p.add_argument("--file", required=True, metavar="FILE_ID", help="training file id (files upload prints it)")
+    p.add_argument("--model", default="llama-tiny", metavar="PRESET",
+                   help=f"a preset ({', '.join(PRESETS)}) or the id of a model you trained (continue training)")
+    p.add_argument("--validation-file", metavar="FILE_ID", help="validation file id")
+    p.add_argument("--suffix", help="added to the fine-tuned model's name")
+    p.add_argument("--seed", type=int, help="random seed (default: the trainer's, 1337)")
+    p.add_argument("--metadata", action="append", metavar="KEY=VALUE", help="job metadata (repeatable)")
+    p.add_argument("--idempotency-key", help="a retried create with the same key returns the same job")
+    p.add_argument("--follow", action="store_true", help="follow the job after creating it (as jobs follow)")
+    add_hyperparameter_options(p)
+    p = leaf(jobs_sub, "list", "list your jobs, newest first", cmd_jobs_list, json_flag=True)
+    p.add_argument("--after", metavar="JOB_ID", help="the page after this job id")
+    p.add_argument("--limit", type=int, default=20, help="jobs per page")
+    p = leaf(jobs_sub, "show", "show one job", cmd_jobs_show, json_flag=True)
+    p.add_argument("id", metavar="JOB_ID")
+    p = leaf(jobs_sub, "follow", "follow a job live until it ends (exit 1 failed, 3 cancelled)",
+             cmd_jobs_follow, json_flag=True)
+    p.add_argument("id", metavar="JOB_ID")
+    for action, text in (("cancel", "cancel a job"), ("pause", "pause a running job (keeps a checkpoint)"),
+                         ("resume", "resume a paused job from its checkpoint")):
+        p = leaf(jobs_sub, action, text, cmd_jobs_action, json_flag=True)
+        p.add_argument("id", metavar="JOB_ID")
+        p.set_defaults(action=action)
+
+    # models
+    models = subparsers.add_parser("models", help="list and download trained models from a server",
+                                   parents=[common])
+    models_sub = models.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
+    leaf(models_sub, "list", "list your models (finished jobs and their checkpoints)", cmd_models_list,
+         json_flag=True)
+    p = leaf(models_sub, "download", "download a model as GGUF, Hugging Face, ONNX or a checkpoint",
+             cmd_models_download)
+    p.add_argument("id", metavar="MODEL_ID")
+    p.add_argument("--format", choices=FORMATS, default="gguf", help="gguf (default), hf, onnx or checkpoint")
+    p.add_argument("-o", "--output", metavar="PATH",
+                   help="file or folder to write (default: the server's file name in the current folder)")

@@ -1,0 +1,65 @@
+"""Bring stored checkpoints (tars in the blob store) back onto the worker's disk: the job's own
+newest one to resume from (`latest_checkpoint`), or the final one of the model a job continues
+training from (`base_model_checkpoint`). Storing them is `worker.callbacks.store_checkpoint`."""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.models import Checkpoint, Job
+from worker.failures import JobFailure
+
+
+def latest_checkpoint(session_factory: sessionmaker[Session], store: Any, job_id: str,
+                      dest: Path) -> tuple[Path | None, int]:
+    """Extract the newest stored checkpoint of this job (if any) under `dest`: (folder, step)."""
+    with session_factory() as session:
+        ckpt = session.execute(select(Checkpoint).where(Checkpoint.job_id == job_id)
+                               .order_by(Checkpoint.step.desc()).limit(1)).scalar_one_or_none()
+        if ckpt is None:
+            return None, 0
+        blob_id, step = ckpt.blob_id, ckpt.step
+    return extract_checkpoint(store, blob_id, dest), step
+
+
+def base_model_checkpoint(session_factory: sessionmaker[Session], store: Any, base_model_id: str,
+                          owner_id: str, dest: Path) -> Path:
+    """The final checkpoint folder of the model a job continues training from (a fine-tuned model
+    id or a checkpoint's model id of the same owner), extracted under `dest`."""
+    with session_factory() as session:
+        parent = session.execute(select(Job).where(Job.fine_tuned_model == base_model_id,
+                                                   Job.owner_id == owner_id)).scalar_one_or_none()
+        query = select(Checkpoint).where(Checkpoint.owner_id == owner_id)
+        if parent is not None:
+            query = query.where(Checkpoint.job_id == parent.id, Checkpoint.is_final.is_(True))
+        else:  # a checkpoint's model id
+            query = query.where(Checkpoint.model_id == base_model_id)
+        ckpt = session.execute(query.order_by(Checkpoint.step.desc()).limit(1)).scalar_one_or_none()
+        if ckpt is None:
+            raise JobFailure("invalid_base_model", f"The model {base_model_id} has no stored weights any more "
+                             "(it was deleted); choose another model.", "model")
+        blob_id = ckpt.blob_id
+    return extract_checkpoint(store, blob_id, dest)
+
+
+def extract_checkpoint(store: Any, blob_id: str, dest: Path) -> Path:
+    """Unpack a checkpoint tar into a fresh `dest`; returns the one checkpoint folder inside it."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    tar_path = dest.with_suffix(".tar")
+    store.read_to_path(blob_id, tar_path)
+    try:
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(dest, filter="data")
+    finally:
+        tar_path.unlink(missing_ok=True)
+    folders = [p for p in dest.iterdir() if p.is_dir()]
+    if len(folders) != 1:
+        raise JobFailure("internal_error", "A stored checkpoint is damaged (unexpected archive layout).")
+    return folders[0]

@@ -1,0 +1,58 @@
+"""This worker's hold on a job: the atomic claim (`claim`) and the `Heartbeat` thread that keeps
+the lease alive while the job runs, flagging `lost` when the reaper has given the job away."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.jobstates import claim_job, renew_lease
+
+log = logging.getLogger(__name__)
+
+
+def claim(session_factory: sessionmaker[Session], job_id: str, worker_id: str, lease_seconds: float) -> bool:
+    """Claim the job for `worker_id` (committed). False when it is not claimable: running
+    elsewhere, finished, paused or unknown; the caller drops the message."""
+    with session_factory() as session:
+        job = claim_job(session, job_id, worker_id, lease_seconds)
+        if job is None:
+            session.rollback()
+            log.info("job %s is not claimable (running elsewhere, finished, paused or unknown): "
+                     "dropping the message", job_id)
+            return False
+        session.commit()
+        log.info("claimed job %s (attempt %s) as %s", job_id, job.attempts, worker_id)
+        return True
+
+
+class Heartbeat(threading.Thread):
+    """Renews the job's lease every `interval` seconds; sets `lost` when the lease is gone."""
+
+    def __init__(self, session_factory: sessionmaker[Session], job_id: str, worker_id: str,
+                 lease_seconds: float, interval: float):
+        super().__init__(name=f"heartbeat-{job_id}", daemon=True)
+        self.session_factory, self.job_id, self.worker_id = session_factory, job_id, worker_id
+        self.lease_seconds, self.interval = lease_seconds, interval
+        self.lost = threading.Event()
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                with self.session_factory() as session:
+                    ok = renew_lease(session, self.job_id, self.worker_id, self.lease_seconds)
+                    session.commit()
+            except Exception:  # a database hiccup: try again next beat (the lease has slack)
+                log.warning("heartbeat for %s failed", self.job_id, exc_info=True)
+                continue
+            if not ok:
+                log.warning("job %s: lease lost (another worker may own it now)", self.job_id)
+                self.lost.set()
+                return
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=30)
