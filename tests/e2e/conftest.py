@@ -53,6 +53,7 @@ def e2e_settings(pg_url: str, redis_url: str, tmp_path_factory: pytest.TempPathF
 def e2e_worker(e2e_settings: Any, session_factory: Any) -> Iterator[ServiceProcess]:
     """One `fromscratch worker` subprocess for the package. At teardown the jobs created while it
     ran and not finished are cancelled, so no later test's worker picks them up."""
+    cancel_unfinished_jobs(session_factory)
     started = utcnow()
     cmd = fromscratch_cmd("worker", "--queues", e2e_settings.worker_queues, "--loglevel", "info")
     log = Path(e2e_settings.data_dir) / "worker.log"
