@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
 from api.errors import APIError, not_found
@@ -24,8 +24,13 @@ from core.models import Checkpoint, DeletedModel, File, Job
 SUCCEEDED = "succeeded"
 
 
+def live_files(owner_id: str) -> Select[tuple[File]]:
+    """The owner's files that have not been deleted."""
+    return select(File).where(File.owner_id == owner_id, File.deleted_at.is_(None))
+
+
 def owned_file(session: Session, owner_id: str, file_id: str) -> File:
-    f = session.scalar(select(File).where(File.id == file_id, File.owner_id == owner_id))
+    f = session.scalar(live_files(owner_id).where(File.id == file_id))
     if f is None:
         raise not_found("file", file_id)
     return f

@@ -116,8 +116,11 @@ class File(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     format: Mapped[str] = mapped_column(String(16))  # "text" | "jsonl"
-    blob_id: Mapped[str] = mapped_column(ForeignKey("blobs.id"))
+    blob_id: Mapped[str | None] = mapped_column(ForeignKey("blobs.id"))  # None once deleted
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # A deleted file that finished jobs still name keeps its row (their training_file stays a valid
+    # reference) with its bytes freed; it is gone for every route.
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Job(Base):

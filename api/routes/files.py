@@ -11,7 +11,7 @@ Upload path, never holding the file in memory:
 
 DELETE is refused (400) while a job that has not finished uses the file. A file a finished job
 refers to keeps its row (the job's `training_file` must stay a valid reference) but its bytes are
-freed and it disappears for its owner: the row moves to the tombstone owner "deleted:<owner>".
+freed (blob_id None) and it is marked `deleted_at`, which every route treats as gone.
 """
 
 from __future__ import annotations
@@ -32,16 +32,15 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
 from api.errors import APIError
-from api.queries import bad_cursor, check_limit, newest_first_after, owned_file
+from api.queries import bad_cursor, check_limit, live_files, newest_first_after, owned_file
 from api.schemas import TERMINAL, Deleted, FileObject, ListEnvelope, to_file
-from core.models import File, Job
+from core.models import File, Job, utcnow
 
 router = APIRouter(prefix="/v1", tags=["files"])
 
 PURPOSES = ("fine-tune",)
 CHUNK = 1 << 20
 MULTIPART_SLACK = 64 * 1024  # headers and boundaries around the file part
-DELETED_OWNER_PREFIX = "deleted:"
 
 
 def _safe_suffix(filename: str) -> str:
@@ -165,11 +164,11 @@ def list_files(session: SessionDep, key: CurrentKey, after: str | None = None,
                limit: Annotated[int, Query()] = 100, purpose: str | None = None,
                order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc") -> ListEnvelope[FileObject]:
     check_limit(limit, 10000)
-    q = select(File).where(File.owner_id == key.owner_id)
+    q = live_files(key.owner_id)
     if purpose:
         q = q.where(File.purpose == purpose)
     if after:
-        cursor = session.scalar(select(File).where(File.id == after, File.owner_id == key.owner_id))
+        cursor = session.scalar(live_files(key.owner_id).where(File.id == after))
         if cursor is None:
             raise bad_cursor(after)
         if order == "desc":
@@ -222,10 +221,9 @@ def delete_file(file_id: str, session: SessionDep, key: CurrentKey, store: BlobS
                        param="file_id", code="file_in_use")
     old_blob = f.blob_id
     if users:
-        # Finished jobs still name this file: keep a tombstone row, free the bytes.
-        empty = store.put([b""], session)
-        f.blob_id = empty.id
-        f.owner_id = (DELETED_OWNER_PREFIX + f.owner_id)[:64]
+        # Finished jobs still name this file: keep the row (marked deleted), free the bytes.
+        f.deleted_at = utcnow()
+        f.blob_id = None
         session.flush()
         store.delete(old_blob, session)
     else:

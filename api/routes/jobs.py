@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from api.deps import CurrentKey, SessionDep, SettingsDep
 from api.errors import APIError
 from api.hyperparams import HyperparameterError, check_context, resolve
-from api.queries import bad_cursor, check_limit, find_model, newest_first_after, owned_job
+from api.queries import bad_cursor, check_limit, find_model, live_files, newest_first_after, owned_job
 from api.schemas import FineTuningJob, JobCreate, ListEnvelope, to_job
 from core import jobstates
 from core.models import Event, File, Job
@@ -49,7 +49,7 @@ def _bad(message: str, param: str, code: str = "invalid_request") -> APIError:
 def _owned_training_file(session: Session, owner_id: str, file_id: Any, param: str) -> File:
     if not isinstance(file_id, str) or not file_id:
         raise _bad(f"{param} must be the id of a file you uploaded (POST /v1/files)", param)
-    f = session.scalar(select(File).where(File.id == file_id, File.owner_id == owner_id))
+    f = session.scalar(live_files(owner_id).where(File.id == file_id))
     if f is None:
         raise _bad(f"{param}: no such file {file_id!r} (upload it with POST /v1/files)", param, "file_not_found")
     if f.purpose != "fine-tune":

@@ -77,8 +77,9 @@ def upgrade() -> None:
         sa.Column("bytes", sa.BigInteger(), nullable=False),
         sa.Column("sha256", sa.String(64), nullable=False),
         sa.Column("format", sa.String(16), nullable=False),
-        sa.Column("blob_id", sa.String(40), nullable=False),
+        sa.Column("blob_id", sa.String(40), nullable=True),
         _ts("created_at"),
+        _ts("deleted_at", nullable=True),
         sa.ForeignKeyConstraint(["blob_id"], ["blobs.id"], name="fk_files_blob_id_blobs"),
         sa.PrimaryKeyConstraint("id", name="pk_files"),
     )

@@ -122,7 +122,9 @@ def test_delete_unused_file(client: TestClient, tenant: Tenant, session_factory:
     assert blob_count(session_factory) == blobs
 
 
-def test_delete_refused_while_a_live_job_uses_it(client: TestClient, tenant: Tenant, factory: Any) -> None:
+def test_delete_refused_while_a_live_job_uses_it(client: TestClient, tenant: Tenant, factory: Any,
+                                                 session_factory: Any) -> None:
+    blobs = blob_count(session_factory)
     fid = upload(client, tenant, b"some text\n" * 100, "a.txt").json()["id"]
     job_id = factory.job(tenant.owner_id, status="running", file_id=fid)
     err = assert_envelope(client.delete(f"/v1/files/{fid}", headers=tenant.headers), 400)
@@ -133,3 +135,8 @@ def test_delete_refused_while_a_live_job_uses_it(client: TestClient, tenant: Ten
     assert fid not in [f["id"] for f in client.get("/v1/files", headers=tenant.headers).json()["data"]]
     # the finished job still names its training file
     assert client.get(f"/v1/fine_tuning/jobs/{job_id}", headers=tenant.headers).json()["training_file"] == fid
+    # its row stays, marked deleted, and its bytes are freed
+    assert blob_count(session_factory) == blobs
+    with session_factory() as session:
+        row = session.get(File, fid)
+        assert row is not None and row.deleted_at is not None and row.blob_id is None
