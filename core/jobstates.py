@@ -292,48 +292,34 @@ def _retrying(session: Session, job: Job, attempt: Any) -> Job:
     return attempt(job)
 
 
-def request_cancel(session: Session, job: Job) -> Job:
-    """Cancel: a job nobody holds is cancelled at once; a held one gets `cancel_requested` and its
-    worker stops between steps. Cancelling a cancelled job is a no-op; other terminal jobs raise."""
+def _request_stop(session: Session, job: Job, target: str, flag: str, verb: str, event: str) -> Job:
+    """Cancel or pause: a job nobody holds moves to `target` at once; a held one gets `flag` set and
+    its worker stops between steps. Asking again is a no-op; terminal jobs raise."""
 
     def attempt(job: Job) -> Job:
-        if job.status == CANCELLED:
+        if job.status == target:
             return job
         if job.status in TERMINAL:
-            raise IllegalTransition(
-                f"job {job.id} already {job.status}; it cannot be cancelled", current=job.status
-            )
+            raise IllegalTransition(f"job {job.id} already {job.status}; it cannot be {verb}", current=job.status)
         if job.lease_owner is None:
-            return transition(session, job, CANCELLED)
-        if not job.cancel_requested:
-            if not _cas(session, job, {"cancel_requested": True}):
+            return transition(session, job, target)
+        if not getattr(job, flag):
+            if not _cas(session, job, {flag: True}):
                 raise ConcurrentUpdate("job changed", current=job.status)
-            add_event(session, job.id, "Cancellation requested")
+            add_event(session, job.id, event)
         return job
 
     return _retrying(session, job, attempt)
+
+
+def request_cancel(session: Session, job: Job) -> Job:
+    """Cancel (see _request_stop); a cancelled job's worker stops without a checkpoint."""
+    return _request_stop(session, job, CANCELLED, "cancel_requested", "cancelled", "Cancellation requested")
 
 
 def request_pause(session: Session, job: Job) -> Job:
-    """Pause: a job nobody holds is paused at once; a held one gets `pause_requested` (its worker
-    saves a checkpoint and stops). Pausing a paused job is a no-op; terminal jobs raise."""
-
-    def attempt(job: Job) -> Job:
-        if job.status == PAUSED:
-            return job
-        if job.status in TERMINAL:
-            raise IllegalTransition(
-                f"job {job.id} already {job.status}; it cannot be paused", current=job.status
-            )
-        if job.lease_owner is None:
-            return transition(session, job, PAUSED)
-        if not job.pause_requested:
-            if not _cas(session, job, {"pause_requested": True}):
-                raise ConcurrentUpdate("job changed", current=job.status)
-            add_event(session, job.id, "Pause requested")
-        return job
-
-    return _retrying(session, job, attempt)
+    """Pause (see _request_stop); a paused job's worker saves a checkpoint first."""
+    return _request_stop(session, job, PAUSED, "pause_requested", "paused", "Pause requested")
 
 
 def resume(session: Session, job: Job) -> tuple[Job, bool]:
