@@ -47,6 +47,12 @@ class ListEnvelope(BaseModel, Generic[T]):
     first_id: str | None = None
     last_id: str | None = None
 
+    @classmethod
+    def of(cls, data: list[Any], has_more: bool = False) -> ListEnvelope[Any]:
+        """An envelope whose first_id/last_id are those of `data` (items with an `id`)."""
+        return cls(data=data, has_more=has_more, first_id=data[0].id if data else None,
+                   last_id=data[-1].id if data else None)
+
 
 class Deleted(BaseModel):
     id: str

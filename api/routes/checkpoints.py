@@ -32,5 +32,4 @@ def list_checkpoints(job_id: str, session: SessionDep, key: CurrentKey, after: s
         q = q.where(or_(Checkpoint.step < cursor.step, and_(Checkpoint.step == cursor.step, Checkpoint.id < cursor.id)))
     rows = session.scalars(q.order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(limit + 1)).all()
     data = [to_checkpoint(c) for c in rows[:limit]]
-    return ListEnvelope(data=data, has_more=len(rows) > limit, first_id=data[0].id if data else None,
-                        last_id=data[-1].id if data else None)
+    return ListEnvelope.of(data, has_more=len(rows) > limit)

@@ -113,8 +113,7 @@ def list_events(job_id: str, session: SessionDep, key: CurrentKey, after: str | 
     merged.sort(key=lambda t: (t[0], t[1], t[2]), reverse=True)
     page = [t[3] for t in merged[: limit + 1]]
     data = page[:limit]
-    return ListEnvelope(data=data, has_more=len(page) > limit, first_id=data[0].id if data else None,
-                        last_id=data[-1].id if data else None)
+    return ListEnvelope.of(data, has_more=len(page) > limit)
 
 
 # ----------------------------------------------------------------------------------------- metrics

@@ -182,8 +182,7 @@ def list_files(session: SessionDep, key: CurrentKey, after: str | None = None,
         q = q.order_by(File.created_at.asc(), File.id.asc())
     rows = session.scalars(q.limit(limit + 1)).all()
     data = [to_file(f) for f in rows[:limit]]
-    return ListEnvelope(data=data, has_more=len(rows) > limit, first_id=data[0].id if data else None,
-                        last_id=data[-1].id if data else None)
+    return ListEnvelope.of(data, has_more=len(rows) > limit)
 
 
 @router.get("/files/{file_id}", response_model=FileObject, summary="Get a file's metadata")

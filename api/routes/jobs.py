@@ -233,8 +233,7 @@ def list_jobs(session: SessionDep, key: CurrentKey, after: str | None = None,
         q = q.where(newest_first_after(Job, cursor))
     rows = session.scalars(q.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).all()
     data = [to_job(j) for j in rows[:limit]]
-    return ListEnvelope(data=data, has_more=len(rows) > limit, first_id=data[0].id if data else None,
-                        last_id=data[-1].id if data else None)
+    return ListEnvelope.of(data, has_more=len(rows) > limit)
 
 
 @router.get("/jobs/{job_id}", response_model=FineTuningJob, summary="Get a job with its progress")

@@ -62,8 +62,7 @@ def list_models(session: SessionDep, key: CurrentKey) -> ListEnvelope[Model]:
         refs[c.model_id] = ModelRef(c.model_id, "checkpoint", jobs[c.job_id], c, c.created_at)
     models = [to_model(r) for r in refs.values() if r.id not in deleted]
     models.sort(key=lambda m: (m.created, m.id), reverse=True)
-    return ListEnvelope(data=models, has_more=False, first_id=models[0].id if models else None,
-                        last_id=models[-1].id if models else None)
+    return ListEnvelope.of(models)
 
 
 @router.get("/models/{model_id:path}/content", summary="Download a model: gguf, hf (tar), onnx, checkpoint (tar)",
