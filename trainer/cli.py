@@ -11,73 +11,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import types
 import typing
 from pathlib import Path
 from typing import Any
 
 from trainer.config import (
     DEFAULT_PRESET,
+    FIELD_HELP,
     MODEL_FIELDS,
     PRESETS,
     TRAIN_FIELDS,
     ConfigError,
     ModelConfig,
     TrainConfig,
+    field_type,
     model_config_from_preset,
 )
 
 _UNSET: Any = argparse.SUPPRESS  # option absent from the namespace unless given
-
-MODEL_HELP: dict[str, str] = {
-    "n_layer": "transformer blocks",
-    "n_head": "attention heads",
-    "n_kv_head": "key/value heads (grouped-query attention; must divide --n-head)",
-    "n_embd": "embedding width",
-    "ctx": "context length in tokens",
-    "rope_dims": "rotated dims per head (llama.cpp --rotmax); default the whole head",
-    "rope_theta": "RoPE base frequency",
-    "ffn_dim": "SwiGLU hidden width; default llama's rule 2/3*4*n_embd rounded up to --multiple-of",
-    "multiple_of": "round the default FFN width up to a multiple of this",
-    "norm_eps": "RMSNorm epsilon",
-    "tie_embeddings": "share the token embedding with the output projection",
-}
-
-TRAIN_HELP: dict[str, str] = {
-    "tokenizer": "byte: 256 bytes + BOS/EOS, lossless; bpe: byte-level BPE trained on DATA",
-    "vocab_size": "BPE vocabulary size (bpe only; unset = 4096)",
-    "max_steps": "optimizer steps (unset and no --n-epochs = 1000)",
-    "n_epochs": "train for this many passes over the data instead of --max-steps",
-    "batch_size": "sequences per micro-batch",
-    "grad_accum": "micro-batches accumulated per optimizer step (batch = batch-size x grad-accum)",
-    "optimizer": "adamw or lbfgs",
-    "learning_rate": "peak learning rate",
-    "min_lr": "floor of the cosine schedule (unset = learning-rate / 10)",
-    "warmup_steps": "linear warmup steps (unset = min(100, total steps / 10))",
-    "schedule": "learning-rate schedule after warmup",
-    "cos_decay_steps": "cosine-restarts: length of the first cycle (unset = total steps)",
-    "cos_decay_restart": "cosine-restarts: each cycle is this factor longer than the previous",
-    "cos_decay_alpha": "cosine-restarts: floor as a fraction of the learning rate",
-    "weight_decay": "AdamW weight decay (2-D weights only)",
-    "beta1": "AdamW beta1",
-    "beta2": "AdamW beta2",
-    "eps": "AdamW epsilon",
-    "grad_clip": "clip the gradient norm to this (0 disables)",
-    "activation_checkpointing": "recompute activations in the backward pass (less memory, ~30%% slower)",
-    "eval_every": "evaluate the validation loss every N steps (0 disables)",
-    "eval_batches": "batches per evaluation",
-    "val_fraction": "fraction of the tokens (the last ones) held out for validation",
-    "checkpoint_every": "write a checkpoint every N steps (0 = only the final one)",
-    "keep_checkpoints": "keep the newest K step checkpoints (best/ and final/ are kept too)",
-    "samples_after_nl": "start training windows only after a newline (llama.cpp --samples-after-nl)",
-    "seed": "random seed (weights init and data order)",
-    "device": "auto = cuda when available",
-    "dtype": "auto = bfloat16 on CUDA when supported, else float32; bfloat16 autocasts on CPU too",
-    "compile": "torch.compile the model",
-    "time_limit": "stop (with a checkpoint) after this many seconds of training",
-    "log_every": "steps between loss reports",
-}
-
 
 def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -85,15 +36,12 @@ def _option(name: str) -> str:
 
 def _arg_spec(tp: Any) -> dict[str, Any]:
     """argparse kwargs for a dataclass field type: int/float/str, X | None, Literal[...], bool."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        tp = args[0]
-    if tp is bool:
+    kind, choices = field_type(tp)
+    if kind is bool:
         return {"action": "store_true"}
-    if typing.get_origin(tp) is typing.Literal:
-        choices = list(typing.get_args(tp))
-        return {"choices": choices, "metavar": "|".join(choices)}
-    return {"type": tp, "metavar": tp.__name__.upper()}
+    if choices:
+        return {"choices": list(choices), "metavar": "|".join(choices)}
+    return {"type": kind, "metavar": kind.__name__.upper()}
 
 
 def _default_text(value: Any) -> str:
@@ -126,7 +74,7 @@ def _add_train_parser(subparsers: Any) -> None:
     for name in MODEL_FIELDS:
         default = getattr(preset_defaults, name)
         model.add_argument(_option(name), dest=name, default=_UNSET, **_arg_spec(hints[name]),
-                           help=f"{MODEL_HELP.get(name, name)} (default: preset; {DEFAULT_PRESET}: "
+                           help=f"{FIELD_HELP.get(name, name)} (default: preset; {DEFAULT_PRESET}: "
                                 f"{_default_text(default)})")
 
     tg = p.add_argument_group("training (names and defaults shared with the API's hyperparameters)")
@@ -134,7 +82,7 @@ def _add_train_parser(subparsers: Any) -> None:
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     for name in TRAIN_FIELDS:
         tg.add_argument(_option(name), dest=name, default=_UNSET, **_arg_spec(hints[name]),
-                           help=f"{TRAIN_HELP.get(name, name)} (default: {_default_text(defaults[name])})")
+                           help=f"{FIELD_HELP.get(name, name)} (default: {_default_text(defaults[name])})")
     p.set_defaults(func=cmd_train, _parser=p)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -234,6 +236,64 @@ class TrainConfig:
 
 
 TRAIN_FIELDS = tuple(f.name for f in fields(TrainConfig) if f.name != "extra")
+
+
+# One-line help per config field, shared by `fromscratch train` and `fromscratch jobs create`.
+FIELD_HELP: dict[str, str] = {
+    "n_layer": "transformer blocks",
+    "n_head": "attention heads",
+    "n_kv_head": "key/value heads (grouped-query attention; must divide --n-head)",
+    "n_embd": "embedding width",
+    "ctx": "context length in tokens",
+    "rope_dims": "rotated dims per head (llama.cpp --rotmax); default the whole head",
+    "rope_theta": "RoPE base frequency",
+    "ffn_dim": "SwiGLU hidden width; default llama's rule 2/3*4*n_embd rounded up to --multiple-of",
+    "multiple_of": "round the default FFN width up to a multiple of this",
+    "norm_eps": "RMSNorm epsilon",
+    "tie_embeddings": "share the token embedding with the output projection",
+    "tokenizer": "byte: 256 bytes + BOS/EOS, lossless; bpe: byte-level BPE trained on DATA",
+    "vocab_size": "BPE vocabulary size (bpe only; unset = 4096)",
+    "max_steps": "optimizer steps (unset and no --n-epochs = 1000)",
+    "n_epochs": "train for this many passes over the data instead of --max-steps",
+    "batch_size": "sequences per micro-batch",
+    "grad_accum": "micro-batches accumulated per optimizer step (batch = batch-size x grad-accum)",
+    "optimizer": "adamw or lbfgs",
+    "learning_rate": "peak learning rate",
+    "min_lr": "floor of the cosine schedule (unset = learning-rate / 10)",
+    "warmup_steps": "linear warmup steps (unset = min(100, total steps / 10))",
+    "schedule": "learning-rate schedule after warmup",
+    "cos_decay_steps": "cosine-restarts: length of the first cycle (unset = total steps)",
+    "cos_decay_restart": "cosine-restarts: each cycle is this factor longer than the previous",
+    "cos_decay_alpha": "cosine-restarts: floor as a fraction of the learning rate",
+    "weight_decay": "AdamW weight decay (2-D weights only)",
+    "beta1": "AdamW beta1",
+    "beta2": "AdamW beta2",
+    "eps": "AdamW epsilon",
+    "grad_clip": "clip the gradient norm to this (0 disables)",
+    "activation_checkpointing": "recompute activations in the backward pass (less memory, ~30%% slower)",
+    "eval_every": "evaluate the validation loss every N steps (0 disables)",
+    "eval_batches": "batches per evaluation",
+    "val_fraction": "fraction of the tokens (the last ones) held out for validation",
+    "checkpoint_every": "write a checkpoint every N steps (0 = only the final one)",
+    "keep_checkpoints": "keep the newest K step checkpoints (best/ and final/ are kept too)",
+    "samples_after_nl": "start training windows only after a newline (llama.cpp --samples-after-nl)",
+    "seed": "random seed (weights init and data order)",
+    "device": "auto = cuda when available",
+    "dtype": "auto = bfloat16 on CUDA when supported, else float32; bfloat16 autocasts on CPU too",
+    "compile": "torch.compile the model",
+    "time_limit": "stop (with a checkpoint) after this many seconds of training",
+    "log_every": "steps between loss reports",
+}
+
+
+def field_type(hint: Any) -> tuple[type, tuple[str, ...] | None]:
+    """(python type, choices) of a config field annotation: `int | None` -> (int, None),
+    `Literal["a", "b"]` -> (str, ("a", "b")). Used to build CLI options from the dataclasses."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if typing.get_origin(hint) is typing.Literal:
+        return str, tuple(typing.get_args(hint))
+    return hint, None
 
 
 def _known(cls: type, d: dict[str, Any], what: str) -> dict[str, Any]:

@@ -4,40 +4,17 @@ their names, types, choices and defaults match `fromscratch train`."""
 from __future__ import annotations
 
 import argparse
-import types
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import Any
 
-from trainer.config import MODEL_FIELDS, PRESETS, ModelConfig, TrainConfig
+from trainer.config import FIELD_HELP, MODEL_FIELDS, PRESETS, ModelConfig, TrainConfig, field_type
 
 # TrainConfig fields that are not job options.
 _NOT_JOB_OPTIONS = {"extra"}
 # OpenAI's hyperparameters that also accept "auto".
 _AUTO_OK = {"n_epochs", "batch_size"}
-# What a None default means (the rules live in TrainConfig's resolved_* properties).
-_NONE_MEANS = {
-    "vocab_size": "258 for byte, 4096 for bpe",
-    "max_steps": "1000 steps unless --n-epochs is given",
-    "n_epochs": "none: --max-steps decides",
-    "min_lr": "learning_rate / 10",
-    "warmup_steps": "min(100, total_steps / 10)",
-    "cos_decay_steps": "total steps",
-    "time_limit": "none",
-}
-
-
-def _base_type(tp: Any) -> tuple[type, tuple[Any, ...] | None]:
-    """(python type, choices) for a dataclass field annotation like `int | None` or Literal[...]."""
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
-        return _base_type(args[0])
-    if typing.get_origin(tp) is typing.Literal:
-        return str, tuple(typing.get_args(tp))
-    return tp, None
-
-
 def _auto_or(kind: type) -> Callable[[str], Any]:
     """A parser for a number option that also accepts the word auto."""
     def parse(text: str) -> Any:
@@ -53,7 +30,7 @@ def hyperparameter_specs() -> list[dict[str, Any]]:
     specs: list[dict[str, Any]] = []
     model_hints = typing.get_type_hints(ModelConfig)
     for name in MODEL_FIELDS:
-        kind, choices = _base_type(model_hints[name])
+        kind, choices = field_type(model_hints[name])
         tiny = PRESETS["llama-tiny"].get(name)
         default_text = "from the preset" + (f" (llama-tiny: {tiny})" if tiny is not None else "")
         specs.append(dict(name=name, kind=kind, choices=choices, default_text=default_text, group="model"))
@@ -61,10 +38,10 @@ def hyperparameter_specs() -> list[dict[str, Any]]:
     for f in fields(TrainConfig):
         if f.name in _NOT_JOB_OPTIONS or f.name == "seed":
             continue  # seed is the job's top-level `seed`
-        kind, choices = _base_type(train_hints[f.name])
+        kind, choices = field_type(train_hints[f.name])
         default = f.default if f.default is not MISSING else None
         specs.append(dict(name=f.name, kind=kind, choices=choices, group="train",
-                          default_text=_NONE_MEANS.get(f.name, "none") if default is None else f"{default}"))
+                          default_text="unset" if default is None else f"{default}"))
     return specs
 
 
@@ -79,7 +56,7 @@ def add_hyperparameter_options(parser: argparse.ArgumentParser) -> None:
         name, kind = spec["name"], spec["kind"]
         flag = "--" + name.replace("_", "-")
         group = groups[spec["group"]]
-        help_text = f"default: {spec['default_text']}"
+        help_text = f"{FIELD_HELP.get(name, name)} (default: {spec['default_text']})"
         dest = "hp_" + name
         if kind is bool:
             group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None,
