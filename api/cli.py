@@ -29,12 +29,20 @@ HEALTHY_RUN_SECONDS = 60.0  # a worker that ran this long resets the restart bac
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("serve", help="run the API, dashboard and one worker (embedded SQLite defaults)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "serve",
+        help="run the API, dashboard and one worker (embedded SQLite defaults)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--data-dir", default=None, help="where the database, broker, blobs and scratch live "
-                   "(sets FROMSCRATCH_DATA_DIR; default ~/.fromscratch)")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="where the database, broker, blobs and scratch live "
+        "(sets FROMSCRATCH_DATA_DIR; default ~/.fromscratch)",
+    )
     p.add_argument("--no-worker", action="store_true", help="run the API only (workers run elsewhere)")
     p.add_argument("--log-level", default="info", help="uvicorn and worker log level (default info)")
     p.set_defaults(func=run_serve)
@@ -47,8 +55,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION")
     create = keys_sub.add_parser("create", help="create a key; prints the secret alone on the last line")
     create.add_argument("--name", required=True, help="a label for the key")
-    create.add_argument("--owner", default=None, help="owner id (keys of one owner see the same files, jobs "
-                        "and models; default: a new owner)")
+    create.add_argument(
+        "--owner",
+        default=None,
+        help="owner id (keys of one owner see the same files, jobs and models; default: a new owner)",
+    )
     create.set_defaults(func=run_keys_create)
     lst = keys_sub.add_parser("list", help="list keys (never their secrets)")
     lst.set_defaults(func=run_keys_list)
@@ -109,8 +120,10 @@ def run_keys_create(args: argparse.Namespace) -> int:
     with _session_factory(settings)() as session:
         key, secret = create_key(session, args.name, owner_id=args.owner)
         session.commit()
-        print(f"created key {key.id} named {key.name!r} for owner {key.owner_id}; the secret is shown only once:",
-              file=sys.stderr)
+        print(
+            f"created key {key.id} named {key.name!r} for owner {key.owner_id}; the secret is shown only once:",
+            file=sys.stderr,
+        )
     print(secret)
     return 0
 
@@ -126,7 +139,9 @@ def run_keys_list(args: argparse.Namespace) -> int:
         print(f"{'id':<30} {'name':<20} {'owner':<30} {'created':<20} revoked")
         for k in keys:
             revoked = k.revoked_at.strftime("%Y-%m-%d %H:%M") if k.revoked_at else ""
-            print(f"{k.id:<30} {k.name[:20]:<20} {k.owner_id[:30]:<30} {k.created_at:%Y-%m-%d %H:%M}     {revoked}")
+            print(
+                f"{k.id:<30} {k.name[:20]:<20} {k.owner_id[:30]:<30} {k.created_at:%Y-%m-%d %H:%M}     {revoked}"
+            )
     return 0
 
 
@@ -186,8 +201,12 @@ class WorkerSupervisor(threading.Thread):
                 return
             if time.monotonic() - started >= HEALTHY_RUN_SECONDS:
                 backoff = 1.0
-            print(f"fromscratch serve: the worker exited with code {proc.returncode}; restarting it in "
-                  f"{backoff:.0f}s", file=sys.stderr, flush=True)
+            print(
+                f"fromscratch serve: the worker exited with code {proc.returncode}; restarting it in "
+                f"{backoff:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
             self.restarts += 1
             if self.stopping.wait(backoff):
                 return
@@ -246,7 +265,16 @@ def run_serve(args: argparse.Namespace) -> int:
 
     supervisor = None
     if not args.no_worker:
-        cmd = [sys.executable, "-m", "cli.main", "worker", "--queues", "cpu,gpu", "--loglevel", args.log_level]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "worker",
+            "--queues",
+            "cpu,gpu",
+            "--loglevel",
+            args.log_level,
+        ]
         supervisor = WorkerSupervisor(cmd, dict(os.environ))
         supervisor.start()
 
@@ -261,15 +289,23 @@ def run_serve(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        config = uvicorn.Config("api.main:create_app", factory=True, host=args.host, port=args.port,
-                                log_level=args.log_level,
-                                # open SSE streams must not hold the shutdown up for ever
-                                timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            "api.main:create_app",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            # open SSE streams must not hold the shutdown up for ever
+            timeout_graceful_shutdown=5,
+        )
         uvicorn.Server(config).run()
     finally:
         if supervisor is not None:
-            print("fromscratch serve: stopping the worker (a running job checkpoints and is re-queued)",
-                  file=sys.stderr, flush=True)
+            print(
+                "fromscratch serve: stopping the worker (a running job checkpoints and is re-queued)",
+                file=sys.stderr,
+                flush=True,
+            )
             supervisor.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -28,8 +28,15 @@ ProgressFn = Callable[[int], None]  # called with the number of bytes just sent/
 class APIError(Exception):
     """An error answered by the server (its error envelope) or a failure to reach it."""
 
-    def __init__(self, message: str, *, status_code: int | None = None, type: str | None = None,
-                 param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.status_code = status_code
@@ -58,8 +65,13 @@ class APIError(Exception):
             body = None
         err = body.get("error") if isinstance(body, dict) else None
         if isinstance(err, dict) and err.get("message"):
-            return cls(str(err["message"]), status_code=status, type=err.get("type"),
-                       param=err.get("param"), code=err.get("code"))
+            return cls(
+                str(err["message"]),
+                status_code=status,
+                type=err.get("type"),
+                param=err.get("param"),
+                code=err.get("code"),
+            )
         if isinstance(body, dict) and "detail" in body:  # a bare FastAPI error slipped through
             return cls(str(body["detail"]), status_code=status)
         reason = response.reason_phrase or "error"
@@ -109,8 +121,9 @@ class SSEParser:
         if line == "":
             if not self._data and not self._event and self._id is None:
                 return None
-            ev = SSEEvent(event=self._event or "message", data="\n".join(self._data), id=self._id,
-                          retry=self._retry)
+            ev = SSEEvent(
+                event=self._event or "message", data="\n".join(self._data), id=self._id, retry=self._retry
+            )
             if self._id is not None:
                 self.last_event_id = self._id
             self._event, self._data, self._id, self._retry = "", [], None, None
@@ -135,16 +148,17 @@ def _line_end(buf: str) -> tuple[str, str] | None:
     """Split off the first complete line (CRLF, LF or CR endings); None when none is complete."""
     for i, ch in enumerate(buf):
         if ch == "\n":
-            return buf[:i], buf[i + 1:]
+            return buf[:i], buf[i + 1 :]
         if ch == "\r":
             if i + 1 == len(buf):
                 return None  # maybe the CR of a CRLF split across chunks
-            return buf[:i], buf[i + 2:] if buf[i + 1] == "\n" else buf[i + 1:]
+            return buf[:i], buf[i + 2 :] if buf[i + 1] == "\n" else buf[i + 1 :]
     return None
 
 
-def _multipart_body(fh: BinaryIO, filename: str, size: int, fields: dict[str, str],
-                    progress: ProgressFn | None) -> tuple[str, int, Iterator[bytes]]:
+def _multipart_body(
+    fh: BinaryIO, filename: str, size: int, fields: dict[str, str], progress: ProgressFn | None
+) -> tuple[str, int, Iterator[bytes]]:
     """A streamed multipart/form-data body: (content type, exact length, chunks). The file is read
     UPLOAD_CHUNK bytes at a time, so a 1 GiB upload never sits in memory."""
     boundary = "fromscratch-" + secrets.token_hex(16)
@@ -154,8 +168,10 @@ def _multipart_body(fh: BinaryIO, filename: str, size: int, fields: dict[str, st
     )
     safe_name = filename.replace('"', "%22").replace("\r", "").replace("\n", "")
     ctype = mimetypes.guess_type(filename)[0] or "application/octet-stream"
-    head += (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{safe_name}"\r\n'
-             f"Content-Type: {ctype}\r\n\r\n").encode()
+    head += (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{safe_name}"\r\n'
+        f"Content-Type: {ctype}\r\n\r\n"
+    ).encode()
     tail = f"\r\n--{boundary}--\r\n".encode()
 
     def chunks() -> Iterator[bytes]:
@@ -176,12 +192,22 @@ class Client:
     """The public API as methods. Every method raises APIError for an error answer or a server
     that cannot be reached; list methods return the decoded `{object: "list", ...}` envelope."""
 
-    def __init__(self, server: str = DEFAULT_SERVER, api_key: str | None = None, *,
-                 timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        server: str = DEFAULT_SERVER,
+        api_key: str | None = None,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
         self.server = server.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(base_url=self.server, headers=headers, transport=transport,
-                                  timeout=httpx.Timeout(timeout, connect=10.0))
+        self._http = httpx.Client(
+            base_url=self.server,
+            headers=headers,
+            transport=transport,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -215,20 +241,27 @@ class Client:
         try:
             return response.json()
         except ValueError as e:
-            raise APIError(f"the server sent something that is not JSON for {method} {path}",
-                           status_code=response.status_code) from e
+            raise APIError(
+                f"the server sent something that is not JSON for {method} {path}",
+                status_code=response.status_code,
+            ) from e
 
     # -- files ----------------------------------------------------------------------------
-    def upload_file(self, path: str | os.PathLike[str], purpose: str = "fine-tune",
-                    progress: ProgressFn | None = None) -> dict[str, Any]:
+    def upload_file(
+        self, path: str | os.PathLike[str], purpose: str = "fine-tune", progress: ProgressFn | None = None
+    ) -> dict[str, Any]:
         path = Path(path)
         size = path.stat().st_size
         with path.open("rb") as fh:
             ctype, length, body = _multipart_body(fh, path.name, size, {"purpose": purpose}, progress)
             # Uploads of large files take a while: no read timeout while the server digests it.
-            return self.request("POST", "/v1/files", content=body,
-                                headers={"Content-Type": ctype, "Content-Length": str(length)},
-                                timeout=httpx.Timeout(None, connect=10.0))
+            return self.request(
+                "POST",
+                "/v1/files",
+                content=body,
+                headers={"Content-Type": ctype, "Content-Length": str(length)},
+                timeout=httpx.Timeout(None, connect=10.0),
+            )
 
     def list_files(self) -> dict[str, Any]:
         return self.request("GET", "/v1/files")
@@ -253,10 +286,18 @@ class Client:
             raise ValueError(f"unknown job action {action!r}")
         return self.request("POST", f"/v1/fine_tuning/jobs/{job_id}/{action}")
 
-    def metrics(self, job_id: str, after_step: int | None = None, limit: int | None = None,
-                max_points: int | None = None) -> dict[str, Any]:
-        params = {k: v for k, v in {"after_step": after_step, "limit": limit,
-                                    "max_points": max_points}.items() if v is not None}
+    def metrics(
+        self,
+        job_id: str,
+        after_step: int | None = None,
+        limit: int | None = None,
+        max_points: int | None = None,
+    ) -> dict[str, Any]:
+        params = {
+            k: v
+            for k, v in {"after_step": after_step, "limit": limit, "max_points": max_points}.items()
+            if v is not None
+        }
         return self.request("GET", f"/v1/fine_tuning/jobs/{job_id}/metrics", params=params)
 
     def events(self, job_id: str, limit: int | None = None) -> dict[str, Any]:
@@ -266,16 +307,22 @@ class Client:
     def checkpoints(self, job_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/fine_tuning/jobs/{job_id}/checkpoints")
 
-    def stream(self, job_id: str, last_event_id: str | None = None,
-               read_timeout: float = 60.0) -> Iterator[SSEEvent]:
+    def stream(
+        self, job_id: str, last_event_id: str | None = None, read_timeout: float = 60.0
+    ) -> Iterator[SSEEvent]:
         """Yield the job's SSE events until the server closes the stream. A gap longer than
         `read_timeout` with not even a keep-alive comment raises APIError (the caller reconnects
         with the last event id it saw)."""
         headers = {"Accept": "text/event-stream"}
         if last_event_id:
             headers["Last-Event-ID"] = last_event_id
-        response = self._send("GET", f"/v1/fine_tuning/jobs/{job_id}/stream", stream=True, headers=headers,
-                              timeout=httpx.Timeout(read_timeout, connect=10.0))
+        response = self._send(
+            "GET",
+            f"/v1/fine_tuning/jobs/{job_id}/stream",
+            stream=True,
+            headers=headers,
+            timeout=httpx.Timeout(read_timeout, connect=10.0),
+        )
         parser = SSEParser()
         try:
             for text in response.iter_text():
@@ -294,22 +341,35 @@ class Client:
 
     def generate(self, model_id: str, prompt: str, **options: Any) -> dict[str, Any]:
         body = {"prompt": prompt, **{k: v for k, v in options.items() if v is not None}}
-        return self.request("POST", f"/v1/models/{model_id}/generate", json=body,
-                            timeout=httpx.Timeout(300.0, connect=10.0))
+        return self.request(
+            "POST", f"/v1/models/{model_id}/generate", json=body, timeout=httpx.Timeout(300.0, connect=10.0)
+        )
 
-    def download_model(self, model_id: str, fmt: str, write: Callable[[bytes], Any],
-                       on_start: Callable[[int | None, str | None], None] | None = None,
-                       progress: ProgressFn | None = None) -> None:
+    def download_model(
+        self,
+        model_id: str,
+        fmt: str,
+        write: Callable[[bytes], Any],
+        on_start: Callable[[int | None, str | None], None] | None = None,
+        progress: ProgressFn | None = None,
+    ) -> None:
         """Stream `GET /v1/models/{id}/content?format=fmt` into `write`. `on_start(total, filename)`
         gets the Content-Length (None if absent) and the Content-Disposition filename first.
         The first request of a format may take a while: the server exports it then."""
-        response = self._send("GET", f"/v1/models/{model_id}/content", params={"format": fmt}, stream=True,
-                              timeout=httpx.Timeout(600.0, connect=10.0))
+        response = self._send(
+            "GET",
+            f"/v1/models/{model_id}/content",
+            params={"format": fmt},
+            stream=True,
+            timeout=httpx.Timeout(600.0, connect=10.0),
+        )
         try:
             length = response.headers.get("content-length")
             if on_start:
-                on_start(int(length) if length and length.isdigit() else None,
-                         content_disposition_filename(response.headers.get("content-disposition")))
+                on_start(
+                    int(length) if length and length.isdigit() else None,
+                    content_disposition_filename(response.headers.get("content-disposition")),
+                )
             for chunk in response.iter_bytes(UPLOAD_CHUNK):
                 write(chunk)
                 if progress:

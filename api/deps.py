@@ -46,13 +46,21 @@ def bearer_secret(request: Request) -> str:
     """The key from `Authorization: Bearer <key>`; 401 (JSON) when absent or malformed."""
     header = request.headers.get("authorization")
     if not header:
-        raise APIError(401, f"You didn't provide an API key. {BEARER_HELP}", code="missing_api_key",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise APIError(
+            401,
+            f"You didn't provide an API key. {BEARER_HELP}",
+            code="missing_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     scheme, _, secret = header.partition(" ")
     secret = secret.strip()
     if scheme.lower() != "bearer" or not secret:
-        raise APIError(401, f"Malformed Authorization header. {BEARER_HELP}", code="invalid_api_key",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise APIError(
+            401,
+            f"Malformed Authorization header. {BEARER_HELP}",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     return secret
 
 
@@ -62,8 +70,12 @@ def authenticate(session: Session, secret: str) -> ApiKey:
     key = verify_key(session, secret)
     if key is None:
         shown = secret[:6] + "..." if len(secret) > 8 else "***"
-        raise APIError(401, f"Incorrect API key provided: {shown}. {BEARER_HELP}", code="invalid_api_key",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise APIError(
+            401,
+            f"Incorrect API key provided: {shown}. {BEARER_HELP}",
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     return key
 
 

@@ -37,8 +37,15 @@ def error_type_for(status: int) -> str:
 class APIError(Exception):
     """Raise from a route (or anything it calls) to answer `status` with the error envelope."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -55,10 +62,17 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   type: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, type or error_type_for(status), param, code),
-                        status_code=status, headers=headers)
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    type: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(
+        error_body(message, type or error_type_for(status), param, code), status_code=status, headers=headers
+    )
 
 
 def not_found(what: str, id: str, param: str | None = None) -> APIError:
@@ -91,7 +105,9 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
         message = detail
     else:
         message = str(detail)
-    return error_response(status, message, code=_HTTP_CODES.get(status), headers=getattr(exc, "headers", None))
+    return error_response(
+        status, message, code=_HTTP_CODES.get(status), headers=getattr(exc, "headers", None)
+    )
 
 
 def _loc_param(loc: tuple[Any, ...] | list[Any]) -> str | None:
@@ -117,8 +133,11 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, "The server had an error while processing your request; it has been logged.",
-                          code="internal_error")
+    return error_response(
+        500,
+        "The server had an error while processing your request; it has been logged.",
+        code="internal_error",
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -62,8 +62,11 @@ def extract_checkpoint_tar(tar_path: Path, dest: Path) -> Path:
     for config in sorted(dest.rglob("config.json")):
         if (config.parent / "model.safetensors").exists():
             return config.parent
-    raise APIError(500, "The stored checkpoint is not a checkpoint folder (no config.json + model.safetensors).",
-                   code="checkpoint_unreadable")
+    raise APIError(
+        500,
+        "The stored checkpoint is not a checkpoint folder (no config.json + model.safetensors).",
+        code="checkpoint_unreadable",
+    )
 
 
 def tar_folder(folder: Path, out: Path, arcname: str) -> Path:
@@ -72,17 +75,27 @@ def tar_folder(folder: Path, out: Path, arcname: str) -> Path:
     return out
 
 
-def prepare_download(ref: ModelRef, fmt: str, dtype: str, *, store: Any, factory: sessionmaker[Session],
-                     work_dir: Path) -> Download:
+def prepare_download(
+    ref: ModelRef, fmt: str, dtype: str, *, store: Any, factory: sessionmaker[Session], work_dir: Path
+) -> Download:
     if fmt not in FORMATS:
-        raise APIError(400, f"format must be one of {', '.join(FORMATS)}, got {fmt!r}", param="format",
-                       code="invalid_format")
+        raise APIError(
+            400,
+            f"format must be one of {', '.join(FORMATS)}, got {fmt!r}",
+            param="format",
+            code="invalid_format",
+        )
     if dtype not in DTYPES:
-        raise APIError(400, f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}", param="dtype",
-                       code="invalid_dtype")
+        raise APIError(
+            400,
+            f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}",
+            param="dtype",
+            code="invalid_dtype",
+        )
     if ref.checkpoint is None:
-        raise APIError(404, f"Model {ref.id!r} has no stored weights to download.", param="model",
-                       code="model_not_found")
+        raise APIError(
+            404, f"Model {ref.id!r} has no stored weights to download.", param="model", code="model_not_found"
+        )
     name = safe_name(ref.id)
     if fmt == "checkpoint":
         info = store.info(ref.checkpoint.blob_id)
@@ -98,8 +111,9 @@ def prepare_download(ref: ModelRef, fmt: str, dtype: str, *, store: Any, factory
             return Download(row.blob_id, row.filename, info.size, media)
 
 
-def _produce(ref: ModelRef, fmt: str, dtype: str, key: str, name: str, *, store: Any, session: Session,
-             work_dir: Path) -> Export:
+def _produce(
+    ref: ModelRef, fmt: str, dtype: str, key: str, name: str, *, store: Any, session: Session, work_dir: Path
+) -> Export:
     from trainer.export import ExportError, export
 
     assert ref.checkpoint is not None
@@ -119,8 +133,9 @@ def _produce(ref: ModelRef, fmt: str, dtype: str, key: str, name: str, *, store:
                 filename = f"{name}{suffix}.{fmt}"
                 out = Path(export(ckpt_dir, fmt, scratch / filename, dtype))
         except ExportError as e:
-            raise APIError(400, f"Cannot export {ref.id} as {fmt} ({dtype}): {e}", param="format",
-                           code="export_failed") from e
+            raise APIError(
+                400, f"Cannot export {ref.id} as {fmt} ({dtype}): {e}", param="format", code="export_failed"
+            ) from e
         blob = store.put_file(out, session)
         row = Export(model_id=ref.id, format=key, blob_id=blob.id, filename=filename)
         session.add(row)

@@ -81,12 +81,31 @@ def _find_ckpt(folder: Path) -> Path:
     raise FileNotFoundError(f"no checkpoint folder under {folder}")
 
 
-def generate_text(cache: ModelCache, blob_id: str, store: Any, work_dir: Path, *, prompt: str, max_tokens: int,
-                  temperature: float, top_k: int | None, top_p: float | None, seed: int | None) -> tuple[str, int, int]:
+def generate_text(
+    cache: ModelCache,
+    blob_id: str,
+    store: Any,
+    work_dir: Path,
+    *,
+    prompt: str,
+    max_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+) -> tuple[str, int, int]:
     """Returns (text, prompt_tokens, completion_tokens)."""
     from trainer.sampling import generate
 
     model, tokenizer = cache.get(blob_id, store, work_dir)
-    text = generate(model, tokenizer, prompt, max_new_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                    top_p=top_p, seed=seed)
+    text = generate(
+        model,
+        tokenizer,
+        prompt,
+        max_new_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+    )
     return text, len(tokenizer.encode(prompt)) if prompt else 0, len(tokenizer.encode(text)) if text else 0

@@ -133,13 +133,21 @@ def _auto_or(name: str, value: Any, kind: type) -> Any:
     if value is None or value == "auto":
         return "auto"
     if kind is int:
-        ok = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
+        ok = (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            or isinstance(value, float)
+            and value.is_integer()
+        )
         value = int(value) if ok else value
     else:
         ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
         value = float(value) if ok else value
     if not ok:
-        raise HyperparameterError(f'hyperparameter {name} must be "auto" or a {"positive integer" if kind is int else "positive number"}, got {value!r}', name)
+        raise HyperparameterError(
+            f'hyperparameter {name} must be "auto" or a {"positive integer" if kind is int else "positive number"}, got {value!r}',
+            name,
+        )
     if value <= 0:
         raise HyperparameterError(f"hyperparameter {name} must be positive, got {value}", name)
     return value
@@ -150,9 +158,14 @@ def _config_error(e: ConfigError, prefix: str = "") -> HyperparameterError:
     return HyperparameterError(f"Invalid hyperparameters: {prefix}{details}", e.param)
 
 
-def resolve(raw: dict[str, Any] | None, *, preset: str | None = None,
-            parent_model_config: dict[str, Any] | None = None,
-            parent_train_config: dict[str, Any] | None = None, seed: int = 0) -> Resolved:
+def resolve(
+    raw: dict[str, Any] | None,
+    *,
+    preset: str | None = None,
+    parent_model_config: dict[str, Any] | None = None,
+    parent_train_config: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> Resolved:
     """Validate `raw` for a new job from `preset`, or continuing a model whose configs are given.
 
     Raises HyperparameterError (message + param) for the first problem of the first kind found:
@@ -165,14 +178,17 @@ def resolve(raw: dict[str, Any] | None, *, preset: str | None = None,
             raise HyperparameterError(f"{name} is not a hyperparameter: {NOT_HYPERPARAMETERS[name]}", name)
         if name not in ALL_FIELDS:
             raise HyperparameterError(
-                f"Unknown hyperparameter {name!r}. Accepted: {', '.join(ALL_FIELDS)}", name)
+                f"Unknown hyperparameter {name!r}. Accepted: {', '.join(ALL_FIELDS)}", name
+            )
     continuing = parent_model_config is not None
     if continuing:
         for name in raw:
             if name in MODEL_FIELDS or name in TOKENIZER_FIELDS:
                 raise HyperparameterError(
                     f"hyperparameter {name} cannot be set when continuing training from an existing model: "
-                    "the architecture and tokenizer come from that model. Start from a preset to change it.", name)
+                    "the architecture and tokenizer come from that model. Start from a preset to change it.",
+                    name,
+                )
 
     n_epochs = _auto_or("n_epochs", raw.get("n_epochs"), int)
     batch_size = _auto_or("batch_size", raw.get("batch_size"), int)
@@ -198,7 +214,8 @@ def resolve(raw: dict[str, Any] | None, *, preset: str | None = None,
         if name not in PRESETS:
             raise HyperparameterError(
                 f"Unknown model {name!r}: use a preset ({', '.join(PRESETS)}) or the id of a model you trained",
-                "model")
+                "model",
+            )
         try:
             model_cfg = model_config_from_preset(name, **model_over)
         except ConfigError as e:
@@ -244,8 +261,13 @@ def estimate_max_tokens(n_bytes: int) -> int:
     return n_bytes
 
 
-def check_context(model_cfg: ModelConfig, train_cfg: TrainConfig, training_bytes: int,
-                  has_validation_file: bool, validation_bytes: int | None = None) -> None:
+def check_context(
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    training_bytes: int,
+    has_validation_file: bool,
+    validation_bytes: int | None = None,
+) -> None:
     """HyperparameterError (param `ctx`) when the data cannot fill one window of ctx+1 tokens.
 
     As in trainer.data: with a validation file the whole training file trains; otherwise the last
@@ -257,17 +279,28 @@ def check_context(model_cfg: ModelConfig, train_cfg: TrainConfig, training_bytes
     n_val = 0 if has_validation_file else int(total * train_cfg.val_fraction)
     train_tokens = total - n_val
     if train_tokens < need:
-        split = "" if has_validation_file else f" after holding out val_fraction={train_cfg.val_fraction} for validation"
+        split = (
+            ""
+            if has_validation_file
+            else f" after holding out val_fraction={train_cfg.val_fraction} for validation"
+        )
         raise HyperparameterError(
             f"ctx={model_cfg.ctx} is longer than the training data allows: the training file gives at most "
             f"{train_tokens} training tokens{split}, and one training window needs ctx+1 = {need} tokens. "
-            f"Use ctx <= {max(train_tokens - 1, 1)} or upload more data.", "ctx")
+            f"Use ctx <= {max(train_tokens - 1, 1)} or upload more data.",
+            "ctx",
+        )
     if train_cfg.eval_every > 0:
         val_tokens = estimate_max_tokens(validation_bytes or 0) if has_validation_file else n_val
         if 0 < val_tokens < need or (has_validation_file and val_tokens < need):
-            where = "the validation file" if has_validation_file else (
-                f"the validation split (val_fraction={train_cfg.val_fraction} of the training file)")
+            where = (
+                "the validation file"
+                if has_validation_file
+                else (f"the validation split (val_fraction={train_cfg.val_fraction} of the training file)")
+            )
             raise HyperparameterError(
                 f"ctx={model_cfg.ctx} is longer than {where} allows: it has at most {val_tokens} tokens and one "
                 f"evaluation window needs ctx+1 = {need}. Use ctx <= {max(val_tokens - 1, 1)}, more validation "
-                "data, or eval_every=0 to skip evaluation.", "ctx")
+                "data, or eval_every=0 to skip evaluation.",
+                "ctx",
+            )

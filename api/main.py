@@ -56,7 +56,9 @@ class LatencyMiddleware:
             path = getattr(route, "path", None)
             if path is None:
                 path = "static" if status < 400 else "<unmatched>"
-            self.histogram.labels(scope.get("method", ""), path, str(status)).observe(time.perf_counter() - start)
+            self.histogram.labels(scope.get("method", ""), path, str(status)).observe(
+                time.perf_counter() - start
+            )
 
         async def wrapped_send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
@@ -90,8 +92,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         engine.dispose()
 
-    app = FastAPI(title="fromscratch", version="0.1.0", description=API_DESCRIPTION, lifespan=lifespan,
-                  docs_url="/docs", redoc_url=None)
+    app = FastAPI(
+        title="fromscratch",
+        version="0.1.0",
+        description=API_DESCRIPTION,
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = session_factory

@@ -53,24 +53,39 @@ class ModelRef:
 
 
 def is_deleted(session: Session, owner_id: str, model_id: str) -> bool:
-    return session.scalar(select(DeletedModel.model_id).where(DeletedModel.model_id == model_id,
-                                                              DeletedModel.owner_id == owner_id)) is not None
+    return (
+        session.scalar(
+            select(DeletedModel.model_id).where(
+                DeletedModel.model_id == model_id, DeletedModel.owner_id == owner_id
+            )
+        )
+        is not None
+    )
 
 
 def final_checkpoint(session: Session, job: Job) -> Checkpoint | None:
-    return session.scalar(select(Checkpoint).where(Checkpoint.job_id == job.id)
-                          .order_by(Checkpoint.is_final.desc(), Checkpoint.step.desc()).limit(1))
+    return session.scalar(
+        select(Checkpoint)
+        .where(Checkpoint.job_id == job.id)
+        .order_by(Checkpoint.is_final.desc(), Checkpoint.step.desc())
+        .limit(1)
+    )
 
 
 def find_model(session: Session, owner_id: str, model_id: str) -> ModelRef | None:
     if is_deleted(session, owner_id, model_id):
         return None
-    job = session.scalar(select(Job).where(Job.fine_tuned_model == model_id, Job.owner_id == owner_id,
-                                           Job.status == SUCCEEDED))
+    job = session.scalar(
+        select(Job).where(Job.fine_tuned_model == model_id, Job.owner_id == owner_id, Job.status == SUCCEEDED)
+    )
     if job is not None:
-        ckpt = session.scalar(select(Checkpoint).where(Checkpoint.model_id == model_id)) or final_checkpoint(session, job)
+        ckpt = session.scalar(select(Checkpoint).where(Checkpoint.model_id == model_id)) or final_checkpoint(
+            session, job
+        )
         return ModelRef(model_id, "fine_tuned", job, ckpt, job.finished_at or job.created_at)
-    ckpt = session.scalar(select(Checkpoint).where(Checkpoint.model_id == model_id, Checkpoint.owner_id == owner_id))
+    ckpt = session.scalar(
+        select(Checkpoint).where(Checkpoint.model_id == model_id, Checkpoint.owner_id == owner_id)
+    )
     if ckpt is None:
         return None
     job = session.get(Job, ckpt.job_id)
@@ -89,15 +104,18 @@ def owned_model(session: Session, owner_id: str, model_id: str) -> ModelRef:
 # ------------------------------------------------------------------------------------- pagination
 def check_limit(limit: int, maximum: int) -> int:
     if limit < 1 or limit > maximum:
-        raise APIError(400, f"limit must be between 1 and {maximum}, got {limit}", param="limit",
-                       code="invalid_limit")
+        raise APIError(
+            400, f"limit must be between 1 and {maximum}, got {limit}", param="limit", code="invalid_limit"
+        )
     return limit
 
 
 def newest_first_after(model: Any, cursor_row: Any) -> Any:
     """Keyset condition for (created_at DESC, id DESC) pages that start after `cursor_row`."""
-    return or_(model.created_at < cursor_row.created_at,
-               and_(model.created_at == cursor_row.created_at, model.id < cursor_row.id))
+    return or_(
+        model.created_at < cursor_row.created_at,
+        and_(model.created_at == cursor_row.created_at, model.id < cursor_row.id),
+    )
 
 
 def bad_cursor(after: str) -> APIError:

@@ -50,8 +50,12 @@ class ListEnvelope(BaseModel, Generic[T]):
     @classmethod
     def of(cls, data: list[Any], has_more: bool = False) -> ListEnvelope[Any]:
         """An envelope whose first_id/last_id are those of `data` (items with an `id`)."""
-        return cls(data=data, has_more=has_more, first_id=data[0].id if data else None,
-                   last_id=data[-1].id if data else None)
+        return cls(
+            data=data,
+            has_more=has_more,
+            first_id=data[0].id if data else None,
+            last_id=data[-1].id if data else None,
+        )
 
 
 class Deleted(BaseModel):
@@ -77,8 +81,15 @@ class FileObject(BaseModel):
 
 
 def to_file(f: FileRow) -> FileObject:
-    return FileObject(id=f.id, bytes=f.bytes, created_at=unix(f.created_at) or 0, filename=f.filename,
-                      purpose=f.purpose, format=f.format, sha256=f.sha256)
+    return FileObject(
+        id=f.id,
+        bytes=f.bytes,
+        created_at=unix(f.created_at) or 0,
+        filename=f.filename,
+        purpose=f.purpose,
+        format=f.format,
+        sha256=f.sha256,
+    )
 
 
 # -------------------------------------------------------------------------------------------- jobs
@@ -125,7 +136,9 @@ class FineTuningJob(BaseModel):
     method: Method
     # ours
     progress: Progress
-    config: dict[str, Any] = Field(description="the resolved trainer configs: {model: ModelConfig, train: TrainConfig}")
+    config: dict[str, Any] = Field(
+        description="the resolved trainer configs: {model: ModelConfig, train: TrainConfig}"
+    )
     queue: str
     attempts: int
     started_at: int | None
@@ -135,7 +148,9 @@ class FineTuningJob(BaseModel):
 def tokens_per_step(job: JobRow) -> int | None:
     try:
         train = job.train_config or {}
-        return int(train.get("batch_size", 1)) * int(train.get("grad_accum", 1)) * int(job.model_config["ctx"])
+        return (
+            int(train.get("batch_size", 1)) * int(train.get("grad_accum", 1)) * int(job.model_config["ctx"])
+        )
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -154,21 +169,43 @@ def to_job(job: JobRow) -> FineTuningJob:
     eta = eta_seconds(job)
     error = None
     if job.status == "failed" or job.error_code:
-        error = JobError(code=job.error_code or "failed", message=job.error_message or "The job failed.",
-                         param=job.error_param)
+        error = JobError(
+            code=job.error_code or "failed",
+            message=job.error_message or "The job failed.",
+            param=job.error_param,
+        )
     hp = dict(job.hyperparameters or {})
     return FineTuningJob(
-        id=job.id, created_at=unix(job.created_at) or 0, finished_at=unix(job.finished_at), model=job.model,
-        fine_tuned_model=job.fine_tuned_model, organization_id=job.owner_id, status=job.status,
-        hyperparameters=hp, training_file=job.training_file, validation_file=job.validation_file,
+        id=job.id,
+        created_at=unix(job.created_at) or 0,
+        finished_at=unix(job.finished_at),
+        model=job.model,
+        fine_tuned_model=job.fine_tuned_model,
+        organization_id=job.owner_id,
+        status=job.status,
+        hyperparameters=hp,
+        training_file=job.training_file,
+        validation_file=job.validation_file,
         trained_tokens=job.trained_tokens if job.status == "succeeded" or job.trained_tokens else None,
-        error=error, seed=job.seed, suffix=job.suffix,
+        error=error,
+        seed=job.seed,
+        suffix=job.suffix,
         estimated_finish=int(time.time() + eta) if eta is not None else None,
-        metadata=job.user_metadata, method=Method(supervised={"hyperparameters": hp}),
-        progress=Progress(step=job.step, total_steps=job.total_steps, train_loss=job.train_loss,
-                          val_loss=job.val_loss, tokens_per_s=job.tokens_per_s, eta_seconds=eta),
-        config={"model": job.model_config, "train": job.train_config}, queue=job.queue, attempts=job.attempts,
-        started_at=unix(job.started_at), base_model=job.base_model_id,
+        metadata=job.user_metadata,
+        method=Method(supervised={"hyperparameters": hp}),
+        progress=Progress(
+            step=job.step,
+            total_steps=job.total_steps,
+            train_loss=job.train_loss,
+            val_loss=job.val_loss,
+            tokens_per_s=job.tokens_per_s,
+            eta_seconds=eta,
+        ),
+        config={"model": job.model_config, "train": job.train_config},
+        queue=job.queue,
+        attempts=job.attempts,
+        started_at=unix(job.started_at),
+        base_model=job.base_model_id,
     )
 
 
@@ -176,11 +213,22 @@ class JobCreate(BaseModel):
     """POST /v1/fine_tuning/jobs. Types are loose on purpose: the route validates every field itself
     so that a wrong value is a 400 naming the field (`error.param`), as OpenAI answers."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{
-        "model": "llama-tiny", "training_file": "file-abc123",
-        "hyperparameters": {"max_steps": 200, "n_embd": 64, "learning_rate": 0.001}}]})
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "llama-tiny",
+                    "training_file": "file-abc123",
+                    "hyperparameters": {"max_steps": 200, "n_embd": 64, "learning_rate": 0.001},
+                }
+            ]
+        },
+    )
 
-    model: Any = Field(None, description="a preset (llama-tiny, llama-15m, ...) or the id of a model you trained")
+    model: Any = Field(
+        None, description="a preset (llama-tiny, llama-15m, ...) or the id of a model you trained"
+    )
     training_file: Any = None
     validation_file: Any = None
     hyperparameters: Any = None
@@ -212,8 +260,15 @@ def metric_event_id(job_id: str, step: int) -> str:
 
 
 def metric_data(m: MetricRow) -> dict[str, Any]:
-    return {"step": m.step, "train_loss": m.train_loss, "valid_loss": m.val_loss, "learning_rate": m.lr,
-            "grad_norm": m.grad_norm, "tokens_per_s": m.tokens_per_s, "tokens_seen": m.tokens_seen}
+    return {
+        "step": m.step,
+        "train_loss": m.train_loss,
+        "valid_loss": m.val_loss,
+        "learning_rate": m.lr,
+        "grad_norm": m.grad_norm,
+        "tokens_per_s": m.tokens_per_s,
+        "tokens_seen": m.tokens_seen,
+    }
 
 
 def metric_message(m: MetricRow, total_steps: int | None) -> str:
@@ -226,21 +281,35 @@ def metric_message(m: MetricRow, total_steps: int | None) -> str:
 
 
 def to_metric_event(job_id: str, m: MetricRow, total_steps: int | None) -> JobEvent:
-    return JobEvent(id=metric_event_id(job_id, m.step), created_at=unix(m.created_at) or 0, level="info",
-                    message=metric_message(m, total_steps), type="metrics", data=metric_data(m))
+    return JobEvent(
+        id=metric_event_id(job_id, m.step),
+        created_at=unix(m.created_at) or 0,
+        level="info",
+        message=metric_message(m, total_steps),
+        type="metrics",
+        data=metric_data(m),
+    )
 
 
 def to_event(e: EventRow) -> JobEvent:
     kind = "metrics" if e.type == "metrics" else "message"
-    return JobEvent(id=e.id, created_at=unix(e.created_at) or 0, level=e.level, message=e.message, type=kind,
-                    data=e.data)
+    return JobEvent(
+        id=e.id, created_at=unix(e.created_at) or 0, level=e.level, message=e.message, type=kind, data=e.data
+    )
 
 
 def metric_point(m: MetricRow) -> dict[str, Any]:
     """One point of GET /metrics and of the SSE `metrics` event."""
-    return {"step": m.step, "train_loss": m.train_loss, "val_loss": m.val_loss, "lr": m.lr,
-            "tokens_per_s": m.tokens_per_s, "tokens_seen": m.tokens_seen, "grad_norm": m.grad_norm,
-            "created_at": unix_float(m.created_at)}
+    return {
+        "step": m.step,
+        "train_loss": m.train_loss,
+        "val_loss": m.val_loss,
+        "lr": m.lr,
+        "tokens_per_s": m.tokens_per_s,
+        "tokens_seen": m.tokens_seen,
+        "grad_norm": m.grad_norm,
+        "created_at": unix_float(m.created_at),
+    }
 
 
 # ------------------------------------------------------------------------------------- checkpoints
@@ -260,8 +329,15 @@ def to_checkpoint(c: CheckpointRow) -> CheckpointObject:
     metrics = {"step": c.step, "train_loss": None, "valid_loss": None, **(c.metrics or {})}
     if "val_loss" in metrics and metrics.get("valid_loss") is None:
         metrics["valid_loss"] = metrics["val_loss"]
-    return CheckpointObject(id=c.id, created_at=unix(c.created_at) or 0, fine_tuned_model_checkpoint=c.model_id,
-                            fine_tuning_job_id=c.job_id, step_number=c.step, metrics=metrics, is_final=c.is_final)
+    return CheckpointObject(
+        id=c.id,
+        created_at=unix(c.created_at) or 0,
+        fine_tuned_model_checkpoint=c.model_id,
+        fine_tuning_job_id=c.job_id,
+        step_number=c.step,
+        metrics=metrics,
+        is_final=c.is_final,
+    )
 
 
 # ------------------------------------------------------------------------------------------ models

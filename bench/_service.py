@@ -52,7 +52,11 @@ def print_table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     table = [head, *rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     for i, r in enumerate(table):
-        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths, strict=True))))
+        print(
+            "  ".join(
+                c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
         if i == 0:
             print("  ".join("-" * w for w in widths))
 
@@ -129,14 +133,19 @@ class Service:
 
     def upload(self, path: Path, filename: str | None = None) -> str:
         with open(path, "rb") as fh:
-            r = self.client.post("/v1/files", data={"purpose": "fine-tune"},
-                                 files={"file": (filename or path.name, fh, "text/plain")})
+            r = self.client.post(
+                "/v1/files",
+                data={"purpose": "fine-tune"},
+                files={"file": (filename or path.name, fh, "text/plain")},
+            )
         r.raise_for_status()
         return str(r.json()["id"])
 
     def create_job(self, file_id: str, model: str, hyperparameters: dict[str, Any], seed: int = 1337) -> str:
-        r = self.client.post("/v1/fine_tuning/jobs", json={"model": model, "training_file": file_id,
-                                                           "hyperparameters": hyperparameters, "seed": seed})
+        r = self.client.post(
+            "/v1/fine_tuning/jobs",
+            json={"model": model, "training_file": file_id, "hyperparameters": hyperparameters, "seed": seed},
+        )
         r.raise_for_status()
         return str(r.json()["id"])
 
@@ -151,10 +160,14 @@ class Service:
             job = self.job(job_id)
             if job["status"] in ("succeeded", "failed", "cancelled"):
                 if job["status"] != "succeeded":
-                    raise RuntimeError(f"job {job_id} ended {job['status']}: {job.get('error')}\n{self.log_tail()}")
+                    raise RuntimeError(
+                        f"job {job_id} ended {job['status']}: {job.get('error')}\n{self.log_tail()}"
+                    )
                 return job
             if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job['status']} after {timeout:.0f}s\n{self.log_tail()}")
+                raise TimeoutError(
+                    f"job {job_id} still {job['status']} after {timeout:.0f}s\n{self.log_tail()}"
+                )
             time.sleep(0.2)
 
     def metrics(self, job_id: str) -> list[dict[str, Any]]:
@@ -168,8 +181,15 @@ class Service:
         return ""
 
 
-def service_env(data_dir: Path, *, database_url: str | None = None, broker_url: str | None = None,
-                blob_backend: str = "db", threads: int | None = None, **extra: str) -> dict[str, str]:
+def service_env(
+    data_dir: Path,
+    *,
+    database_url: str | None = None,
+    broker_url: str | None = None,
+    blob_backend: str = "db",
+    threads: int | None = None,
+    **extra: str,
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
     env["FROMSCRATCH_DATA_DIR"] = str(data_dir)
     env["FROMSCRATCH_BLOB_BACKEND"] = blob_backend
@@ -186,21 +206,36 @@ def service_env(data_dir: Path, *, database_url: str | None = None, broker_url: 
 
 
 @contextlib.contextmanager
-def serve(*, database_url: str | None = None, broker_url: str | None = None, blob_backend: str = "db",
-          worker: bool = True, threads: int | None = None, timeout: float = 90.0, **extra: str) -> Iterator[Service]:
+def serve(
+    *,
+    database_url: str | None = None,
+    broker_url: str | None = None,
+    blob_backend: str = "db",
+    worker: bool = True,
+    threads: int | None = None,
+    timeout: float = 90.0,
+    **extra: str,
+) -> Iterator[Service]:
     """`fromscratch serve` in a temp data dir on a free loopback port, until the block ends (SIGTERM,
     then SIGKILL). `extra` become FROMSCRATCH_* settings."""
     data_dir = Path(tempfile.mkdtemp(prefix="fs-bench-serve-"))
     port = free_port()
-    env = service_env(data_dir, database_url=database_url, broker_url=broker_url, blob_backend=blob_backend,
-                      threads=threads, **extra)
+    env = service_env(
+        data_dir,
+        database_url=database_url,
+        broker_url=broker_url,
+        blob_backend=blob_backend,
+        threads=threads,
+        **extra,
+    )
     log_path = data_dir / "serve.log"
     cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--log-level", "warning"]
     if not worker:
         cmd.append("--no-worker")
     log = open(log_path, "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
+    )
     svc: Service | None = None
     try:
         key = None
@@ -215,15 +250,20 @@ def serve(*, database_url: str | None = None, broker_url: str | None = None, blo
             if key or time.monotonic() > deadline:
                 break
         if key is None:
-            raise RuntimeError(f"`fromscratch serve` printed no API key\n{log_path.read_text(errors='replace')}")
+            raise RuntimeError(
+                f"`fromscratch serve` printed no API key\n{log_path.read_text(errors='replace')}"
+            )
         url = f"http://127.0.0.1:{port}"
         while True:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
                     break
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"`fromscratch serve` did not become ready\n{log_path.read_text(errors='replace')}")
+                raise RuntimeError(
+                    f"`fromscratch serve` did not become ready\n{log_path.read_text(errors='replace')}"
+                )
             time.sleep(0.2)
+
         def drain() -> None:  # keep the stdout pipe from filling up
             assert proc.stdout is not None
             for rest in proc.stdout:

@@ -59,25 +59,51 @@ end
 
 
 def window_throughput(points: list[dict[str, Any]], t0: float, t1: float, tokens_per_step: int) -> float:
-    rates = [float(p["tokens_per_s"]) for p in points
-             if p.get("tokens_per_s") and t0 <= float(p["created_at"]) <= t1]
+    rates = [
+        float(p["tokens_per_s"])
+        for p in points
+        if p.get("tokens_per_s") and t0 <= float(p["created_at"]) <= t1
+    ]
     if not rates:
         return float("nan")
     return len(rates) * tokens_per_step / sum(tokens_per_step / r for r in rates)
 
 
-def run_wrk(svc: Service, job_id: str, after_step: int, connections: int, seconds: int, threads: int) -> dict[str, Any]:
+def run_wrk(
+    svc: Service, job_id: str, after_step: int, connections: int, seconds: int, threads: int
+) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(LUA % {"key": svc.api_key, "job_path": f"/v1/fine_tuning/jobs/{job_id}",
-                       "metrics_path": f"/v1/fine_tuning/jobs/{job_id}/metrics?after_step={after_step}"})
+        f.write(
+            LUA
+            % {
+                "key": svc.api_key,
+                "job_path": f"/v1/fine_tuning/jobs/{job_id}",
+                "metrics_path": f"/v1/fine_tuning/jobs/{job_id}/metrics?after_step={after_step}",
+            }
+        )
         script = f.name
     try:
-        out = subprocess.run(["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s",
-                              script, svc.url], capture_output=True, text=True, timeout=seconds + 60, check=True).stdout
+        out = subprocess.run(
+            [
+                "wrk",
+                f"-t{threads}",
+                f"-c{connections}",
+                f"-d{seconds}s",
+                "--timeout",
+                "10s",
+                "-s",
+                script,
+                svc.url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            check=True,
+        ).stdout
     finally:
         Path(script).unlink(missing_ok=True)
     line = next(x for x in out.splitlines() if x.startswith("RESULT "))
-    return dict(json.loads(line[len("RESULT "):]))
+    return dict(json.loads(line[len("RESULT ") :]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,11 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         db = "Postgres + Redis" if args.postgres else "embedded (SQLite)"
         url = stack.enter_context(fresh_postgres_db()) if args.postgres else None
-        svc = stack.enter_context(serve(database_url=url, broker_url=REDIS_URL if args.postgres else None,
-                                        threads=args.threads))
+        svc = stack.enter_context(
+            serve(database_url=url, broker_url=REDIS_URL if args.postgres else None, threads=args.threads)
+        )
         file_id = svc.upload(SHAKESPEARE)
-        job_id = svc.create_job(file_id, "llama-tiny", {"max_steps": 1_000_000, "batch_size": batch,
-                                                        "eval_every": 0, "checkpoint_every": 0})
+        job_id = svc.create_job(
+            file_id,
+            "llama-tiny",
+            {"max_steps": 1_000_000, "batch_size": batch, "eval_every": 0, "checkpoint_every": 0},
+        )
         deadline = time.monotonic() + 120
         while not svc.metrics(job_id):
             if time.monotonic() > deadline:
@@ -122,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         points = svc.metrics(job_id)
         svc.client.post(f"/v1/fine_tuning/jobs/{job_id}/cancel")
     before = window_throughput(points, t0, t1, tokens_per_step)
-    loaded = window_throughput(points, t1 + 1.0, t2, tokens_per_step)  # +1 s: rows flushed at t1 are from before
+    loaded = window_throughput(
+        points, t1 + 1.0, t2, tokens_per_step
+    )  # +1 s: rows flushed at t1 are from before
     after = window_throughput(points, t2 + 1.0, t3, tokens_per_step)
     unloaded = (before + after) / 2
     errors = res["connect"] + res["read"] + res["write"] + res["status"] + res["timeout"]
@@ -130,14 +162,38 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  wrk: {res}", flush=True)
     print(f"  training tok/s: before {before:,.0f}, under load {loaded:,.0f}, after {after:,.0f}", flush=True)
     print()
-    print(f"# api_load  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; {db}; wrk -t{args.wrk_threads} -c{conns} "
-          f"-d{secs}s on loopback; job GET + metrics?after_step= alternating; worker torch threads {args.threads}")
-    print_table(("requests/s", "p50 ms", "p95 ms", "p99 ms", "max ms", "errors", "train tok/s unloaded",
-                 "under load", "ratio", "goals (errors 0 / ratio >= 0.9)"),
-                [(f"{rps:,.0f}", f"{res['p50_us'] / 1000:.1f}", f"{res['p95_us'] / 1000:.1f}",
-                  f"{res['p99_us'] / 1000:.1f}", f"{res['max_us'] / 1000:.1f}", str(errors), f"{unloaded:,.0f}",
-                  f"{loaded:,.0f}", f"{loaded / unloaded:.2f}",
-                  f"{'yes' if errors == 0 else 'NO'} / {'yes' if loaded / unloaded >= 0.9 else 'NO'}")])
+    print(
+        f"# api_load  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; {db}; wrk -t{args.wrk_threads} -c{conns} "
+        f"-d{secs}s on loopback; job GET + metrics?after_step= alternating; worker torch threads {args.threads}"
+    )
+    print_table(
+        (
+            "requests/s",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "max ms",
+            "errors",
+            "train tok/s unloaded",
+            "under load",
+            "ratio",
+            "goals (errors 0 / ratio >= 0.9)",
+        ),
+        [
+            (
+                f"{rps:,.0f}",
+                f"{res['p50_us'] / 1000:.1f}",
+                f"{res['p95_us'] / 1000:.1f}",
+                f"{res['p99_us'] / 1000:.1f}",
+                f"{res['max_us'] / 1000:.1f}",
+                str(errors),
+                f"{unloaded:,.0f}",
+                f"{loaded:,.0f}",
+                f"{loaded / unloaded:.2f}",
+                f"{'yes' if errors == 0 else 'NO'} / {'yes' if loaded / unloaded >= 0.9 else 'NO'}",
+            )
+        ],
+    )
     return 0
 
 

@@ -65,15 +65,37 @@ def run_direct(steps: int, batch_size: int, threads: int | None) -> list[dict[st
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
         if threads:
             env["OMP_NUM_THREADS"] = str(threads)
-        cmd = [sys.executable, "-m", "cli.main", "train", str(SHAKESPEARE), "--out", str(out), "--preset", PRESET,
-               "--max-steps", str(steps), "--batch-size", str(batch_size), "--eval-every", "0",
-               "--checkpoint-every", "0", "--seed", "1337"]
-        subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        cmd = [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "train",
+            str(SHAKESPEARE),
+            "--out",
+            str(out),
+            "--preset",
+            PRESET,
+            "--max-steps",
+            str(steps),
+            "--batch-size",
+            str(batch_size),
+            "--eval-every",
+            "0",
+            "--checkpoint-every",
+            "0",
+            "--seed",
+            "1337",
+        ]
+        subprocess.run(
+            cmd, cwd=REPO_ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         lines = (out / "metrics.jsonl").read_text().splitlines()
         return [json.loads(x) for x in lines if x.strip() and "train_loss" in json.loads(x)]
 
 
-def run_job(svc: Service, file_id: str, steps: int, batch_size: int, poll: float) -> tuple[list[dict[str, Any]], float]:
+def run_job(
+    svc: Service, file_id: str, steps: int, batch_size: int, poll: float
+) -> tuple[list[dict[str, Any]], float]:
     """(metrics, seconds from submit to the first loss visible through GET /metrics)."""
     t0 = time.perf_counter()
     job_id = svc.create_job(file_id, PRESET, hyperparameters(steps, batch_size))
@@ -124,9 +146,14 @@ def model_startup(batch_size: int, threads: int | None) -> float:
         for i in range(3):
             cb = First()
             t0 = time.perf_counter()
-            train(model_config_from_preset(PRESET), TrainConfig(max_steps=10, batch_size=batch_size, eval_every=0,
-                                                                checkpoint_every=0), data, Path(d) / f"r{i}", cb,
-                  tokenizer=tok)
+            train(
+                model_config_from_preset(PRESET),
+                TrainConfig(max_steps=10, batch_size=batch_size, eval_every=0, checkpoint_every=0),
+                data,
+                Path(d) / f"r{i}",
+                cb,
+                tokenizer=tok,
+            )
             assert cb.t is not None
             times.append(cb.t - t0)
     return median(times)
@@ -157,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         services: dict[str, Service] = {"embedded (SQLite)": stack.enter_context(serve(threads=args.threads))}
         if use_pg:
             url = stack.enter_context(fresh_postgres_db())
-            services["Postgres + Redis"] = stack.enter_context(serve(database_url=url, broker_url=REDIS_URL,
-                                                                     threads=args.threads))
+            services["Postgres + Redis"] = stack.enter_context(
+                serve(database_url=url, broker_url=REDIS_URL, threads=args.threads)
+            )
         files = {name: svc.upload(SHAKESPEARE) for name, svc in services.items()}
         for rnd in range(rounds):
             d = throughput(run_direct(steps, args.batch_size, args.threads), skip, tokens_per_step)
@@ -171,21 +199,35 @@ def main(argv: list[str] | None = None) -> int:
                 r["tps"].append(s)
                 r["ratio"].append(s / d)
                 r["first"].append(first)
-                print(f"  round {rnd + 1}/{rounds} {name}: {s:,.0f} tok/s (x{s / d:.3f} of direct), first loss "
-                      f"after {first:.2f} s", flush=True)
+                print(
+                    f"  round {rnd + 1}/{rounds} {name}: {s:,.0f} tok/s (x{s / d:.3f} of direct), first loss "
+                    f"after {first:.2f} s",
+                    flush=True,
+                )
 
     print()
-    print(f"# service_overhead  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; {PRESET}, {steps} steps x "
-          f"{tokens_per_step} tokens, medians of {rounds} interleaved rounds; model start-up {startup:.2f} s")
+    print(
+        f"# service_overhead  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; {PRESET}, {steps} steps x "
+        f"{tokens_per_step} tokens, medians of {rounds} interleaved rounds; model start-up {startup:.2f} s"
+    )
     rows = [("direct (fromscratch train)", f"{median(direct):,.0f}", "1.000", "-", "-", "-")]
     for name, r in results.items():
         goal = 2.0 if "SQLite" in name else 1.0
         net = median(r["first"]) - startup
-        rows.append((name, f"{median(r['tps']):,.0f}", f"{median(r['ratio']):.3f}", f"{median(r['first']):.2f}",
-                     f"{net:.2f}", f"{'yes' if median(r['ratio']) >= 0.97 else 'NO'} / {'yes' if net <= goal else 'NO'}"
-                     f" (<= {goal:.0f} s)"))
-    print_table(("run", "tok/s", "x direct", "first loss s", "net of start-up s", "goals met (tput / latency)"),
-                rows)
+        rows.append(
+            (
+                name,
+                f"{median(r['tps']):,.0f}",
+                f"{median(r['ratio']):.3f}",
+                f"{median(r['first']):.2f}",
+                f"{net:.2f}",
+                f"{'yes' if median(r['ratio']) >= 0.97 else 'NO'} / {'yes' if net <= goal else 'NO'}"
+                f" (<= {goal:.0f} s)",
+            )
+        )
+    print_table(
+        ("run", "tok/s", "x direct", "first loss s", "net of start-up s", "goals met (tput / latency)"), rows
+    )
     return 0
 
 

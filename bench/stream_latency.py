@@ -42,10 +42,13 @@ from bench._service import (  # noqa: E402
 )
 
 
-async def _client(svc: Service, job_id: str, received: dict[int, float], ready: asyncio.Event,
-                  done: asyncio.Event) -> None:
-    async with httpx.AsyncClient(base_url=svc.url, headers=svc.headers, timeout=None) as client, \
-            client.stream("GET", f"/v1/fine_tuning/jobs/{job_id}/stream") as resp:
+async def _client(
+    svc: Service, job_id: str, received: dict[int, float], ready: asyncio.Event, done: asyncio.Event
+) -> None:
+    async with (
+        httpx.AsyncClient(base_url=svc.url, headers=svc.headers, timeout=None) as client,
+        client.stream("GET", f"/v1/fine_tuning/jobs/{job_id}/stream") as resp,
+    ):
         resp.raise_for_status()
         event = None
         async for line in resp.aiter_lines():
@@ -62,8 +65,9 @@ async def _client(svc: Service, job_id: str, received: dict[int, float], ready: 
                 return
 
 
-def _writer(database_url: str, job_id: str, n: int, interval: float, start_step: int,
-            written: dict[int, float]) -> None:
+def _writer(
+    database_url: str, job_id: str, n: int, interval: float, start_step: int, written: dict[int, float]
+) -> None:
     """Commit one Metric row at a time, as the worker's writer does; note the time after commit."""
     from core.db import make_engine, make_session_factory
     from core.models import Metric
@@ -75,8 +79,16 @@ def _writer(database_url: str, job_id: str, n: int, interval: float, start_step:
         for i in range(n):
             step = start_step + i
             with factory() as session:
-                session.add(Metric(job_id=job_id, step=step, train_loss=5.0 - i * 1e-3, lr=1e-3,
-                                   tokens_per_s=1000.0, tokens_seen=step * 2048))
+                session.add(
+                    Metric(
+                        job_id=job_id,
+                        step=step,
+                        train_loss=5.0 - i * 1e-3,
+                        lr=1e-3,
+                        tokens_per_s=1000.0,
+                        tokens_seen=step * 2048,
+                    )
+                )
                 session.commit()
             written[step] = time.time()
             time.sleep(interval * rng.uniform(0.5, 1.5))  # not phase-locked with the server's poll
@@ -84,17 +96,21 @@ def _writer(database_url: str, job_id: str, n: int, interval: float, start_step:
         engine.dispose()
 
 
-async def measure(svc: Service, job_id: str, n_clients: int, n_metrics: int, interval: float,
-                  start_step: int) -> list[float]:
+async def measure(
+    svc: Service, job_id: str, n_clients: int, n_metrics: int, interval: float, start_step: int
+) -> list[float]:
     """Latencies (s) of every (client, metric) pair."""
     received = [dict[int, float]() for _ in range(n_clients)]
     readies = [asyncio.Event() for _ in range(n_clients)]
     done = asyncio.Event()
-    tasks = [asyncio.create_task(_client(svc, job_id, received[i], readies[i], done)) for i in range(n_clients)]
+    tasks = [
+        asyncio.create_task(_client(svc, job_id, received[i], readies[i], done)) for i in range(n_clients)
+    ]
     await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), timeout=60)
     written: dict[int, float] = {}
-    writer = threading.Thread(target=_writer, args=(svc.database_url, job_id, n_metrics, interval, start_step,
-                                                    written))
+    writer = threading.Thread(
+        target=_writer, args=(svc.database_url, job_id, n_metrics, interval, start_step, written)
+    )
     writer.start()
     while writer.is_alive():
         await asyncio.sleep(0.05)
@@ -114,7 +130,9 @@ async def measure(svc: Service, job_id: str, n_clients: int, n_metrics: int, int
     return lat
 
 
-def run(args: argparse.Namespace, database_url: str | None, broker_url: str | None, label: str) -> list[tuple[str, ...]]:
+def run(
+    args: argparse.Namespace, database_url: str | None, broker_url: str | None, label: str
+) -> list[tuple[str, ...]]:
     rows = []
     with serve(database_url=database_url, broker_url=broker_url, worker=False) as svc:
         file_id = svc.upload(SHAKESPEARE)
@@ -124,11 +142,23 @@ def run(args: argparse.Namespace, database_url: str | None, broker_url: str | No
             lat = asyncio.run(measure(svc, job_id, n_clients, args.metrics, args.interval, step))
             step += args.metrics
             ms = [x * 1000 for x in lat]
-            print(f"  {label}, {n_clients} clients: p50 {percentile(ms, 50):.0f} ms, p95 {percentile(ms, 95):.0f} ms "
-                  f"({len(ms)} samples)", flush=True)
-            rows.append((label, str(n_clients), str(len(ms)), f"{percentile(ms, 50):.0f}", f"{percentile(ms, 95):.0f}",
-                         f"{max(ms) if ms else float('nan'):.0f}", f"{median(ms):.0f}",
-                         "yes" if ms and percentile(ms, 95) <= 300 else "NO"))
+            print(
+                f"  {label}, {n_clients} clients: p50 {percentile(ms, 50):.0f} ms, p95 {percentile(ms, 95):.0f} ms "
+                f"({len(ms)} samples)",
+                flush=True,
+            )
+            rows.append(
+                (
+                    label,
+                    str(n_clients),
+                    str(len(ms)),
+                    f"{percentile(ms, 50):.0f}",
+                    f"{percentile(ms, 95):.0f}",
+                    f"{max(ms) if ms else float('nan'):.0f}",
+                    f"{median(ms):.0f}",
+                    "yes" if ms and percentile(ms, 95) <= 300 else "NO",
+                )
+            )
     return rows
 
 
@@ -151,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         with fresh_postgres_db() as url:
             rows += run(args, url, REDIS_URL, "Postgres + Redis")
     print()
-    print(f"# stream_latency  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; metric commit -> SSE event "
-          "received, ms")
+    print(
+        f"# stream_latency  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; metric commit -> SSE event "
+        "received, ms"
+    )
     print_table(("service", "clients", "samples", "p50", "p95", "max", "median", "p95<=300"), rows)
     return 0
 

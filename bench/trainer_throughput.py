@@ -58,8 +58,11 @@ VOCAB = ByteTokenizer.vocab_size  # 258
 # matmul peak on our 2-core CPU.
 NANOGPT_MFU = 0.79
 _NANO_D, _NANO_L, _NANO_T, _NANO_V = 256, 4, 128, 98
-_NANO_PARAMS = _NANO_L * (2 * 2 * _NANO_D + 4 * _NANO_D * _NANO_D + 4 * _NANO_D + 8 * _NANO_D * _NANO_D
-                          + 5 * _NANO_D) + _NANO_V * _NANO_D + 2 * _NANO_D
+_NANO_PARAMS = (
+    _NANO_L * (2 * 2 * _NANO_D + 4 * _NANO_D * _NANO_D + 4 * _NANO_D + 8 * _NANO_D * _NANO_D + 5 * _NANO_D)
+    + _NANO_V * _NANO_D
+    + 2 * _NANO_D
+)
 NANOGPT_FLOPS_PER_TOKEN = 6 * _NANO_PARAMS + 12 * _NANO_L * _NANO_T * _NANO_D
 
 Precision = Literal["fp32", "bf16"]
@@ -92,17 +95,21 @@ def cpu_configs(smoke: bool) -> list[tuple[str, ModelConfig, int]]:
     nano = ModelConfig(n_layer=4, n_head=4, n_embd=256, ctx=128, vocab_size=VOCAB)
     if smoke:
         return [("llama-tiny", model_config_from_preset("llama-tiny", vocab_size=VOCAB), 4)]
-    return [("llama-tiny", model_config_from_preset("llama-tiny", vocab_size=VOCAB), 16),
-            ("llama-260k", model_config_from_preset("llama-260k", vocab_size=VOCAB), 16),
-            ("llama-15m", model_config_from_preset("llama-15m", vocab_size=VOCAB), 16),
-            ("nanogpt-shape", nano, 16)]
+    return [
+        ("llama-tiny", model_config_from_preset("llama-tiny", vocab_size=VOCAB), 16),
+        ("llama-260k", model_config_from_preset("llama-260k", vocab_size=VOCAB), 16),
+        ("llama-15m", model_config_from_preset("llama-15m", vocab_size=VOCAB), 16),
+        ("nanogpt-shape", nano, 16),
+    ]
 
 
 def cuda_configs(smoke: bool, batch_size: int) -> list[tuple[str, ModelConfig, int]]:
     if smoke:
         return [("llama-tiny", model_config_from_preset("llama-tiny", vocab_size=VOCAB), 4)]
-    return [("llama-42m", model_config_from_preset("llama-42m", ctx=1024, vocab_size=VOCAB), batch_size),
-            ("llama-110m", model_config_from_preset("llama-110m", ctx=1024, vocab_size=VOCAB), batch_size)]
+    return [
+        ("llama-42m", model_config_from_preset("llama-42m", ctx=1024, vocab_size=VOCAB), batch_size),
+        ("llama-110m", model_config_from_preset("llama-110m", ctx=1024, vocab_size=VOCAB), batch_size),
+    ]
 
 
 # ---------------------------------------------------------------- data
@@ -175,7 +182,10 @@ class PeakMeter:
 
     def _make(self, prec: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         dtype = TORCH_DTYPE[prec]
-        return (torch.randn(n, n, device=self.device).to(dtype), torch.randn(n, n, device=self.device).to(dtype))
+        return (
+            torch.randn(n, n, device=self.device).to(dtype),
+            torch.randn(n, n, device=self.device).to(dtype),
+        )
 
     def _flops(self, mats: tuple[torch.Tensor, torch.Tensor], seconds: float) -> float:
         a, b = mats
@@ -211,8 +221,14 @@ class _Timer(Callbacks):
     work included) and, between steps, measures the fp32 and bf16 matmul peaks, so every step has
     a peak measured right beside it (the mean of the measurements before and after it)."""
 
-    def __init__(self, warmup: int, min_steps: int, seconds: float, device: torch.device,
-                 peak: Callable[[], dict[str, float]] | None = None):
+    def __init__(
+        self,
+        warmup: int,
+        min_steps: int,
+        seconds: float,
+        device: torch.device,
+        peak: Callable[[], dict[str, float]] | None = None,
+    ):
         self.warmup, self.min_steps, self.seconds, self.device = warmup, min_steps, seconds, device
         self.peak = peak
         self.durations: list[float] = []
@@ -224,8 +240,9 @@ class _Timer(Callbacks):
     def on_start(self, info: dict[str, Any]) -> None:
         self._start = clock()
 
-    def on_step(self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float,
-                tokens_seen: int) -> None:
+    def on_step(
+        self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float, tokens_seen: int
+    ) -> None:
         now = clock()  # after loss.item(): the step is done on the device
         assert self._start is not None
         self.durations.append(now - self._start)
@@ -264,11 +281,29 @@ class RunResult:
     losses: list[float]
 
 
-def run_training(v: Variant, data: TokenData, device: torch.device, warmup: int, min_steps: int,
-                 seconds: float, threads: int | None, peak: Callable[[], dict[str, float]]) -> RunResult:
-    cfg = TrainConfig(max_steps=10**6, batch_size=v.batch_size, learning_rate=1e-3, warmup_steps=10,
-                      eval_every=0, checkpoint_every=0, keep_checkpoints=1, device=device.type,  # type: ignore[arg-type]
-                      dtype=DTYPE_NAME[v.precision], compile=v.compile, log_every=1)
+def run_training(
+    v: Variant,
+    data: TokenData,
+    device: torch.device,
+    warmup: int,
+    min_steps: int,
+    seconds: float,
+    threads: int | None,
+    peak: Callable[[], dict[str, float]],
+) -> RunResult:
+    cfg = TrainConfig(
+        max_steps=10**6,
+        batch_size=v.batch_size,
+        learning_rate=1e-3,
+        warmup_steps=10,
+        eval_every=0,
+        checkpoint_every=0,
+        keep_checkpoints=1,
+        device=device.type,  # type: ignore[arg-type]
+        dtype=DTYPE_NAME[v.precision],
+        compile=v.compile,
+        log_every=1,
+    )
     timer = _Timer(max(1, warmup), min_steps, seconds, device, peak)
     out = Path(tempfile.mkdtemp(prefix="fs-bench-"))
     try:
@@ -315,8 +350,10 @@ def machine_description(device: torch.device) -> str:
     with contextlib.suppress(OSError):
         info = Path("/proc/cpuinfo").read_text()
         flags = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if re.search(rf"\b{f}\b", info)]
-    return (f"{cpu}, {os.cpu_count()} cores ({'/'.join(flags) or 'no avx512'}), {torch.get_num_threads()} "
-            f"torch threads, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})")
+    return (
+        f"{cpu}, {os.cpu_count()} cores ({'/'.join(flags) or 'no avx512'}), {torch.get_num_threads()} "
+        f"torch threads, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
+    )
 
 
 def median(xs: list[float]) -> float:
@@ -330,24 +367,51 @@ def fmt(x: float | None, spec: str) -> str:
 def print_table(rows: list[Row], meter: PeakMeter, device: torch.device) -> None:
     print()
     clock_name = "thread CPU time" if clock is time.thread_time else "wall clock"
-    print(f"# trainer_throughput  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine_description(device)}; "
-          f"{clock_name}")
+    print(
+        f"# trainer_throughput  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine_description(device)}; "
+        f"{clock_name}"
+    )
     peak_desc = ", ".join(f"{p} {median(v) / 1e9:,.0f} (n={meter.size[p]})" for p, v in meter.history.items())
-    print(f"# matmul peak GFLOP/s, median: {peak_desc}. tok/s and MFU: medians over all timed steps of "
-          "all rounds, each step divided by the peak measured beside it")
-    head = ("config", "dtype", "compile", "params", "tok/step", "tok/s", "MFU/fp32pk", "MFU/bf16pk",
-            "x nanoGPT", "peak MiB")
+    print(
+        f"# matmul peak GFLOP/s, median: {peak_desc}. tok/s and MFU: medians over all timed steps of "
+        "all rounds, each step divided by the peak measured beside it"
+    )
+    head = (
+        "config",
+        "dtype",
+        "compile",
+        "params",
+        "tok/step",
+        "tok/s",
+        "MFU/fp32pk",
+        "MFU/bf16pk",
+        "x nanoGPT",
+        "peak MiB",
+    )
     table = [head]
     for r in rows:
         name, prec, comp = r.variant.label
-        table.append((name, prec, comp, f"{r.n_params / 1e6:.2f}M", str(r.variant.tokens_per_step),
-                      fmt(median(r.tps), ",.0f"), fmt(median(r.mfu_fp32) * 100, ".1f") + "%",
-                      fmt(median(r.mfu_bf16) * 100, ".1f") + "%",
-                      fmt(median(r.x_nano) if r.x_nano else None, ".2f"),
-                      fmt(max(r.mem) if r.mem else None, ",.0f")))
+        table.append(
+            (
+                name,
+                prec,
+                comp,
+                f"{r.n_params / 1e6:.2f}M",
+                str(r.variant.tokens_per_step),
+                fmt(median(r.tps), ",.0f"),
+                fmt(median(r.mfu_fp32) * 100, ".1f") + "%",
+                fmt(median(r.mfu_bf16) * 100, ".1f") + "%",
+                fmt(median(r.x_nano) if r.x_nano else None, ".2f"),
+                fmt(max(r.mem) if r.mem else None, ",.0f"),
+            )
+        )
     widths = [max(len(t[i]) for t in table) for i in range(len(head))]
     for i, t in enumerate(table):
-        print("  ".join(c.rjust(w) if j >= 3 else c.ljust(w) for j, (c, w) in enumerate(zip(t, widths, strict=True))))
+        print(
+            "  ".join(
+                c.rjust(w) if j >= 3 else c.ljust(w) for j, (c, w) in enumerate(zip(t, widths, strict=True))
+            )
+        )
         if i == 0:
             print("  ".join("-" * w for w in widths))
 
@@ -357,10 +421,22 @@ def loss_check(steps: int, data: TokenData, device: torch.device, threads: int |
     seed does to fp32. Prints the mean train loss of the last 10% of steps and the final val loss."""
     model = ModelConfig(n_layer=4, n_head=4, n_embd=256, ctx=128, vocab_size=VOCAB)
     results: dict[str, tuple[float, float]] = {}
-    for label, prec, seed in (("fp32 seed 1337", "fp32", 1337), ("bf16 seed 1337", "bf16", 1337),
-                              ("fp32 seed 1338", "fp32", 1338)):
-        cfg = TrainConfig(max_steps=steps, batch_size=16, learning_rate=1e-3, eval_every=steps, eval_batches=20,
-                          checkpoint_every=0, device=device.type, dtype=DTYPE_NAME[prec], seed=seed)  # type: ignore[arg-type]
+    for label, prec, seed in (
+        ("fp32 seed 1337", "fp32", 1337),
+        ("bf16 seed 1337", "bf16", 1337),
+        ("fp32 seed 1338", "fp32", 1338),
+    ):
+        cfg = TrainConfig(
+            max_steps=steps,
+            batch_size=16,
+            learning_rate=1e-3,
+            eval_every=steps,
+            eval_batches=20,
+            checkpoint_every=0,
+            device=device.type,
+            dtype=DTYPE_NAME[prec],
+            seed=seed,
+        )  # type: ignore[arg-type]
         timer = _Timer(1, 10**9, math.inf, device)
         out = Path(tempfile.mkdtemp(prefix="fs-bench-loss-"))
         try:
@@ -369,14 +445,19 @@ def loss_check(steps: int, data: TokenData, device: torch.device, threads: int |
             res = train(model, cfg, data, out, timer, tokenizer=ByteTokenizer())
         finally:
             shutil.rmtree(out, ignore_errors=True)
-        tail = timer.losses[-max(1, steps // 10):]
+        tail = timer.losses[-max(1, steps // 10) :]
         results[label] = (sum(tail) / len(tail), res.last_val_loss or math.nan)
-        print(f"  loss check {label}: train (last {len(tail)} steps) {results[label][0]:.4f}, "
-              f"val {results[label][1]:.4f}", flush=True)
+        print(
+            f"  loss check {label}: train (last {len(tail)} steps) {results[label][0]:.4f}, "
+            f"val {results[label][1]:.4f}",
+            flush=True,
+        )
     f1, b1, f2 = (results[k] for k in ("fp32 seed 1337", "bf16 seed 1337", "fp32 seed 1338"))
-    print(f"# loss check, nanoGPT shape, {steps} steps: |bf16 - fp32| val {abs(b1[1] - f1[1]):.4f} "
-          f"(train {abs(b1[0] - f1[0]):.4f}); seed noise |fp32 seed2 - fp32| val {abs(f2[1] - f1[1]):.4f} "
-          f"(train {abs(f2[0] - f1[0]):.4f})")
+    print(
+        f"# loss check, nanoGPT shape, {steps} steps: |bf16 - fp32| val {abs(b1[1] - f1[1]):.4f} "
+        f"(train {abs(b1[0] - f1[0]):.4f}); seed noise |fp32 seed2 - fp32| val {abs(f2[1] - f1[1]):.4f} "
+        f"(train {abs(f2[0] - f1[0]):.4f})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,7 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run of llama-tiny (CI)")
     ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5 CPU, 3 CUDA)")
-    ap.add_argument("--seconds", type=float, default=None, help="timed seconds per run (default 4 CPU, 3 CUDA)")
+    ap.add_argument(
+        "--seconds", type=float, default=None, help="timed seconds per run (default 4 CPU, 3 CUDA)"
+    )
     ap.add_argument("--min-steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per run (default 2; 8 compiled)")
     ap.add_argument("--configs", default=None, help="comma-separated config names to keep")
@@ -392,14 +475,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile", action="store_true", help="CPU: also run torch.compile'd variants")
     ap.add_argument("--batch-size", type=int, default=16, help="CUDA batch size (CPU configs fix their own)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
-                    help="thread: CPU time of the training thread, torch at 1 thread (steady on a busy machine)")
-    ap.add_argument("--loss-check", type=int, default=0, metavar="STEPS",
-                    help="also train the nanoGPT shape STEPS steps in fp32, bf16 and fp32 with another seed")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="thread: CPU time of the training thread, torch at 1 thread (steady on a busy machine)",
+    )
+    ap.add_argument(
+        "--loss-check",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="also train the nanoGPT shape STEPS steps in fp32, bf16 and fp32 with another seed",
+    )
     args = ap.parse_args(argv)
 
-    device = torch.device("cuda" if args.device == "cuda" or args.device == "auto" and torch.cuda.is_available()
-                          else "cpu")
+    device = torch.device(
+        "cuda" if args.device == "cuda" or args.device == "auto" and torch.cuda.is_available() else "cpu"
+    )
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device available")
     if args.clock == "thread":
@@ -417,8 +510,13 @@ def main(argv: list[str] | None = None) -> int:
     peak_seconds = 0.01 if args.smoke else 0.005 if cuda else 0.04
     peak_sizes = (4096, 8192) if cuda and not args.smoke else (256,) if args.smoke else (256, 512, 1024)
 
-    precisions: list[Precision] = (args.precisions.split(",") if args.precisions  # type: ignore[assignment]
-                                   else ["bf16"] if cuda else ["fp32", "bf16"])
+    precisions: list[Precision] = (
+        args.precisions.split(",")
+        if args.precisions  # type: ignore[assignment]
+        else ["bf16"]
+        if cuda
+        else ["fp32", "bf16"]
+    )
     configs = cuda_configs(args.smoke, args.batch_size) if cuda else cpu_configs(args.smoke)
     if args.configs:
         keep = set(args.configs.split(","))
@@ -433,8 +531,11 @@ def main(argv: list[str] | None = None) -> int:
 
     data = TokenData(train=corpus_tokens(200_000 if args.smoke else 8_000_000), val=None)
     meter = PeakMeter(device, peak_sizes, peak_seconds)
-    print(f"trainer_throughput: {len(variants)} variants x {rounds} rounds on {device}; peak matmul sizes "
-          f"fp32 {meter.size['fp32']}, bf16 {meter.size['bf16']}", flush=True)
+    print(
+        f"trainer_throughput: {len(variants)} variants x {rounds} rounds on {device}; peak matmul sizes "
+        f"fp32 {meter.size['fp32']}, bf16 {meter.size['bf16']}",
+        flush=True,
+    )
     for rnd in range(rounds):
         order: list[Row] = rows if rnd % 2 == 0 else list(reversed(rows))  # cancel slow drifts
         for row in order:
@@ -452,14 +553,25 @@ def main(argv: list[str] | None = None) -> int:
                 row.mem.append(res.mem_mib)
             own = row.mfu_fp32 if v.precision == "fp32" else row.mfu_bf16
             n = len(res.steps)
-            print(f"  round {rnd + 1}/{rounds} {'/'.join(v.label):28s} {median(row.tps[-n:]):10,.0f} tok/s  "
-                  f"MFU {median(own[-n:]):6.1%} of {v.precision} peak  ({n} steps)", flush=True)
+            print(
+                f"  round {rnd + 1}/{rounds} {'/'.join(v.label):28s} {median(row.tps[-n:]):10,.0f} tok/s  "
+                f"MFU {median(own[-n:]):6.1%} of {v.precision} peak  ({n} steps)",
+                flush=True,
+            )
     if args.loss_check:
-        loss_check(args.loss_check, TokenData(train=data.train[: int(len(data.train) * 0.9)],
-                                              val=data.train[int(len(data.train) * 0.9):]), device, args.threads)
+        loss_check(
+            args.loss_check,
+            TokenData(
+                train=data.train[: int(len(data.train) * 0.9)], val=data.train[int(len(data.train) * 0.9) :]
+            ),
+            device,
+            args.threads,
+        )
     print_table(rows, meter, device)
-    print("# peak MiB: CPU = peak RSS growth over the RSS before the run (model, grads, optimizer, "
-          "activations); CUDA = torch.cuda.max_memory_allocated")
+    print(
+        "# peak MiB: CPU = peak RSS growth over the RSS before the run (model, grads, optimizer, "
+        "activations); CUDA = torch.cuda.max_memory_allocated"
+    )
     return 0
 
 

@@ -74,8 +74,10 @@ def download(svc: Service, file_id: str) -> tuple[str, int, float, float]:
     h = hashlib.sha256()
     n = 0
     t0 = time.perf_counter()
-    with httpx.Client(base_url=svc.url, headers=svc.headers, timeout=3600) as c, \
-            c.stream("GET", f"/v1/files/{file_id}/content") as r:
+    with (
+        httpx.Client(base_url=svc.url, headers=svc.headers, timeout=3600) as c,
+        c.stream("GET", f"/v1/files/{file_id}/content") as r,
+    ):
         r.raise_for_status()
         for chunk in r.iter_bytes(1 << 20):
             h.update(chunk)
@@ -102,21 +104,37 @@ def main(argv: list[str] | None = None) -> int:
         for backend in args.backends.split(","):
             with contextlib.ExitStack() as stack:
                 url = stack.enter_context(fresh_postgres_db()) if args.postgres else None
-                svc = stack.enter_context(serve(database_url=url, blob_backend=backend, worker=False,
-                                                max_upload_bytes=str(size + MB)))
+                svc = stack.enter_context(
+                    serve(
+                        database_url=url, blob_backend=backend, worker=False, max_upload_bytes=str(size + MB)
+                    )
+                )
                 file_id, up_s, up_mem = upload(svc, src)
                 got, n, down_s, down_mem = download(svc, file_id)
                 if got != digest or n != size:
                     raise SystemExit(f"download of {file_id} differs from the upload ({n} bytes)")
                 db = "Postgres" if args.postgres else "SQLite"
                 for what, secs, mem in (("upload", up_s, up_mem), ("download", down_s, down_mem)):
-                    print(f"  {backend} ({db}) {what}: {size / MB / secs:,.1f} MB/s, API peak RSS +{mem:.1f} MB",
-                          flush=True)
-                    rows.append((f"{backend} ({db})", what, f"{size / MB:,.0f}", f"{secs:.1f}",
-                                 f"{size / MB / secs:,.1f}", f"{mem:.1f}", "yes" if mem <= 64 else "NO"))
+                    print(
+                        f"  {backend} ({db}) {what}: {size / MB / secs:,.1f} MB/s, API peak RSS +{mem:.1f} MB",
+                        flush=True,
+                    )
+                    rows.append(
+                        (
+                            f"{backend} ({db})",
+                            what,
+                            f"{size / MB:,.0f}",
+                            f"{secs:.1f}",
+                            f"{size / MB / secs:,.1f}",
+                            f"{mem:.1f}",
+                            "yes" if mem <= 64 else "NO",
+                        )
+                    )
     print()
-    print(f"# transfer  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; one file through the API, "
-          "sha256 checked")
+    print(
+        f"# transfer  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; one file through the API, "
+        "sha256 checked"
+    )
     print_table(("backend", "direction", "MB", "s", "MB/s", "API RSS +MB", "<=64 MB"), rows)
     return 0
 

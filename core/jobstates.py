@@ -300,7 +300,9 @@ def _request_stop(session: Session, job: Job, target: str, flag: str, verb: str,
         if job.status == target:
             return job
         if job.status in TERMINAL:
-            raise IllegalTransition(f"job {job.id} already {job.status}; it cannot be {verb}", current=job.status)
+            raise IllegalTransition(
+                f"job {job.id} already {job.status}; it cannot be {verb}", current=job.status
+            )
         if job.lease_owner is None:
             return transition(session, job, target)
         if not getattr(job, flag):

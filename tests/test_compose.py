@@ -38,7 +38,9 @@ def test_every_fromscratch_variable_is_a_setting() -> None:
         for var in _env_vars(service):
             if var.startswith("FROMSCRATCH_"):
                 seen.add(var)
-                assert var.removeprefix("FROMSCRATCH_") in fields, f"{name}: {var} is not read by core.settings"
+                assert var.removeprefix("FROMSCRATCH_") in fields, (
+                    f"{name}: {var} is not read by core.settings"
+                )
     assert {"FROMSCRATCH_DATABASE_URL", "FROMSCRATCH_BROKER_URL"} <= seen
 
 

@@ -54,6 +54,7 @@ class Checkpoint:
 
 # ---------------------------------------------------------------- RNG states (JSON-serialisable)
 
+
 def _b64(t: torch.Tensor) -> str:
     return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
 
@@ -87,6 +88,7 @@ def set_rng_state(rng: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- optimizer state <-> safetensors
 
+
 def _param_names(model: torch.nn.Module) -> dict[int, str]:
     return {id(p): name for name, p in model.named_parameters()}  # tied weights: first name only
 
@@ -111,7 +113,9 @@ def _decode(desc: dict[str, Any], key: str, tensors: dict[str, torch.Tensor]) ->
     return desc["value"]
 
 
-def optimizer_to_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def optimizer_to_tensors(
+    optimizer: torch.optim.Optimizer, model: torch.nn.Module
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Flatten optimizer state to ({"state.<param>.<key>": tensor}, JSON meta)."""
     names = _param_names(model)
     tensors: dict[str, torch.Tensor] = {}
@@ -123,8 +127,9 @@ def optimizer_to_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         for p in group["params"]:
             if p in optimizer.state and optimizer.state[p]:
                 name = names[id(p)]
-                state_meta[name] = {k: _encode(v, f"state.{name}.{k}", tensors)
-                                    for k, v in optimizer.state[p].items()}
+                state_meta[name] = {
+                    k: _encode(v, f"state.{name}.{k}", tensors) for k, v in optimizer.state[p].items()
+                }
     # safetensors refuses tensors sharing memory; copy the (rare) aliases.
     seen: set[tuple[int, int]] = set()
     for k, t in tensors.items():
@@ -136,12 +141,15 @@ def optimizer_to_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     return tensors, meta
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module, ckpt_path: Path,
-                         meta: dict[str, Any]) -> None:
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, model: torch.nn.Module, ckpt_path: Path, meta: dict[str, Any]
+) -> None:
     """Restore the per-parameter state saved by `optimizer_to_tensors` into a freshly built optimizer
     of the same type (hyperparameters stay those of the fresh optimizer, i.e. the current config)."""
     if meta.get("type") != type(optimizer).__name__:
-        raise CheckpointError(f"{ckpt_path}: optimizer is {meta.get('type')}, this run uses {type(optimizer).__name__}")
+        raise CheckpointError(
+            f"{ckpt_path}: optimizer is {meta.get('type')}, this run uses {type(optimizer).__name__}"
+        )
     tensors = load_file(str(Path(ckpt_path) / "optimizer.safetensors"))
     names = _param_names(model)
     sd = optimizer.state_dict()
@@ -151,13 +159,16 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
         for p in group["params"]:
             name = names[id(p)]
             if name in meta["state"]:
-                state[index] = {k: _decode(d, f"state.{name}.{k}", tensors) for k, d in meta["state"][name].items()}
+                state[index] = {
+                    k: _decode(d, f"state.{name}.{k}", tensors) for k, d in meta["state"][name].items()
+                }
             index += 1
     sd["state"] = state
     optimizer.load_state_dict(sd)
 
 
 # ---------------------------------------------------------------- folders
+
 
 def _model_tensors(model: torch.nn.Module, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     sd = model.state_dict()
@@ -176,9 +187,17 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=1) + "\n")
 
 
-def save_checkpoint(path: Path, *, model: torch.nn.Module, model_config: ModelConfig, train_config: TrainConfig,
-                    tokenizer: Any, state: dict[str, Any], optimizer: torch.optim.Optimizer | None = None,
-                    extra_meta: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    path: Path,
+    *,
+    model: torch.nn.Module,
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    tokenizer: Any,
+    state: dict[str, Any],
+    optimizer: torch.optim.Optimizer | None = None,
+    extra_meta: dict[str, Any] | None = None,
+) -> Path:
     """Write a complete checkpoint folder at `path` atomically (replacing one already there).
 
     `state` holds step, tokens_seen, best_val_loss, sampler, total_steps; RNG states and the
@@ -191,7 +210,9 @@ def save_checkpoint(path: Path, *, model: torch.nn.Module, model_config: ModelCo
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        save_file(_model_tensors(model, model_config), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(
+            _model_tensors(model, model_config), str(tmp / "model.safetensors"), metadata={"format": "pt"}
+        )
         full_state = {"format_version": FORMAT_VERSION, **state, "rng": get_rng_state()}
         if optimizer is not None:
             tensors, meta = optimizer_to_tensors(optimizer, model)
@@ -234,7 +255,9 @@ def load_checkpoint(path: Path) -> Checkpoint:
     path = Path(path)
     state = read_state(path)
     if state.get("format_version", 0) > FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format {state['format_version']} is newer than this trainer")
+        raise CheckpointError(
+            f"{path}: checkpoint format {state['format_version']} is newer than this trainer"
+        )
     configs = json.loads((path / "config.json").read_text())
     model_config = ModelConfig.from_dict(configs["model"])
     train_config = TrainConfig.from_dict(configs["train"])

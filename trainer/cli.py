@@ -30,6 +30,7 @@ from trainer.config import (
 
 _UNSET: Any = argparse.SUPPRESS  # option absent from the namespace unless given
 
+
 def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -50,39 +51,71 @@ def _default_text(value: Any) -> str:
 
 def _add_train_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "train", help="train a llama from scratch on a text/JSONL file", allow_abbrev=False,
+        "train",
+        help="train a llama from scratch on a text/JSONL file",
+        allow_abbrev=False,
         usage="fromscratch train DATA --out DIR [options]  (see --help)",
         description="Train a LLaMA-architecture model from scratch. Writes OUT/metrics.jsonl, "
-                    "OUT/checkpoints/step-XXXXXXXX/, OUT/best/ and OUT/final/.")
+        "OUT/checkpoints/step-XXXXXXXX/, OUT/best/ and OUT/final/.",
+    )
     p.add_argument("data", metavar="DATA", type=Path, help="training data: a UTF-8 text file or JSONL")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the newest checkpoint in --out (its settings, overridden by options "
-                        "given here, e.g. a larger --max-steps)")
-    p.add_argument("--init-from", type=Path, metavar="CKPT", default=None,
-                   help="start from this checkpoint's weights, tokenizer and architecture with a fresh optimizer")
-    p.add_argument("--validation-file", type=Path, metavar="PATH", default=None,
-                   help="separate validation data (default: split off --val-fraction of DATA)")
-    p.add_argument("--samples", type=int, default=2, metavar="N",
-                   help="samples printed after training (default: 2)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint in --out (its settings, overridden by options "
+        "given here, e.g. a larger --max-steps)",
+    )
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        metavar="CKPT",
+        default=None,
+        help="start from this checkpoint's weights, tokenizer and architecture with a fresh optimizer",
+    )
+    p.add_argument(
+        "--validation-file",
+        type=Path,
+        metavar="PATH",
+        default=None,
+        help="separate validation data (default: split off --val-fraction of DATA)",
+    )
+    p.add_argument(
+        "--samples", type=int, default=2, metavar="N", help="samples printed after training (default: 2)"
+    )
 
     model = p.add_argument_group("model (defaults come from --preset)")
-    model.add_argument("--preset", default=DEFAULT_PRESET, choices=list(PRESETS), metavar="NAME",
-                       help=f"architecture preset: {', '.join(PRESETS)} (default: {DEFAULT_PRESET})")
+    model.add_argument(
+        "--preset",
+        default=DEFAULT_PRESET,
+        choices=list(PRESETS),
+        metavar="NAME",
+        help=f"architecture preset: {', '.join(PRESETS)} (default: {DEFAULT_PRESET})",
+    )
     hints = typing.get_type_hints(ModelConfig)
     preset_defaults = ModelConfig(**PRESETS[DEFAULT_PRESET])
     for name in MODEL_FIELDS:
         default = getattr(preset_defaults, name)
-        model.add_argument(_option(name), dest=name, default=_UNSET, **_arg_spec(hints[name]),
-                           help=f"{FIELD_HELP.get(name, name)} (default: preset; {DEFAULT_PRESET}: "
-                                f"{_default_text(default)})")
+        model.add_argument(
+            _option(name),
+            dest=name,
+            default=_UNSET,
+            **_arg_spec(hints[name]),
+            help=f"{FIELD_HELP.get(name, name)} (default: preset; {DEFAULT_PRESET}: "
+            f"{_default_text(default)})",
+        )
 
     tg = p.add_argument_group("training (names and defaults shared with the API's hyperparameters)")
     hints = typing.get_type_hints(TrainConfig)
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     for name in TRAIN_FIELDS:
-        tg.add_argument(_option(name), dest=name, default=_UNSET, **_arg_spec(hints[name]),
-                           help=f"{FIELD_HELP.get(name, name)} (default: {_default_text(defaults[name])})")
+        tg.add_argument(
+            _option(name),
+            dest=name,
+            default=_UNSET,
+            **_arg_spec(hints[name]),
+            help=f"{FIELD_HELP.get(name, name)} (default: {_default_text(defaults[name])})",
+        )
     p.set_defaults(func=cmd_train, _parser=p)
 
 
@@ -133,8 +166,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             print("note: the architecture comes from the checkpoint; model options are ignored")
     progress = ProgressCallbacks()
     try:
-        result = train(model_cfg, train_cfg, args.data, args.out, progress, validation_path=args.validation_file,
-                       resume=args.resume, init_from=args.init_from)
+        result = train(
+            model_cfg,
+            train_cfg,
+            args.data,
+            args.out,
+            progress,
+            validation_path=args.validation_file,
+            resume=args.resume,
+            init_from=args.init_from,
+        )
     except ConfigError as err:
         progress.close()
         _config_error(parser, err)
@@ -155,30 +196,59 @@ def cmd_train(args: argparse.Namespace) -> int:
         progress.close()
 
     val = f", best val_loss {result.best_val_loss:.4f}" if result.best_val_loss is not None else ""
-    print(f"{result.stop_reason} at step {result.step} ({result.tokens_seen:,} tokens){val}; "
-          f"checkpoint: {result.final_checkpoint}")
+    print(
+        f"{result.stop_reason} at step {result.step} ({result.tokens_seen:,} tokens){val}; "
+        f"checkpoint: {result.final_checkpoint}"
+    )
     if result.stop_reason == "completed" and args.samples > 0 and result.final_checkpoint is not None:
         from trainer.checkpoint import load_model
 
         model, tokenizer = load_model(result.final_checkpoint)
         prompt = _first_prompt(args.data)
         for i in range(args.samples):
-            text = generate(model, tokenizer, prompt, max_new_tokens=120, temperature=0.8, top_k=40,
-                            seed=train_cfg.seed + i)
+            text = generate(
+                model,
+                tokenizer,
+                prompt,
+                max_new_tokens=120,
+                temperature=0.8,
+                top_k=40,
+                seed=train_cfg.seed + i,
+            )
             print(f"--- sample {i + 1} ---\n{prompt}{text}")
     return 0
 
 
 def _add_sample_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("sample", help="generate text from a checkpoint",
-                              description="Print the prompt followed by a generated continuation.")
+    p = subparsers.add_parser(
+        "sample",
+        help="generate text from a checkpoint",
+        description="Print the prompt followed by a generated continuation.",
+    )
     p.add_argument("ckpt", metavar="CKPT", type=Path, help="checkpoint folder (e.g. OUT/final)")
-    p.add_argument("--prompt", default="", metavar="TEXT", help="prompt text (default: empty = start from BOS)")
-    p.add_argument("--max-new-tokens", type=int, default=200, metavar="N", help="tokens to generate (default: 200)")
-    p.add_argument("--temperature", type=float, default=0.8, metavar="T",
-                   help="sampling temperature; 0 = greedy (default: 0.8)")
-    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K likeliest tokens (default: off)")
-    p.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling mass (default: off)")
+    p.add_argument(
+        "--prompt", default="", metavar="TEXT", help="prompt text (default: empty = start from BOS)"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=int, default=200, metavar="N", help="tokens to generate (default: 200)"
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.8,
+        metavar="T",
+        help="sampling temperature; 0 = greedy (default: 0.8)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        metavar="K",
+        help="sample from the K likeliest tokens (default: off)",
+    )
+    p.add_argument(
+        "--top-p", type=float, default=None, metavar="P", help="nucleus sampling mass (default: off)"
+    )
     p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed (default: random)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="(default: cpu)")
     p.set_defaults(func=cmd_sample, _parser=p)
@@ -201,22 +271,38 @@ def cmd_sample(args: argparse.Namespace) -> int:
         model, tokenizer = load_model(args.ckpt, device=args.device)
     except (CheckpointError, FileNotFoundError) as err:
         parser.error(f"CKPT: {err}")
-    text = generate(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                    top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    text = generate(
+        model,
+        tokenizer,
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
     print(args.prompt + text)
     return 0
 
 
 def _add_export_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("export", help="export a checkpoint as GGUF, Hugging Face or ONNX",
-                              description="Export a checkpoint folder for llama.cpp (gguf), transformers (hf) "
-                                          "or onnxruntime (onnx).")
+    p = subparsers.add_parser(
+        "export",
+        help="export a checkpoint as GGUF, Hugging Face or ONNX",
+        description="Export a checkpoint folder for llama.cpp (gguf), transformers (hf) "
+        "or onnxruntime (onnx).",
+    )
     p.add_argument("ckpt", metavar="CKPT", type=Path, help="checkpoint folder (e.g. OUT/final)")
     p.add_argument("--format", required=True, choices=["gguf", "hf", "onnx"], help="output format")
-    p.add_argument("--out", required=True, type=Path, metavar="PATH",
-                   help="output file (gguf, onnx) or folder (hf)")
-    p.add_argument("--dtype", default="f32", choices=["f32", "f16", "q8_0"],
-                   help="weight type (q8_0: gguf only) (default: f32)")
+    p.add_argument(
+        "--out", required=True, type=Path, metavar="PATH", help="output file (gguf, onnx) or folder (hf)"
+    )
+    p.add_argument(
+        "--dtype",
+        default="f32",
+        choices=["f32", "f16", "q8_0"],
+        help="weight type (q8_0: gguf only) (default: f32)",
+    )
     p.set_defaults(func=cmd_export, _parser=p)
 
 

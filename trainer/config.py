@@ -56,19 +56,37 @@ class ModelConfig:
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
         problems: list[tuple[str, str]] = []
-        _positive(problems, self, "n_layer", "n_head", "n_kv_head", "n_embd", "ctx", "vocab_size",
-                  "multiple_of", "ffn_dim", "rope_theta", "norm_eps")
+        _positive(
+            problems,
+            self,
+            "n_layer",
+            "n_head",
+            "n_kv_head",
+            "n_embd",
+            "ctx",
+            "vocab_size",
+            "multiple_of",
+            "ffn_dim",
+            "rope_theta",
+            "norm_eps",
+        )
         if not problems:
             if self.n_embd % self.n_head:
-                problems.append(("n_embd", f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"))
+                problems.append(
+                    ("n_embd", f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+                )
             if self.n_head % self.n_kv_head:
-                problems.append(("n_kv_head", f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head})"))
+                problems.append(
+                    ("n_kv_head", f"n_head ({self.n_head}) must be divisible by n_kv_head ({self.n_kv_head})")
+                )
             head_dim = self.n_embd // self.n_head
             if self.rope_dims is not None:
                 if self.rope_dims <= 0 or self.rope_dims % 2:
                     problems.append(("rope_dims", f"must be a positive even number, got {self.rope_dims}"))
                 elif self.n_embd % self.n_head == 0 and self.rope_dims > head_dim:
-                    problems.append(("rope_dims", f"must be <= head dim n_embd/n_head = {head_dim}, got {self.rope_dims}"))
+                    problems.append(
+                        ("rope_dims", f"must be <= head dim n_embd/n_head = {head_dim}, got {self.rope_dims}")
+                    )
             elif self.n_embd % self.n_head == 0 and head_dim % 2:
                 problems.append(("n_embd", f"head dim n_embd/n_head = {head_dim} must be even for RoPE"))
         if problems:
@@ -114,8 +132,19 @@ PRESETS: dict[str, dict[str, Any]] = {
     "llama-110m": dict(n_layer=12, n_head=12, n_embd=768, ctx=1024),
 }
 DEFAULT_PRESET = "llama-tiny"
-MODEL_FIELDS = ("n_layer", "n_head", "n_kv_head", "n_embd", "ctx", "rope_dims", "rope_theta", "ffn_dim",
-                "multiple_of", "norm_eps", "tie_embeddings")
+MODEL_FIELDS = (
+    "n_layer",
+    "n_head",
+    "n_kv_head",
+    "n_embd",
+    "ctx",
+    "rope_dims",
+    "rope_theta",
+    "ffn_dim",
+    "multiple_of",
+    "norm_eps",
+    "tie_embeddings",
+)
 
 
 def model_config_from_preset(preset: str = DEFAULT_PRESET, **overrides: Any) -> ModelConfig:
@@ -183,19 +212,43 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         problems: list[tuple[str, str]] = []
-        _positive(problems, self, "vocab_size", "max_steps", "n_epochs", "batch_size", "grad_accum",
-                  "eval_batches", "keep_checkpoints", "log_every", "cos_decay_steps", "time_limit")
+        _positive(
+            problems,
+            self,
+            "vocab_size",
+            "max_steps",
+            "n_epochs",
+            "batch_size",
+            "grad_accum",
+            "eval_batches",
+            "keep_checkpoints",
+            "log_every",
+            "cos_decay_steps",
+            "time_limit",
+        )
         for name in ("learning_rate",):
             if getattr(self, name) <= 0:
                 problems.append((name, f"must be positive, got {getattr(self, name)}"))
-        for name in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "eval_every", "checkpoint_every",
-                     "cos_decay_alpha", "eps"):
+        for name in (
+            "min_lr",
+            "warmup_steps",
+            "weight_decay",
+            "grad_clip",
+            "eval_every",
+            "checkpoint_every",
+            "cos_decay_alpha",
+            "eps",
+        ):
             value = getattr(self, name)
             if value is not None and value < 0:
                 problems.append((name, f"must be >= 0, got {value}"))
-        choices = {"tokenizer": ("byte", "bpe"), "optimizer": ("adamw", "lbfgs"),
-                   "schedule": ("cosine", "cosine-restarts", "constant"), "device": ("auto", "cpu", "cuda"),
-                   "dtype": ("auto", "float32", "bfloat16", "float16")}
+        choices = {
+            "tokenizer": ("byte", "bpe"),
+            "optimizer": ("adamw", "lbfgs"),
+            "schedule": ("cosine", "cosine-restarts", "constant"),
+            "device": ("auto", "cpu", "cuda"),
+            "dtype": ("auto", "float32", "bfloat16", "float16"),
+        }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 problems.append((name, f"must be one of {', '.join(allowed)}; got {getattr(self, name)!r}"))
@@ -209,7 +262,9 @@ class TrainConfig:
         if self.tokenizer == "bpe" and self.vocab_size is not None and not 260 <= self.vocab_size <= 65536:
             problems.append(("vocab_size", f"bpe vocab_size must be in [260, 65536], got {self.vocab_size}"))
         if self.tokenizer == "byte" and self.vocab_size not in (None, 258):
-            problems.append(("vocab_size", "the byte tokenizer has a fixed vocabulary of 258; use --tokenizer bpe"))
+            problems.append(
+                ("vocab_size", "the byte tokenizer has a fixed vocabulary of 258; use --tokenizer bpe")
+            )
         if self.min_lr is not None and self.min_lr > self.learning_rate:
             problems.append(("min_lr", f"must be <= learning_rate ({self.learning_rate}), got {self.min_lr}"))
         if problems:

@@ -57,8 +57,9 @@ def _encode(tokenizer: Tokenizer, text: str, dtype: np.dtype) -> np.ndarray:
     return np.asarray(tokenizer.encode(text), dtype=dtype)
 
 
-def iter_token_chunks(path: str | os.PathLike[str], tokenizer: Tokenizer,
-                      chunk_chars: int = DEFAULT_CHUNK_CHARS) -> Iterator[np.ndarray]:
+def iter_token_chunks(
+    path: str | os.PathLike[str], tokenizer: Tokenizer, chunk_chars: int = DEFAULT_CHUNK_CHARS
+) -> Iterator[np.ndarray]:
     """Token arrays for a data file, about `chunk_chars` characters of input at a time."""
     dtype = token_dtype(tokenizer.vocab_size)
     if detect_format(path) == "text":
@@ -89,8 +90,12 @@ def iter_token_chunks(path: str | os.PathLike[str], tokenizer: Tokenizer,
         yield flush()
 
 
-def tokenize_to_file(path: str | os.PathLike[str], tokenizer: Tokenizer, out_path: str | os.PathLike[str],
-                     chunk_chars: int = DEFAULT_CHUNK_CHARS) -> int:
+def tokenize_to_file(
+    path: str | os.PathLike[str],
+    tokenizer: Tokenizer,
+    out_path: str | os.PathLike[str],
+    chunk_chars: int = DEFAULT_CHUNK_CHARS,
+) -> int:
     """Tokenize `path` into a raw token array at `out_path` (written to a temp file, then renamed).
     Returns the number of tokens."""
     out_path = Path(out_path)
@@ -115,8 +120,10 @@ def load_tokens(path: str | os.PathLike[str], vocab_size: int) -> np.ndarray:
     dtype = token_dtype(vocab_size).newbyteorder("<")
     size = os.path.getsize(path)
     if size % dtype.itemsize:
-        raise DataError(f"token file {path} has {size} bytes, not a whole number of {dtype} tokens; "
-                        "it is corrupt or was written for another vocab_size")
+        raise DataError(
+            f"token file {path} has {size} bytes, not a whole number of {dtype} tokens; "
+            "it is corrupt or was written for another vocab_size"
+        )
     if size == 0:
         return np.empty(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
@@ -140,8 +147,9 @@ def tokenizer_hash(tokenizer: Tokenizer) -> str:
     return hashlib.sha256(json.dumps(tokenizer.to_json(), sort_keys=True).encode()).hexdigest()
 
 
-def tokenize_file(path: str | os.PathLike[str], tokenizer: Tokenizer,
-                  cache_dir: str | os.PathLike[str] | None = None) -> np.ndarray:
+def tokenize_file(
+    path: str | os.PathLike[str], tokenizer: Tokenizer, cache_dir: str | os.PathLike[str] | None = None
+) -> np.ndarray:
     """Validate and tokenize one file: a memmap from the cache when `cache_dir` is given, else in memory."""
     if cache_dir is not None:
         cache_dir = Path(cache_dir)
@@ -158,9 +166,13 @@ def tokenize_file(path: str | os.PathLike[str], tokenizer: Tokenizer,
     return np.concatenate(chunks) if chunks else np.empty(0, dtype=dtype)
 
 
-def prepare_data(train_path: str | os.PathLike[str], tokenizer: Tokenizer,
-                 validation_path: str | os.PathLike[str] | None = None, val_fraction: float = 0.1,
-                 cache_dir: str | os.PathLike[str] | None = None) -> TokenData:
+def prepare_data(
+    train_path: str | os.PathLike[str],
+    tokenizer: Tokenizer,
+    validation_path: str | os.PathLike[str] | None = None,
+    val_fraction: float = 0.1,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> TokenData:
     """Tokens for training and validation. With `validation_path` that file is the validation set;
     otherwise the last `val_fraction` of the training tokens (None when that is 0 tokens)."""
     tokens = tokenize_file(train_path, tokenizer, cache_dir)
@@ -171,7 +183,7 @@ def prepare_data(train_path: str | os.PathLike[str], tokenizer: Tokenizer,
     n_val = int(len(tokens) * val_fraction)
     if n_val == 0:
         return TokenData(tokens, None)
-    return TokenData(tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val:])
+    return TokenData(tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :])
 
 
 def estimate_unigram_entropy(tokens: np.ndarray | Sequence[int]) -> float:
@@ -190,15 +202,26 @@ class BatchSampler:
 
     STATE_VERSION = 1
 
-    def __init__(self, tokens: np.ndarray, ctx: int, batch_size: int, seed: int,
-                 samples_after_nl: bool = False, newline_id: int | Sequence[int] = 10,
-                 epochs: int | None = None, *, name: str = "training data"):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        ctx: int,
+        batch_size: int,
+        seed: int,
+        samples_after_nl: bool = False,
+        newline_id: int | Sequence[int] = 10,
+        epochs: int | None = None,
+        *,
+        name: str = "training data",
+    ):
         if ctx <= 0 or batch_size <= 0:
             raise ValueError(f"ctx and batch_size must be positive, got ctx={ctx}, batch_size={batch_size}")
         n = len(tokens)
         if n < ctx + 1:
-            raise DataError(f"{name} has {n} tokens, too few for one window of ctx + 1 = {ctx + 1} tokens "
-                            f"(ctx={ctx}); add data or lower ctx")
+            raise DataError(
+                f"{name} has {n} tokens, too few for one window of ctx + 1 = {ctx + 1} tokens "
+                f"(ctx={ctx}); add data or lower ctx"
+            )
         self.tokens = tokens
         self.ctx = ctx
         self.batch_size = batch_size
@@ -215,8 +238,9 @@ class BatchSampler:
             self._starts = np.unique(np.concatenate([[0], after])).astype(np.int64)
         self.n_starts = max_start + 1 if self._starts is None else len(self._starts)
         if self.mode == "epochs":
-            self._epoch_starts = (self._starts if self._starts is not None
-                                  else np.arange(0, max_start + 1, ctx, dtype=np.int64))
+            self._epoch_starts = (
+                self._starts if self._starts is not None else np.arange(0, max_start + 1, ctx, dtype=np.int64)
+            )
             self.windows_per_epoch = len(self._epoch_starts)
         else:
             # For reporting: an "epoch" is as many windows as the data holds without overlap.
@@ -257,7 +281,7 @@ class BatchSampler:
         while need:
             if self._order is None:
                 self._order = self._epoch_order(self._epoch)
-            take = self._order[self.position: self.position + need]
+            take = self._order[self.position : self.position + need]
             out.append(self._epoch_starts[take])
             self.position += len(take)
             need -= len(take)
@@ -296,11 +320,17 @@ class BatchSampler:
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         mine = self.state_dict()
-        wrong = [f"{k}: saved {d.get(k)!r}, now {mine[k]!r}"
-                 for k in ("mode", "n_tokens", "ctx", "seed", "samples_after_nl") if d.get(k) != mine[k]]
+        wrong = [
+            f"{k}: saved {d.get(k)!r}, now {mine[k]!r}"
+            for k in ("mode", "n_tokens", "ctx", "seed", "samples_after_nl")
+            if d.get(k) != mine[k]
+        ]
         if wrong:
-            raise ValueError("sampler state does not match this data/config (" + "; ".join(wrong) +
-                             "); resume with the same data, tokenizer and ctx")
+            raise ValueError(
+                "sampler state does not match this data/config ("
+                + "; ".join(wrong)
+                + "); resume with the same data, tokenizer and ctx"
+            )
         self._rng.bit_generator.state = d["rng"]
         self._epoch = int(d["epoch"])
         self.position = int(d["position"])

@@ -39,8 +39,10 @@ _READ_BYTES = 1 << 20
 _DETECT_LIMIT = 64 << 20  # the first line is read at most this far when sniffing the format
 _BOM = "\ufeff"
 
-SHAPES_HELP = ('each line must be a JSON object with "text" (string), or "prompt" and "completion" '
-               '(strings), or "messages" (a list of {"role": string, "content": string})')
+SHAPES_HELP = (
+    'each line must be a JSON object with "text" (string), or "prompt" and "completion" '
+    '(strings), or "messages" (a list of {"role": string, "content": string})'
+)
 
 
 class DataError(ValueError):
@@ -78,22 +80,31 @@ def record_to_document(record: Any, line: int | None = None) -> str:
     if "messages" in record:
         messages = record["messages"]
         if not isinstance(messages, list) or not messages:
-            raise DataError(f'{where}"messages" must be a non-empty list of {{"role", "content"}} objects, '
-                            f"got {_type_name(messages)}", line)
+            raise DataError(
+                f'{where}"messages" must be a non-empty list of {{"role", "content"}} objects, '
+                f"got {_type_name(messages)}",
+                line,
+            )
         for i, m in enumerate(messages):
             if not isinstance(m, dict):
-                raise DataError(f"{where}messages[{i}] must be an object with \"role\" and \"content\", "
-                                f"got {_type_name(m)}", line)
+                raise DataError(
+                    f'{where}messages[{i}] must be an object with "role" and "content", got {_type_name(m)}',
+                    line,
+                )
             for key in ("role", "content"):
                 if not isinstance(m.get(key), str):
-                    raise DataError(f'{where}messages[{i}].{key} must be a string, got {_type_name(m.get(key))}',
-                                    line)
+                    raise DataError(
+                        f"{where}messages[{i}].{key} must be a string, got {_type_name(m.get(key))}", line
+                    )
         return chat_template(messages)
     if "prompt" in record or "completion" in record:
         for key in ("prompt", "completion"):
             if not isinstance(record.get(key), str):
-                raise DataError(f'{where}"{key}" must be a string (prompt/completion records need both), '
-                                f"got {_type_name(record.get(key))}", line)
+                raise DataError(
+                    f'{where}"{key}" must be a string (prompt/completion records need both), '
+                    f"got {_type_name(record.get(key))}",
+                    line,
+                )
         return record["prompt"] + record["completion"]
     if "text" in record:
         if not isinstance(record["text"], str):
@@ -112,7 +123,9 @@ def parse_jsonl_line(raw: str, line: int) -> str | None:
     try:
         record = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise DataError(f"line {line}: invalid JSON ({e.msg} at column {e.colno}); {SHAPES_HELP}", line) from e
+        raise DataError(
+            f"line {line}: invalid JSON ({e.msg} at column {e.colno}); {SHAPES_HELP}", line
+        ) from e
     return record_to_document(record, line)
 
 
@@ -156,9 +169,12 @@ def validate_file(path: str | os.PathLike[str], max_bytes: int | None = None) ->
 
 
 def _not_utf8(offset: int, line: int, exc: UnicodeDecodeError) -> DataError:
-    return DataError(f"not UTF-8 text: invalid byte 0x{exc.object[exc.start]:02x} at byte offset {offset} "
-                     f"(line {line}); binary files are not accepted, convert the text to UTF-8",
-                     line, offset=offset)
+    return DataError(
+        f"not UTF-8 text: invalid byte 0x{exc.object[exc.start]:02x} at byte offset {offset} "
+        f"(line {line}); binary files are not accepted, convert the text to UTF-8",
+        line,
+        offset=offset,
+    )
 
 
 def _validate_text(path: Path) -> int:
@@ -182,8 +198,11 @@ def _validate_text(path: Path) -> int:
             if nul >= 0:
                 offset = consumed - len(pending) + len(text[:nul].encode("utf-8"))
                 line = newlines + 1 + text[:nul].count("\n")
-                raise DataError(f"binary data: NUL byte at byte offset {offset} (line {line}); "
-                                "upload plain UTF-8 text", line, offset=offset)
+                raise DataError(
+                    f"binary data: NUL byte at byte offset {offset} (line {line}); upload plain UTF-8 text",
+                    line,
+                    offset=offset,
+                )
             newlines += text.count("\n")
             has_content = has_content or bool(text.strip().strip(_BOM))
             if text:

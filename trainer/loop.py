@@ -50,8 +50,9 @@ class Callbacks:
     def on_start(self, info: dict[str, Any]) -> None:
         """info: total_steps, start_step, n_params, tokens_per_step, device, dtype."""
 
-    def on_step(self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float,
-                tokens_seen: int) -> None:
+    def on_step(
+        self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float, tokens_seen: int
+    ) -> None:
         """Called every `log_every` steps (and on the last step)."""
 
     def on_eval(self, step: int, val_loss: float) -> None:
@@ -72,8 +73,10 @@ class TrainingDiverged(RuntimeError):
 
     def __init__(self, step: int, loss: float):
         self.step, self.loss = step, loss
-        super().__init__(f"training diverged at step {step}: the loss is {loss}. Lower the learning rate, "
-                         "use more warmup steps or gradient clipping, or train in float32.")
+        super().__init__(
+            f"training diverged at step {step}: the loss is {loss}. Lower the learning rate, "
+            "use more warmup steps or gradient clipping, or train in float32."
+        )
 
 
 @dataclass
@@ -115,8 +118,13 @@ def total_steps_for(cfg: TrainConfig, sampler: Any) -> int:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, make_sampler: Callable[[], Any], n_batches: int, device: torch.device,
-             autocast: Callable[[], contextlib.AbstractContextManager]) -> float:
+def evaluate(
+    model: torch.nn.Module,
+    make_sampler: Callable[[], Any],
+    n_batches: int,
+    device: torch.device,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+) -> float:
     """Mean loss over the first n_batches of a freshly seeded sampler (the same batches every call)."""
     was_training = model.training
     model.eval()
@@ -157,9 +165,18 @@ class _Metrics:
         self._f.close()
 
 
-def train(model_cfg: ModelConfig, train_cfg: TrainConfig, train_path: Any, out_dir: Path,
-          callbacks: Callbacks | None = None, *, tokenizer: Any = None, validation_path: Any = None,
-          resume: bool | Path = False, init_from: Path | None = None) -> TrainResult:
+def train(
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    train_path: Any,
+    out_dir: Path,
+    callbacks: Callbacks | None = None,
+    *,
+    tokenizer: Any = None,
+    validation_path: Any = None,
+    resume: bool | Path = False,
+    init_from: Path | None = None,
+) -> TrainResult:
     """Train a Llama; see docs/INTERFACES.md for the contract.
 
     train_path is a text/JSONL file or a prepared `trainer.data.TokenData` (then `tokenizer` is
@@ -172,7 +189,9 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, train_path: Any, out_d
     cfg = train_cfg
     callbacks = callbacks or Callbacks()
     if cfg.optimizer == "lbfgs" and cfg.dtype == "float16":
-        raise ConfigError([("dtype", "float16 needs a gradient scaler, which L-BFGS cannot use; use bfloat16 or float32")])
+        raise ConfigError(
+            [("dtype", "float16 needs a gradient scaler, which L-BFGS cannot use; use bfloat16 or float32")]
+        )
     device = resolve_device(cfg)
     dtype = resolve_dtype(cfg, device)
     out_dir = Path(out_dir)
@@ -186,8 +205,10 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, train_path: Any, out_d
     elif resume:
         resume_path = Path(resume)
     if resume_path is None and latest_checkpoint(out_dir) is not None:
-        raise FileExistsError(f"{out_dir} already holds checkpoints of a run; resume it (--resume) "
-                              "or choose another output folder")
+        raise FileExistsError(
+            f"{out_dir} already holds checkpoints of a run; resume it (--resume) "
+            "or choose another output folder"
+        )
     resumed = load_checkpoint(resume_path) if resume_path is not None else None
     init = load_checkpoint(init_from) if init_from is not None and resumed is None else None
     source = resumed or init
@@ -204,18 +225,34 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, train_path: Any, out_d
             from trainer.dataformat import iter_documents
             from trainer.tokenizers import train_tokenizer
 
-            tokenizer = train_tokenizer(cfg.tokenizer, cfg.resolved_vocab_size, iter_documents(Path(train_path)))
-        data = prepare_data(Path(train_path), tokenizer, validation_path=validation_path,
-                            val_fraction=cfg.val_fraction, cache_dir=out_dir / "cache")
+            tokenizer = train_tokenizer(
+                cfg.tokenizer, cfg.resolved_vocab_size, iter_documents(Path(train_path))
+            )
+        data = prepare_data(
+            Path(train_path),
+            tokenizer,
+            validation_path=validation_path,
+            val_fraction=cfg.val_fraction,
+            cache_dir=out_dir / "cache",
+        )
     if model_cfg.vocab_size != tokenizer.vocab_size:
         model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size)
     B, K, ctx = cfg.batch_size, cfg.grad_accum, model_cfg.ctx
-    sampler = BatchSampler(data.train, ctx, B * K, seed=cfg.seed, samples_after_nl=cfg.samples_after_nl,
-                           newline_id=NEWLINE_ID, epochs=cfg.n_epochs)
+    sampler = BatchSampler(
+        data.train,
+        ctx,
+        B * K,
+        seed=cfg.seed,
+        samples_after_nl=cfg.samples_after_nl,
+        newline_id=NEWLINE_ID,
+        epochs=cfg.n_epochs,
+    )
     make_val_sampler = None
     if data.val is not None and len(data.val) > 0 and cfg.eval_every > 0:
+
         def make_val_sampler() -> Any:
             return BatchSampler(data.val, ctx, B, seed=cfg.seed + 1, name="validation data")
+
         make_val_sampler()  # too short for one window -> DataError now, not at the first evaluation
     total_steps = total_steps_for(cfg, sampler)
 
@@ -293,13 +330,26 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, train_path: Any, out_d
     tokens_per_step = B * K * ctx
 
     def checkpoint_state(step: int) -> dict[str, Any]:
-        return {"step": step, "tokens_seen": tokens_seen, "best_val_loss": None if math.isinf(best_val) else best_val,
-                "sampler": sampler.state_dict(), "total_steps": total_steps}
+        return {
+            "step": step,
+            "tokens_seen": tokens_seen,
+            "best_val_loss": None if math.isinf(best_val) else best_val,
+            "sampler": sampler.state_dict(),
+            "total_steps": total_steps,
+        }
 
     def save(path: Path, step: int) -> Path:
         extra = {"scaler": scaler.state_dict()} if scaler.is_enabled() else {}
-        return save_checkpoint(path, model=model, model_config=model_cfg, train_config=cfg, tokenizer=tokenizer,
-                               state=checkpoint_state(step), optimizer=optimizer, extra_meta=extra)
+        return save_checkpoint(
+            path,
+            model=model,
+            model_config=model_cfg,
+            train_config=cfg,
+            tokenizer=tokenizer,
+            state=checkpoint_state(step),
+            optimizer=optimizer,
+            extra_meta=extra,
+        )
 
     def save_step_checkpoint(step: int) -> Path:
         path = save(ckpt_dir / f"step-{step:08d}", step)
@@ -309,9 +359,16 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, train_path: Any, out_d
 
     # ---- the loop
     metrics = _Metrics(out_dir / "metrics.jsonl", start_step if resumed is not None else None)
-    callbacks.on_start({"total_steps": total_steps, "start_step": start_step, "n_params": model.num_params(),
-                        "tokens_per_step": tokens_per_step, "device": str(device),
-                        "dtype": str(dtype).removeprefix("torch.")})
+    callbacks.on_start(
+        {
+            "total_steps": total_steps,
+            "start_step": start_step,
+            "n_params": model.num_params(),
+            "tokens_per_step": tokens_per_step,
+            "device": str(device),
+            "dtype": str(dtype).removeprefix("torch."),
+        }
+    )
     step = start_step
     stop_reason: StopReason = "completed"
     last_train: float | None = None
@@ -344,15 +401,30 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, train_path: Any, out_d
                 now = time.perf_counter()
                 tps = (tokens_seen - log_tokens) / max(now - log_t - excluded, 1e-9)
                 log_t, log_tokens, excluded = now, tokens_seen, 0.0
-                metrics.write({"step": step, "train_loss": last_train, "lr": lr, "grad_norm": grad_norm,
-                               "tokens_per_s": tps, "tokens_seen": tokens_seen, "time": time.time()})
+                metrics.write(
+                    {
+                        "step": step,
+                        "train_loss": last_train,
+                        "lr": lr,
+                        "grad_norm": grad_norm,
+                        "tokens_per_s": tps,
+                        "tokens_seen": tokens_seen,
+                        "time": time.time(),
+                    }
+                )
                 callbacks.on_step(step, last_train, lr, grad_norm, tps, tokens_seen)
 
             t_extra = time.perf_counter()
             if make_val_sampler is not None and (step % cfg.eval_every == 0 or step == total_steps):
                 last_val = evaluate(fwd, make_val_sampler, cfg.eval_batches, device, autocast)
-                metrics.write({"step": step, "val_loss": last_val, "val_ppl": math.exp(min(last_val, 700.0)),
-                               "time": time.time()})
+                metrics.write(
+                    {
+                        "step": step,
+                        "val_loss": last_val,
+                        "val_ppl": math.exp(min(last_val, 700.0)),
+                        "time": time.time(),
+                    }
+                )
                 callbacks.on_eval(step, last_val)
                 if last_val < best_val:
                     best_val = last_val
@@ -372,6 +444,12 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, train_path: Any, out_d
             final = save_step_checkpoint(step)
     finally:
         metrics.close()
-    return TrainResult(step=step, tokens_seen=tokens_seen, stop_reason=stop_reason, final_checkpoint=final,
-                       best_val_loss=None if math.isinf(best_val) else best_val, last_train_loss=last_train,
-                       last_val_loss=last_val)
+    return TrainResult(
+        step=step,
+        tokens_seen=tokens_seen,
+        stop_reason=stop_reason,
+        final_checkpoint=final,
+        best_val_loss=None if math.isinf(best_val) else best_val,
+        last_train_loss=last_train,
+        last_val_loss=last_val,
+    )

@@ -43,9 +43,13 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.float()).to(compute_dtype(x))
 
 
-def rope_cache(cfg: ModelConfig, length: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cache(
+    cfg: ModelConfig, length: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (length, n_rot) in the rotate_half layout (frequencies repeated twice)."""
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.n_rot, 2, dtype=torch.float32, device=device) / cfg.n_rot))
+    inv_freq = 1.0 / (
+        cfg.rope_theta ** (torch.arange(0, cfg.n_rot, 2, dtype=torch.float32, device=device) / cfg.n_rot)
+    )
     t = torch.arange(length, dtype=torch.float32, device=device)
     freqs = torch.outer(t, inv_freq)  # (T, n_rot/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (T, n_rot)
@@ -75,19 +79,28 @@ class _RoPE(torch.autograd.Function):
     through the slices, casts and products of the forward costs several times the forward."""
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                out_dtype: torch.dtype) -> torch.Tensor:
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
         ctx.save_for_backward(cos, sin)
         ctx.in_dtype = x.dtype  # type: ignore[attr-defined]
         return _rotate(x, cos, sin, out_dtype)
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
         cos, sin = ctx.saved_tensors  # type: ignore[attr-defined]
         return _rotate(grad, cos, -sin, ctx.in_dtype), None, None, None  # type: ignore[attr-defined]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Rotates the first n_rot dims of x's last axis (the rest pass through) in float32 and returns
     out_dtype (default: x's dtype). cos/sin: rope_cache tables (T, n_rot), or views of them that
     broadcast against x[..., :n_rot] for other layouts: x (B, H, T, hd) takes (T, n_rot) as they
@@ -121,8 +134,14 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
         """x: (B, T, n_embd); cos/sin: (T, n_rot) rows of rope_cache for these positions."""
         B, T, _ = x.shape
         H, KV, hd = self.n_head, self.n_kv_head, self.head_dim
@@ -131,7 +150,9 @@ class Attention(nn.Module):
         # head_dim 64, 3.8x at 16, except at tiny head dims (8: bf16 1.3x faster). On CUDA it runs
         # in the matmul dtype. (bench/README.md has the measurements.)
         cdt = compute_dtype(x)
-        attn_dtype = torch.float32 if x.device.type == "cpu" and hd >= CPU_FP32_ATTENTION_MIN_HEAD_DIM else cdt
+        attn_dtype = (
+            torch.float32 if x.device.type == "cpu" and hd >= CPU_FP32_ATTENTION_MIN_HEAD_DIM else cdt
+        )
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, n_rot): RoPE on (B, T, heads, hd)
         if cache is None:
             # One matmul for q, k and v (and one for their input gradient), on views of the weights
@@ -143,18 +164,23 @@ class Attention(nn.Module):
             q, k = (t.transpose(1, 2) for t in qk.split((H, KV), dim=2))  # (B, H, T, hd), (B, KV, T, hd)
             v = v.transpose(1, 2).to(attn_dtype)
         else:
-            q = apply_rope(self.wq(x).view(B, T, H, hd), cos, sin, attn_dtype).transpose(1, 2)  # (B, H, T, hd)
+            q = apply_rope(self.wq(x).view(B, T, H, hd), cos, sin, attn_dtype).transpose(
+                1, 2
+            )  # (B, H, T, hd)
             k = apply_rope(self.wk(x).view(B, T, KV, hd), cos, sin).transpose(1, 2)  # (B, KV, T, hd)
             v = self.wv(x).view(B, T, KV, hd).transpose(1, 2)
             start = cache.pos
-            cache.k[layer][:, :, start:start + T] = k
-            cache.v[layer][:, :, start:start + T] = v
-            k = cache.k[layer][:, :, :start + T].to(attn_dtype)
-            v = cache.v[layer][:, :, :start + T].to(attn_dtype)
+            cache.k[layer][:, :, start : start + T] = k
+            cache.v[layer][:, :, start : start + T] = v
+            k = cache.k[layer][:, :, : start + T].to(attn_dtype)
+            v = cache.v[layer][:, :, : start + T].to(attn_dtype)
         # llama: grouped-query attention; enable_gqa lets SDPA broadcast kv heads without a copy.
         gqa = KV != H
-        with torch.autocast(x.device.type, enabled=False) if torch.is_autocast_enabled(x.device.type) \
-                else contextlib.nullcontext():  # autocast would cast a float32 attention back down
+        with (
+            torch.autocast(x.device.type, enabled=False)
+            if torch.is_autocast_enabled(x.device.type)
+            else contextlib.nullcontext()
+        ):  # autocast would cast a float32 attention back down
             if cache is None or T > 1 and cache.pos == 0:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
             elif T == 1:
@@ -190,8 +216,14 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer)
         return x + self.feed_forward(self.ffn_norm(x))
 
@@ -224,15 +256,16 @@ class Llama(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T) token ids. With targets (B, T): returns (logits, mean cross-entropy).
         With a cache: positions continue from cache.pos and the cache advances by T."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.cfg.ctx:
             raise ValueError(f"sequence of {start + T} tokens exceeds the context length ctx={self.cfg.ctx}")
-        cos, sin = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
+        cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
         x = self.tok_embeddings(idx)
         for i, layer in enumerate(self.layers):
             if self.activation_checkpointing and self.training and cache is None:

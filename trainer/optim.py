@@ -50,7 +50,9 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
     raise ValueError(f"unknown schedule {cfg.schedule!r}")
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device | str = "cpu") -> torch.optim.Optimizer:
+def make_optimizer(
+    model: torch.nn.Module, cfg: TrainConfig, device: torch.device | str = "cpu"
+) -> torch.optim.Optimizer:
     """AdamW (decay only on >=2-D weights, via model.optimizer_groups) or L-BFGS.
 
     AdamW uses the fused kernel on CUDA; on CPU the default single-tensor path, which is the
@@ -65,15 +67,17 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     if cfg.optimizer == "adamw":
         groups = model.optimizer_groups(cfg.weight_decay)  # type: ignore[operator]
         extra: dict = {"fused": True} if device_type == "cuda" else {}
-        return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra)
+        return torch.optim.AdamW(
+            groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra
+        )
     if cfg.optimizer == "lbfgs":
         params = [p for p in model.parameters() if p.requires_grad]
-        return torch.optim.LBFGS(params, lr=cfg.learning_rate, max_iter=1, history_size=16,
-                                 line_search_fn="strong_wolfe")
+        return torch.optim.LBFGS(
+            params, lr=cfg.learning_rate, max_iter=1, history_size=16, line_search_fn="strong_wolfe"
+        )
     raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
-

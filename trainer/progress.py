@@ -22,7 +22,9 @@ def _eta(seconds: float) -> str:
 
 
 class ProgressCallbacks(Callbacks):
-    def __init__(self, stream: TextIO | None = None, *, rich_bar: bool | None = None, min_interval: float = 1.0):
+    def __init__(
+        self, stream: TextIO | None = None, *, rich_bar: bool | None = None, min_interval: float = 1.0
+    ):
         self.stream = stream or sys.stdout
         self.rich_bar = self.stream.isatty() if rich_bar is None else rich_bar
         self.min_interval = min_interval  # plain mode: at most one step line per this many seconds
@@ -58,8 +60,10 @@ class ProgressCallbacks(Callbacks):
             self._old_handler = signal.signal(signal.SIGINT, self._on_sigint)
         except ValueError:  # not the main thread
             self._old_handler = None
-        self._print(f"training {info['n_params']:,} parameters on {info['device']} ({info['dtype']}), "
-                    f"{info['tokens_per_step']:,} tokens/step, steps {info['start_step']}..{info['total_steps']}")
+        self._print(
+            f"training {info['n_params']:,} parameters on {info['device']} ({info['dtype']}), "
+            f"{info['tokens_per_step']:,} tokens/step, steps {info['start_step']}..{info['total_steps']}"
+        )
         if self.rich_bar:
             from rich.console import Console
             from rich.progress import (
@@ -72,19 +76,29 @@ class ProgressCallbacks(Callbacks):
             )
 
             self._progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                console=Console(file=self.stream), transient=False,
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("{task.fields[tps]} tok/s"),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                transient=False,
             )
             self._progress.start()
-            self._task = self._progress.add_task("train", total=self.total, completed=self.start_step,
-                                                 loss="-", tps="-")
+            self._task = self._progress.add_task(
+                "train", total=self.total, completed=self.start_step, loss="-", tps="-"
+            )
 
-    def on_step(self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float,
-                tokens_seen: int) -> None:
+    def on_step(
+        self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float, tokens_seen: int
+    ) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, completed=step, loss=f"{train_loss:.4f}", tps=f"{tokens_per_s:,.0f}")
+            self._progress.update(
+                self._task, completed=step, loss=f"{train_loss:.4f}", tps=f"{tokens_per_s:,.0f}"
+            )
             return
         now = time.perf_counter()
         if now - self._last_print < self.min_interval and step not in (self.start_step + 1, self.total):
@@ -92,11 +106,15 @@ class ProgressCallbacks(Callbacks):
         self._last_print = now
         done = step - self.start_step
         eta = (now - self._t0) / done * (self.total - step) if done else 0.0
-        self._print(f"step {step}/{self.total} | loss {train_loss:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | "
-                    f"{tokens_per_s:,.0f} tok/s | eta {_eta(eta)}")
+        self._print(
+            f"step {step}/{self.total} | loss {train_loss:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | "
+            f"{tokens_per_s:,.0f} tok/s | eta {_eta(eta)}"
+        )
 
     def on_eval(self, step: int, val_loss: float) -> None:
-        self._print(f"eval step {step}: val_loss {val_loss:.4f} (perplexity {math.exp(min(val_loss, 700)):.2f})")
+        self._print(
+            f"eval step {step}: val_loss {val_loss:.4f} (perplexity {math.exp(min(val_loss, 700)):.2f})"
+        )
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         if self._progress is None:

@@ -15,8 +15,13 @@ import torch
 from trainer.model import KVCache, Llama
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
-                generator: torch.Generator | None) -> int:
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+) -> int:
     """One token id from a (vocab,) logits vector. temperature <= 0 means greedy (argmax)."""
     if temperature <= 0:
         return int(torch.argmax(logits))
@@ -36,9 +41,16 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, top
 
 
 @torch.no_grad()
-def generate_ids(model: Llama, ids: Sequence[int], max_new_tokens: int = 200, temperature: float = 0.8,
-                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 eos_id: int | None = None) -> list[int]:
+def generate_ids(
+    model: Llama,
+    ids: Sequence[int],
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    eos_id: int | None = None,
+) -> list[int]:
     """Continue `ids` by up to max_new_tokens tokens; returns the new ids only, stopping before
     `eos_id` (which is not included). `ids` must not be empty (start from BOS for no prompt)."""
     if not ids:
@@ -60,7 +72,7 @@ def generate_ids(model: Llama, ids: Sequence[int], max_new_tokens: int = 200, te
         logits, _ = model(torch.tensor([window], dtype=torch.long, device=device), cache=cache)
         return cache, logits[0, -1]
 
-    cache, logits = prefill(tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2):])
+    cache, logits = prefill(tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2) :])
     try:
         for _ in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, generator)
@@ -71,7 +83,7 @@ def generate_ids(model: Llama, ids: Sequence[int], max_new_tokens: int = 200, te
             if len(out) == max_new_tokens:
                 break  # no need to run the model for a token nobody will sample
             if cache.pos >= ctx:
-                cache, logits = prefill(tokens[-max(1, ctx // 2):])
+                cache, logits = prefill(tokens[-max(1, ctx // 2) :])
             else:
                 logits, _ = model(torch.tensor([[nxt]], dtype=torch.long, device=device), cache=cache)
                 logits = logits[0, -1]
@@ -80,8 +92,16 @@ def generate_ids(model: Llama, ids: Sequence[int], max_new_tokens: int = 200, te
     return out
 
 
-def generate(model: Llama, tokenizer: Any, prompt: str, max_new_tokens: int = 200, temperature: float = 0.8,
-             top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> str:
+def generate(
+    model: Llama,
+    tokenizer: Any,
+    prompt: str,
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+) -> str:
     """The continuation of `prompt` (not including the prompt). An empty prompt starts from BOS."""
     ids = tokenizer.encode(prompt) if prompt else []
     ids = ids or [tokenizer.bos_id]

@@ -129,7 +129,9 @@ class BPETokenizer:
         b2u = bytes_to_unicode()
         for b in range(N_BYTES):
             if self._hf.token_to_id(b2u[b]) != b:
-                raise ValueError(f"BPE vocabulary does not have byte {b} at id {b}; not a fromscratch tokenizer")
+                raise ValueError(
+                    f"BPE vocabulary does not have byte {b} at id {b}; not a fromscratch tokenizer"
+                )
         if self._hf.token_to_id(BOS_TOKEN) != BOS_ID or self._hf.token_to_id(EOS_TOKEN) != EOS_ID:
             raise ValueError("BPE vocabulary does not have <s>=256 and </s>=257; not a fromscratch tokenizer")
 
@@ -206,8 +208,10 @@ def train_bpe(vocab_size: int, texts: Iterable[str]) -> BPETokenizer:
     Fewer ids result when the text has too few distinct pairs to merge.
     """
     if vocab_size < BASE_VOCAB + 1:
-        raise ValueError(f"bpe vocab_size must be at least {BASE_VOCAB + 1} (256 bytes + <s>, </s> + merges), "
-                         f"got {vocab_size}")
+        raise ValueError(
+            f"bpe vocab_size must be at least {BASE_VOCAB + 1} (256 bytes + <s>, </s> + merges), "
+            f"got {vocab_size}"
+        )
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers, trainers
 
@@ -232,8 +236,10 @@ def train_tokenizer(kind: str, vocab_size: int | None, texts: Iterable[str]) -> 
     `bpe` trains on `texts` (default vocab_size 4096)."""
     if kind == "byte":
         if vocab_size not in (None, BASE_VOCAB):
-            raise ValueError(f"the byte tokenizer has a fixed vocab_size of {BASE_VOCAB}, got {vocab_size}; "
-                             "use the bpe tokenizer for another size")
+            raise ValueError(
+                f"the byte tokenizer has a fixed vocab_size of {BASE_VOCAB}, got {vocab_size}; "
+                "use the bpe tokenizer for another size"
+            )
         return ByteTokenizer()
     if kind == "bpe":
         return train_bpe(vocab_size or 4096, texts)
@@ -248,8 +254,10 @@ def tokenizer_from_json(d: dict[str, Any]) -> Tokenizer:
     if kind == "bpe":
         tok = BPETokenizer(d["hf_tokenizer"])
         if "vocab_size" in d and d["vocab_size"] != tok.vocab_size:
-            raise ValueError(f"tokenizer JSON says vocab_size {d['vocab_size']} but its vocabulary has "
-                             f"{tok.vocab_size} ids")
+            raise ValueError(
+                f"tokenizer JSON says vocab_size {d['vocab_size']} but its vocabulary has "
+                f"{tok.vocab_size} ids"
+            )
         return tok
     raise ValueError(f"unknown tokenizer kind {kind!r} in tokenizer JSON; expected 'byte' or 'bpe'")
 

@@ -65,8 +65,10 @@ def upsert_metrics(session: Session, job_id: str, rows: dict[int, dict[str, Any]
     if not rows:
         return
     now = utcnow()
-    values = [{"job_id": job_id, "step": step, "created_at": now, **{c: row.get(c) for c in METRIC_COLUMNS}}
-              for step, row in sorted(rows.items())]
+    values = [
+        {"job_id": job_id, "step": step, "created_at": now, **{c: row.get(c) for c in METRIC_COLUMNS}}
+        for step, row in sorted(rows.items())
+    ]
     stmt = _insert(session)(Metric).values(values)
     stmt = stmt.on_conflict_do_update(
         index_elements=[Metric.job_id, Metric.step],
@@ -92,10 +94,21 @@ def tar_folder(folder: Path, out: Path) -> Path:
     return out
 
 
-def store_checkpoint(session_factory: sessionmaker[Session], store: Any, *, job_id: str, worker_id: str,
-                     step: int, folder: Path, model_id: str, metrics: dict[str, Any], is_final: bool,
-                     keep: int | None, scratch: Path,
-                     extra: Callable[[Session, Job], None] | None = None) -> str:
+def store_checkpoint(
+    session_factory: sessionmaker[Session],
+    store: Any,
+    *,
+    job_id: str,
+    worker_id: str,
+    step: int,
+    folder: Path,
+    model_id: str,
+    metrics: dict[str, Any],
+    is_final: bool,
+    keep: int | None,
+    scratch: Path,
+    extra: Callable[[Session, Job], None] | None = None,
+) -> str:
     """Tar `folder`, put it into the blob store and record the Checkpoint row (replacing an earlier
     row for the same step), all in one transaction that first checks the lease. `extra(session, job)`
     runs in that transaction too (the runner finishes the job there). Returns the checkpoint id."""
@@ -112,16 +125,24 @@ def store_checkpoint(session_factory: sessionmaker[Session], store: Any, *, job_
                 session.rollback()
                 _delete_blob(session_factory, store, blob.id)
                 raise
-            old = session.execute(select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
-                                  ).scalar_one_or_none()
+            old = session.execute(
+                select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
+            ).scalar_one_or_none()
             old_blob = None
             if old is not None:
                 old_blob, old.blob_id = old.blob_id, blob.id
                 old.metrics, old.is_final, old.created_at = metrics, is_final or old.is_final, utcnow()
                 ckpt = old
             else:
-                ckpt = Checkpoint(job_id=job_id, owner_id=job.owner_id, step=step, model_id=model_id,
-                                  blob_id=blob.id, metrics=metrics, is_final=is_final)
+                ckpt = Checkpoint(
+                    job_id=job_id,
+                    owner_id=job.owner_id,
+                    step=step,
+                    model_id=model_id,
+                    blob_id=blob.id,
+                    metrics=metrics,
+                    is_final=is_final,
+                )
                 session.add(ckpt)
             session.flush()
             doomed = [old_blob] if old_blob else []
@@ -141,12 +162,24 @@ def store_checkpoint(session_factory: sessionmaker[Session], store: Any, *, job_
 def _rotate(session: Session, job_id: str, keep: int) -> list[str]:
     """Delete all but the newest `keep` non-final checkpoint rows of the job (never one a download
     was exported from). Returns the blob ids to delete once the transaction committed."""
-    rows = session.execute(
-        select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.is_final.is_(False))
-        .order_by(Checkpoint.step.desc())
-    ).scalars().all()
-    exported = set(session.execute(select(Export.model_id).where(
-        Export.model_id.in_([c.model_id for c in rows]))).scalars()) if rows else set()
+    rows = (
+        session.execute(
+            select(Checkpoint)
+            .where(Checkpoint.job_id == job_id, Checkpoint.is_final.is_(False))
+            .order_by(Checkpoint.step.desc())
+        )
+        .scalars()
+        .all()
+    )
+    exported = (
+        set(
+            session.execute(
+                select(Export.model_id).where(Export.model_id.in_([c.model_id for c in rows]))
+            ).scalars()
+        )
+        if rows
+        else set()
+    )
     doomed = []
     for ckpt in rows[keep:]:
         if ckpt.model_id in exported:
@@ -170,11 +203,22 @@ class ServiceCallbacks(Callbacks):
     the heartbeat thread only sets `lease_lost` (an Event) and the worker's signal handler only sets
     `shutdown`."""
 
-    def __init__(self, session_factory: sessionmaker[Session], store: Any, *, job_id: str, worker_id: str,
-                 checkpoint_model_id: Callable[[int], str], scratch: Path, flush_seconds: float = 1.0,
-                 keep_checkpoints: int | None = 3, lease_lost: threading.Event | None = None,
-                 shutdown: threading.Event | None = None, flush_rows: int = FLUSH_ROWS,
-                 stop_check_seconds: float = STOP_CHECK_SECONDS):
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        store: Any,
+        *,
+        job_id: str,
+        worker_id: str,
+        checkpoint_model_id: Callable[[int], str],
+        scratch: Path,
+        flush_seconds: float = 1.0,
+        keep_checkpoints: int | None = 3,
+        lease_lost: threading.Event | None = None,
+        shutdown: threading.Event | None = None,
+        flush_rows: int = FLUSH_ROWS,
+        stop_check_seconds: float = STOP_CHECK_SECONDS,
+    ):
         self.session_factory = session_factory
         self.store = store
         self.job_id = job_id
@@ -202,15 +246,22 @@ class ServiceCallbacks(Callbacks):
         self.progress.update(total_steps=int(info["total_steps"]), step=int(info["start_step"]))
         self.flush()
 
-    def on_step(self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float,
-                tokens_seen: int) -> None:
+    def on_step(
+        self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float, tokens_seen: int
+    ) -> None:
         if self.lease_lost.is_set():
             return
-        self.buffer.setdefault(step, {}).update(train_loss=train_loss, lr=lr, grad_norm=_finite(grad_norm),
-                                                tokens_per_s=tokens_per_s, tokens_seen=tokens_seen)
+        self.buffer.setdefault(step, {}).update(
+            train_loss=train_loss,
+            lr=lr,
+            grad_norm=_finite(grad_norm),
+            tokens_per_s=tokens_per_s,
+            tokens_seen=tokens_seen,
+        )
         self.last_train_loss = train_loss
-        self.progress.update(step=step, train_loss=train_loss, tokens_per_s=tokens_per_s,
-                             trained_tokens=tokens_seen)
+        self.progress.update(
+            step=step, train_loss=train_loss, tokens_per_s=tokens_per_s, trained_tokens=tokens_seen
+        )
         self.maybe_flush()
 
     def on_eval(self, step: int, val_loss: float) -> None:
@@ -228,10 +279,19 @@ class ServiceCallbacks(Callbacks):
             return
         try:
             self.flush()
-            store_checkpoint(self.session_factory, self.store, job_id=self.job_id, worker_id=self.worker_id,
-                             step=step, folder=path, model_id=self.checkpoint_model_id(step),
-                             metrics=self.checkpoint_metrics(step), is_final=False,
-                             keep=self.keep_checkpoints, scratch=self.scratch)
+            store_checkpoint(
+                self.session_factory,
+                self.store,
+                job_id=self.job_id,
+                worker_id=self.worker_id,
+                step=step,
+                folder=path,
+                model_id=self.checkpoint_model_id(step),
+                metrics=self.checkpoint_metrics(step),
+                is_final=False,
+                keep=self.keep_checkpoints,
+                scratch=self.scratch,
+            )
             self.stored_steps.append(step)
         except LeaseLost:
             self._lose_lease()
@@ -257,8 +317,11 @@ class ServiceCallbacks(Callbacks):
         return {"step": step, "train_loss": self.last_train_loss, "valid_loss": self.last_val_loss}
 
     def maybe_flush(self) -> None:
-        if (not self.first_step_written or len(self.buffer) >= self.flush_rows
-                or time.monotonic() - self.last_flush >= self.flush_seconds):
+        if (
+            not self.first_step_written
+            or len(self.buffer) >= self.flush_rows
+            or time.monotonic() - self.last_flush >= self.flush_seconds
+        ):
             self.first_step_written = bool(self.buffer)
             self.flush()
 
@@ -271,7 +334,8 @@ class ServiceCallbacks(Callbacks):
         try:
             with self.session_factory() as session:
                 result = session.execute(
-                    update(Job).where(Job.id == self.job_id, Job.lease_owner == self.worker_id)
+                    update(Job)
+                    .where(Job.id == self.job_id, Job.lease_owner == self.worker_id)
                     .values(**progress, updated_at=utcnow())
                 )
                 if result.rowcount == 0:  # type: ignore[attr-defined]
@@ -290,7 +354,9 @@ class ServiceCallbacks(Callbacks):
         try:
             with self.session_factory() as session:
                 row = session.execute(
-                    select(Job.cancel_requested, Job.pause_requested, Job.lease_owner).where(Job.id == self.job_id)
+                    select(Job.cancel_requested, Job.pause_requested, Job.lease_owner).where(
+                        Job.id == self.job_id
+                    )
                 ).one_or_none()
         except Exception:
             log.warning("could not read cancel/pause requests for %s", self.job_id, exc_info=True)

@@ -16,25 +16,29 @@ from core.models import Checkpoint, Job
 from worker.failures import JobFailure
 
 
-def latest_checkpoint(session_factory: sessionmaker[Session], store: Any, job_id: str,
-                      dest: Path) -> tuple[Path | None, int]:
+def latest_checkpoint(
+    session_factory: sessionmaker[Session], store: Any, job_id: str, dest: Path
+) -> tuple[Path | None, int]:
     """Extract the newest stored checkpoint of this job (if any) under `dest`: (folder, step)."""
     with session_factory() as session:
-        ckpt = session.execute(select(Checkpoint).where(Checkpoint.job_id == job_id)
-                               .order_by(Checkpoint.step.desc()).limit(1)).scalar_one_or_none()
+        ckpt = session.execute(
+            select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step.desc()).limit(1)
+        ).scalar_one_or_none()
         if ckpt is None:
             return None, 0
         blob_id, step = ckpt.blob_id, ckpt.step
     return extract_checkpoint(store, blob_id, dest), step
 
 
-def base_model_checkpoint(session_factory: sessionmaker[Session], store: Any, base_model_id: str,
-                          owner_id: str, dest: Path) -> Path:
+def base_model_checkpoint(
+    session_factory: sessionmaker[Session], store: Any, base_model_id: str, owner_id: str, dest: Path
+) -> Path:
     """The final checkpoint folder of the model a job continues training from (a fine-tuned model
     id or a checkpoint's model id of the same owner), extracted under `dest`."""
     with session_factory() as session:
-        parent = session.execute(select(Job).where(Job.fine_tuned_model == base_model_id,
-                                                   Job.owner_id == owner_id)).scalar_one_or_none()
+        parent = session.execute(
+            select(Job).where(Job.fine_tuned_model == base_model_id, Job.owner_id == owner_id)
+        ).scalar_one_or_none()
         query = select(Checkpoint).where(Checkpoint.owner_id == owner_id)
         if parent is not None:
             query = query.where(Checkpoint.job_id == parent.id, Checkpoint.is_final.is_(True))
@@ -42,8 +46,12 @@ def base_model_checkpoint(session_factory: sessionmaker[Session], store: Any, ba
             query = query.where(Checkpoint.model_id == base_model_id)
         ckpt = session.execute(query.order_by(Checkpoint.step.desc()).limit(1)).scalar_one_or_none()
         if ckpt is None:
-            raise JobFailure("invalid_base_model", f"The model {base_model_id} has no stored weights any more "
-                             "(it was deleted); choose another model.", "model")
+            raise JobFailure(
+                "invalid_base_model",
+                f"The model {base_model_id} has no stored weights any more "
+                "(it was deleted); choose another model.",
+                "model",
+            )
         blob_id = ckpt.blob_id
     return extract_checkpoint(store, blob_id, dest)
 

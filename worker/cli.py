@@ -18,12 +18,22 @@ import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("worker", help="run a Celery training worker",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--queues", "-Q", default=None,
-                   help="comma-separated queues to consume: cpu, gpu (default: FROMSCRATCH_WORKER_QUEUES or cpu)")
+    p = subparsers.add_parser(
+        "worker",
+        help="run a Celery training worker",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--queues",
+        "-Q",
+        default=None,
+        help="comma-separated queues to consume: cpu, gpu (default: FROMSCRATCH_WORKER_QUEUES or cpu)",
+    )
     p.add_argument("--loglevel", "-l", default="info", help="debug, info, warning, error (default info)")
-    p.add_argument("--hostname", "-n", default=None, help="Celery node name (default fromscratch-<pid>@<host>)")
+    p.add_argument(
+        "--hostname", "-n", default=None, help="Celery node name (default fromscratch-<pid>@<host>)"
+    )
     p.set_defaults(func=run_worker)
 
 
@@ -45,8 +55,10 @@ def run_worker(args: argparse.Namespace) -> int:
     import logging
 
     # Celery leaves the root logger alone (worker_hijack_root_logger=False): ours is set up here.
-    logging.basicConfig(level=args.loglevel.upper(),
-                        format="[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.loglevel.upper(),
+        format="[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: %(message)s",
+    )
     from worker.celery_app import app
 
     hostname = args.hostname or f"fromscratch-{os.getpid()}@{socket.gethostname()}"

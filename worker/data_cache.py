@@ -25,14 +25,19 @@ from trainer.dataformat import DataError, validate_file
 from worker.failures import JobFailure
 
 
-def fetch_file(session_factory: sessionmaker[Session], store: Any, cache_dir: Path, file_id: str,
-               param: str) -> Path:
+def fetch_file(
+    session_factory: sessionmaker[Session], store: Any, cache_dir: Path, file_id: str, param: str
+) -> Path:
     """Download a File's blob into the content-addressed cache (once) and validate it."""
     with session_factory() as session:
         file = session.get(File, file_id)
         if file is None:
-            raise JobFailure("invalid_training_file", f"The {param.replace('_', ' ')} {file_id} no longer exists; "
-                             "upload it again and create a new job.", param)
+            raise JobFailure(
+                "invalid_training_file",
+                f"The {param.replace('_', ' ')} {file_id} no longer exists; "
+                "upload it again and create a new job.",
+                param,
+            )
         blob_id, sha, name = file.blob_id, file.sha256, file.filename
     path = cache_dir / "files" / sha
     if not path.exists():
@@ -70,14 +75,20 @@ def tokenizer_of(checkpoint: Path) -> Any:
     return tokenizer_from_json(json.loads((checkpoint / "tokenizer.json").read_text()))
 
 
-def prepare_tokens(cache_dir: Path, train_path: Path, val_path: Path | None, tokenizer: Any,
-                   cfg: TrainConfig) -> Any:
+def prepare_tokens(
+    cache_dir: Path, train_path: Path, val_path: Path | None, tokenizer: Any, cfg: TrainConfig
+) -> Any:
     """Tokenize (or reuse the cached tokens of) the training and validation files: a TokenData."""
     from trainer.data import prepare_data
 
     try:
-        return prepare_data(train_path, tokenizer, validation_path=val_path, val_fraction=cfg.val_fraction,
-                            cache_dir=cache_dir / "tokens")
+        return prepare_data(
+            train_path,
+            tokenizer,
+            validation_path=val_path,
+            val_fraction=cfg.val_fraction,
+            cache_dir=cache_dir / "tokens",
+        )
     except DataError as exc:
         raise JobFailure("invalid_training_file", exc.message, "training_file") from exc
 

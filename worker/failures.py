@@ -28,10 +28,16 @@ def classify_exception(exc: BaseException) -> JobFailure:
     if isinstance(exc, ConfigError):
         return JobFailure("invalid_hyperparameters", f"The job's configuration was refused: {exc}", exc.param)
     if _is_oom(exc):
-        return JobFailure("out_of_memory", "Training ran out of memory. Lower batch_size (raise grad_accum to keep "
-                          "the same effective batch), ctx or the model size, or train in bfloat16.")
-    return JobFailure("internal_error", f"The worker hit an internal error ({type(exc).__name__}: {exc}). "
-                      "Retrying the job may help; if it fails again, report it with the job id.")
+        return JobFailure(
+            "out_of_memory",
+            "Training ran out of memory. Lower batch_size (raise grad_accum to keep "
+            "the same effective batch), ctx or the model size, or train in bfloat16.",
+        )
+    return JobFailure(
+        "internal_error",
+        f"The worker hit an internal error ({type(exc).__name__}: {exc}). "
+        "Retrying the job may help; if it fails again, report it with the job id.",
+    )
 
 
 def _is_oom(exc: BaseException) -> bool:

@@ -20,8 +20,11 @@ def claim(session_factory: sessionmaker[Session], job_id: str, worker_id: str, l
         job = claim_job(session, job_id, worker_id, lease_seconds)
         if job is None:
             session.rollback()
-            log.info("job %s is not claimable (running elsewhere, finished, paused or unknown): "
-                     "dropping the message", job_id)
+            log.info(
+                "job %s is not claimable (running elsewhere, finished, paused or unknown): "
+                "dropping the message",
+                job_id,
+            )
             return False
         session.commit()
         log.info("claimed job %s (attempt %s) as %s", job_id, job.attempts, worker_id)
@@ -31,8 +34,14 @@ def claim(session_factory: sessionmaker[Session], job_id: str, worker_id: str, l
 class Heartbeat(threading.Thread):
     """Renews the job's lease every `interval` seconds; sets `lost` when the lease is gone."""
 
-    def __init__(self, session_factory: sessionmaker[Session], job_id: str, worker_id: str,
-                 lease_seconds: float, interval: float):
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        job_id: str,
+        worker_id: str,
+        lease_seconds: float,
+        interval: float,
+    ):
         super().__init__(name=f"heartbeat-{job_id}", daemon=True)
         self.session_factory, self.job_id, self.worker_id = session_factory, job_id, worker_id
         self.lease_seconds, self.interval = lease_seconds, interval

@@ -41,8 +41,9 @@ _lock = threading.Lock()
 
 
 class Reaper(threading.Thread):
-    def __init__(self, celery: Any, settings: Settings, session_factory: Any, store: Any,
-                 interval: float | None = None):
+    def __init__(
+        self, celery: Any, settings: Settings, session_factory: Any, store: Any, interval: float | None = None
+    ):
         super().__init__(name="fromscratch-reaper", daemon=True)
         self.celery, self.settings = celery, settings
         self.session_factory, self.store = session_factory, store
@@ -82,20 +83,30 @@ class Reaper(threading.Thread):
         resent = []
         with self.session_factory() as session:
             candidates = session.execute(
-                select(Job.id, Job.queue).where(Job.status.in_(WAITING), Job.lease_owner.is_(None),
-                                                Job.updated_at < cutoff)
+                select(Job.id, Job.queue).where(
+                    Job.status.in_(WAITING), Job.lease_owner.is_(None), Job.updated_at < cutoff
+                )
             ).all()
             for job_id, queue in candidates:
                 bumped = session.execute(
-                    update(Job).where(Job.id == job_id, Job.status.in_(WAITING), Job.lease_owner.is_(None),
-                                      Job.updated_at < cutoff).values(updated_at=utcnow())
+                    update(Job)
+                    .where(
+                        Job.id == job_id,
+                        Job.status.in_(WAITING),
+                        Job.lease_owner.is_(None),
+                        Job.updated_at < cutoff,
+                    )
+                    .values(updated_at=utcnow())
                 ).rowcount  # type: ignore[attr-defined]
                 if bumped:
                     resent.append((job_id, queue))
             session.commit()
         for job_id, queue in resent:
-            log.info("job %s waited %.0fs with nobody holding it: re-sending its message",
-                     job_id, LOST_MESSAGE_SECONDS)
+            log.info(
+                "job %s waited %.0fs with nobody holding it: re-sending its message",
+                job_id,
+                LOST_MESSAGE_SECONDS,
+            )
             self._send(job_id, queue)
         return [job_id for job_id, _ in resent]
 

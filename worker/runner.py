@@ -100,8 +100,9 @@ def run_job(job_id: str, settings: Settings, *, worker_id: str | None = None) ->
     if not claim(res.session_factory, job_id, worker_id, settings.lease_seconds):
         return None
 
-    heartbeat = Heartbeat(res.session_factory, job_id, worker_id, settings.lease_seconds,
-                          settings.heartbeat_seconds)
+    heartbeat = Heartbeat(
+        res.session_factory, job_id, worker_id, settings.lease_seconds, settings.heartbeat_seconds
+    )
     heartbeat.start()
     jobs_dir = Path(settings.work_dir) / "jobs"
     clean_stale_job_dirs(jobs_dir)
@@ -138,8 +139,15 @@ def clean_stale_job_dirs(jobs_dir: Path) -> None:
 class _JobRun:
     """One claimed job from its inputs to its final state (steps 3-6 of the module docstring)."""
 
-    def __init__(self, job_id: str, worker_id: str, settings: Settings, res: Resources,
-                 lease_lost: threading.Event, job_dir: Path):
+    def __init__(
+        self,
+        job_id: str,
+        worker_id: str,
+        settings: Settings,
+        res: Resources,
+        lease_lost: threading.Event,
+        job_dir: Path,
+    ):
         self.job_id, self.worker_id, self.settings = job_id, worker_id, settings
         self.sf, self.store = res.session_factory, res.store
         self.lease_lost = lease_lost
@@ -175,8 +183,9 @@ class _JobRun:
         train_path = fetch_file(self.sf, self.store, self.cache_dir, snapshot.training_file, "training_file")
         val_path = None
         if snapshot.validation_file:
-            val_path = fetch_file(self.sf, self.store, self.cache_dir, snapshot.validation_file,
-                                  "validation_file")
+            val_path = fetch_file(
+                self.sf, self.store, self.cache_dir, snapshot.validation_file, "validation_file"
+            )
 
         model_cfg = ModelConfig.from_dict(snapshot.model_config)
         train_cfg = TrainConfig.from_dict({**snapshot.train_config, "seed": snapshot.seed})
@@ -184,12 +193,14 @@ class _JobRun:
         if train_cfg.device == "auto" and device is not None:
             train_cfg = TrainConfig.from_dict({**train_cfg.to_dict(), "device": device})
 
-        resume_path, resume_step = latest_checkpoint(self.sf, self.store, self.job_id,
-                                                     self.job_dir / "resume")
+        resume_path, resume_step = latest_checkpoint(
+            self.sf, self.store, self.job_id, self.job_dir / "resume"
+        )
         init_from = None
         if resume_path is None and snapshot.base_model_id:
-            init_from = base_model_checkpoint(self.sf, self.store, snapshot.base_model_id, snapshot.owner_id,
-                                              self.job_dir / "parent")
+            init_from = base_model_checkpoint(
+                self.sf, self.store, snapshot.base_model_id, snapshot.owner_id, self.job_dir / "parent"
+            )
 
         if resume_path is not None:
             tokenizer = tokenizer_of(resume_path)
@@ -218,15 +229,29 @@ class _JobRun:
         from trainer.loop import train
 
         callbacks = ServiceCallbacks(
-            self.sf, self.store, job_id=self.job_id, worker_id=self.worker_id,
+            self.sf,
+            self.store,
+            job_id=self.job_id,
+            worker_id=self.worker_id,
             checkpoint_model_id=lambda step: checkpoint_model_id(snapshot.naming_job, step),
-            scratch=self.job_dir, flush_seconds=self.settings.metrics_flush_seconds,
-            keep_checkpoints=train_cfg.keep_checkpoints, lease_lost=self.lease_lost, shutdown=shutdown_event,
+            scratch=self.job_dir,
+            flush_seconds=self.settings.metrics_flush_seconds,
+            keep_checkpoints=train_cfg.keep_checkpoints,
+            lease_lost=self.lease_lost,
+            shutdown=shutdown_event,
         )
         out_dir = self.job_dir / "run"
         try:
-            result = train(model_cfg, train_cfg, data, out_dir, callbacks, tokenizer=tokenizer,
-                           resume=resume_path or False, init_from=init_from)
+            result = train(
+                model_cfg,
+                train_cfg,
+                data,
+                out_dir,
+                callbacks,
+                tokenizer=tokenizer,
+                resume=resume_path or False,
+                init_from=init_from,
+            )
         finally:
             callbacks.flush()
         if callbacks.cause == "lease_lost" or self.lease_lost.is_set():
@@ -266,17 +291,28 @@ class _JobRun:
         return None
 
     # ------------------------------------------------------------------ endings
-    def _succeed(self, snapshot: _JobSnapshot, final: Path, step: int, tokens: int,
-                 callbacks: ServiceCallbacks) -> str:
+    def _succeed(
+        self, snapshot: _JobSnapshot, final: Path, step: int, tokens: int, callbacks: ServiceCallbacks
+    ) -> str:
         model_id = final_model_id(snapshot.naming_job)
 
         def finish(session: Session, job: Job) -> None:
             transition(session, job, "succeeded", fine_tuned_model=model_id, step=step, trained_tokens=tokens)
 
-        store_checkpoint(self.sf, self.store, job_id=self.job_id, worker_id=self.worker_id, step=step,
-                         folder=final, model_id=checkpoint_model_id(snapshot.naming_job, step),
-                         metrics=callbacks.checkpoint_metrics(step), is_final=True,
-                         keep=snapshot.keep_checkpoints, scratch=self.job_dir, extra=finish)
+        store_checkpoint(
+            self.sf,
+            self.store,
+            job_id=self.job_id,
+            worker_id=self.worker_id,
+            step=step,
+            folder=final,
+            model_id=checkpoint_model_id(snapshot.naming_job, step),
+            metrics=callbacks.checkpoint_metrics(step),
+            is_final=True,
+            keep=snapshot.keep_checkpoints,
+            scratch=self.job_dir,
+            extra=finish,
+        )
         log.info("job %s succeeded: %s", self.job_id, model_id)
         return "succeeded"
 
@@ -293,8 +329,11 @@ class _JobRun:
             job = self._held(session)
             transition(session, job, "queued")
             session.commit()
-        log.info("worker shutting down: job %s re-queued%s", self.job_id,
-                 f" from step {step}" if step is not None else "")
+        log.info(
+            "worker shutting down: job %s re-queued%s",
+            self.job_id,
+            f" from step {step}" if step is not None else "",
+        )
         try:
             from worker.celery_app import enqueue_job
 
@@ -336,12 +375,19 @@ class _JobSnapshot:
         file = session.get(File, job.training_file)
         sha = file.sha256 if file is not None else ""
         session.expunge(job)
-        return cls(owner_id=job.owner_id, training_file=job.training_file, training_sha256=sha,
-                   validation_file=job.validation_file, model_config=dict(job.model_config or {}),
-                   train_config=dict(job.train_config or {}), seed=int(job.seed), base_model_id=job.base_model_id,
-                   queue=job.queue, keep_checkpoints=(job.train_config or {}).get("keep_checkpoints", 3),
-                   naming_job=job)
-
+        return cls(
+            owner_id=job.owner_id,
+            training_file=job.training_file,
+            training_sha256=sha,
+            validation_file=job.validation_file,
+            model_config=dict(job.model_config or {}),
+            train_config=dict(job.train_config or {}),
+            seed=int(job.seed),
+            base_model_id=job.base_model_id,
+            queue=job.queue,
+            keep_checkpoints=(job.train_config or {}).get("keep_checkpoints", 3),
+            naming_job=job,
+        )
 
 
 def worker_device(setting: str) -> str | None:

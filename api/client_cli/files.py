@@ -19,10 +19,18 @@ def cmd_files_upload(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
     size = path.stat().st_size
-    with connect(args) as client, Progress(
-        "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        TimeRemainingColumn(), console=make_console(stderr=True), transient=False,
-    ) as bar:
+    with (
+        connect(args) as client,
+        Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=make_console(stderr=True),
+            transient=False,
+        ) as bar,
+    ):
         task = bar.add_task(f"uploading {path.name}", total=size)
         obj = client.upload_file(path, purpose=args.purpose, progress=lambda n: bar.advance(task, n))
     if args.json:
@@ -47,7 +55,12 @@ def cmd_files_list(args: argparse.Namespace) -> int:
     table = Table("Filename", "Size", "Purpose", "Created")
     add_id_column(table, files)
     for f in files:
-        table.add_row(f.get("id", "?"), f.get("filename", "-"), format_size(f.get("bytes")),
-                      f.get("purpose", "-"), format_time(f.get("created_at")))
+        table.add_row(
+            f.get("id", "?"),
+            f.get("filename", "-"),
+            format_size(f.get("bytes")),
+            f.get("purpose", "-"),
+            format_time(f.get("created_at")),
+        )
     make_console().print(table)
     return EXIT_OK

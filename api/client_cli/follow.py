@@ -37,8 +37,11 @@ class _FollowState:
         p = job.get("progress") or {}
         if isinstance(p.get("step"), int) and p["step"] >= self.step:
             self.step = p["step"]
-            for attr, key in (("train_loss", "train_loss"), ("val_loss", "val_loss"),
-                              ("tokens_per_s", "tokens_per_s")):
+            for attr, key in (
+                ("train_loss", "train_loss"),
+                ("val_loss", "val_loss"),
+                ("tokens_per_s", "tokens_per_s"),
+            ):
                 if p.get(key) is not None:
                     setattr(self, attr, p[key])
             self.eta = p.get("eta_seconds")
@@ -109,13 +112,22 @@ def follow_job(client: Any, job_id: str, json_summary: bool = False, poll_second
     def describe() -> str:
         eta = format_duration(state.eta) if state.eta is not None else "-"
         tps = format_number(state.tokens_per_s, ",.0f")
-        return (f"loss {format_number(state.train_loss)}  val {format_number(state.val_loss)}  "
-                f"{tps} tok/s  ETA {eta}")
+        return (
+            f"loss {format_number(state.train_loss)}  val {format_number(state.val_loss)}  "
+            f"{tps} tok/s  ETA {eta}"
+        )
 
-    with Progress(TextColumn("[bold]{task.fields[status]:<16}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[info]}"), console=console, transient=False) as bar:
-        task = bar.add_task("train", total=state.total, completed=state.step, status=state.status,
-                            info=describe())
+    with Progress(
+        TextColumn("[bold]{task.fields[status]:<16}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task(
+            "train", total=state.total, completed=state.step, status=state.status, info=describe()
+        )
 
         def refresh() -> None:
             bar.update(task, total=state.total, completed=state.step, status=state.status, info=describe())
@@ -184,10 +196,17 @@ def _summary_table(job: dict[str, Any], state: _FollowState) -> Any:
         ("steps", f"{state.step}/{state.total}" if state.total else str(state.step)),
         ("final train loss", format_number(state.train_loss)),
         ("final val loss", format_number(state.val_loss)),
-        ("trained tokens", f"{job['trained_tokens']:,}" if isinstance(job.get("trained_tokens"), int) else "-"),
+        (
+            "trained tokens",
+            f"{job['trained_tokens']:,}" if isinstance(job.get("trained_tokens"), int) else "-",
+        ),
         ("model", job.get("fine_tuned_model") or "-"),
-        ("wall time", format_duration(finished - started) if isinstance(finished, int | float)
-         and isinstance(started, int | float) else "-"),
+        (
+            "wall time",
+            format_duration(finished - started)
+            if isinstance(finished, int | float) and isinstance(started, int | float)
+            else "-",
+        ),
     ]
     err = job.get("error") or {}
     if err.get("message"):

@@ -15,8 +15,11 @@ from trainer.config import FIELD_HELP, MODEL_FIELDS, PRESETS, ModelConfig, Train
 _NOT_JOB_OPTIONS = {"extra"}
 # OpenAI's hyperparameters that also accept "auto".
 _AUTO_OK = {"n_epochs", "batch_size"}
+
+
 def _auto_or(kind: type) -> Callable[[str], Any]:
     """A parser for a number option that also accepts the word auto."""
+
     def parse(text: str) -> Any:
         return "auto" if text == "auto" else kind(text)
 
@@ -40,17 +43,27 @@ def hyperparameter_specs() -> list[dict[str, Any]]:
             continue  # seed is the job's top-level `seed`
         kind, choices = field_type(train_hints[f.name])
         default = f.default if f.default is not MISSING else None
-        specs.append(dict(name=f.name, kind=kind, choices=choices, group="train",
-                          default_text="unset" if default is None else f"{default}"))
+        specs.append(
+            dict(
+                name=f.name,
+                kind=kind,
+                choices=choices,
+                group="train",
+                default_text="unset" if default is None else f"{default}",
+            )
+        )
     return specs
 
 
 def add_hyperparameter_options(parser: argparse.ArgumentParser) -> None:
     """Add one option per hyperparameter spec (dest hp_NAME, default None = not sent)."""
     groups = {
-        "model": parser.add_argument_group("architecture (override the preset; only the options given are sent)"),
-        "train": parser.add_argument_group("training hyperparameters (as in `fromscratch train`; "
-                                           "only the options given are sent)"),
+        "model": parser.add_argument_group(
+            "architecture (override the preset; only the options given are sent)"
+        ),
+        "train": parser.add_argument_group(
+            "training hyperparameters (as in `fromscratch train`; only the options given are sent)"
+        ),
     }
     for spec in hyperparameter_specs():
         name, kind = spec["name"], spec["kind"]
@@ -59,19 +72,28 @@ def add_hyperparameter_options(parser: argparse.ArgumentParser) -> None:
         help_text = f"{FIELD_HELP.get(name, name)} (default: {spec['default_text']})"
         dest = "hp_" + name
         if kind is bool:
-            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None,
-                               help=help_text)
+            group.add_argument(
+                flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
         elif spec["choices"]:
             group.add_argument(flag, dest=dest, choices=spec["choices"], default=None, help=help_text)
         else:
             parse = _auto_or(kind) if name in _AUTO_OK else kind
-            group.add_argument(flag, dest=dest, type=parse, default=None,
-                               metavar=name.upper(), help=help_text)
-    groups["train"].add_argument("--learning-rate-multiplier", dest="hp_learning_rate_multiplier",
-                                 type=_auto_or(float), default=None, metavar="X",
-                                 help="OpenAI's multiplier of the default learning rate, or auto")
+            group.add_argument(
+                flag, dest=dest, type=parse, default=None, metavar=name.upper(), help=help_text
+            )
+    groups["train"].add_argument(
+        "--learning-rate-multiplier",
+        dest="hp_learning_rate_multiplier",
+        type=_auto_or(float),
+        default=None,
+        metavar="X",
+        help="OpenAI's multiplier of the default learning rate, or auto",
+    )
 
 
 def hyperparameters_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The hyperparameters given on the command line, as the job request's dict."""
-    return {key[3:]: value for key, value in vars(args).items() if key.startswith("hp_") and value is not None}
+    return {
+        key[3:]: value for key, value in vars(args).items() if key.startswith("hp_") and value is not None
+    }

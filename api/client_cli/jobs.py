@@ -68,10 +68,16 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
     add_id_column(table, jobs)
     for job in jobs:
         p = job.get("progress") or {}
-        table.add_row(job.get("id", "?"), job.get("status", "?"), job.get("model", "-"), format_progress(job),
-                      format_number(p.get("train_loss")), format_number(p.get("val_loss")),
-                      format_time(job.get("created_at"), short=True),
-                      format_time(job.get("finished_at"), short=True))
+        table.add_row(
+            job.get("id", "?"),
+            job.get("status", "?"),
+            job.get("model", "-"),
+            format_progress(job),
+            format_number(p.get("train_loss")),
+            format_number(p.get("val_loss")),
+            format_time(job.get("created_at"), short=True),
+            format_time(job.get("finished_at"), short=True),
+        )
     console = make_console()
     console.print(table)
     if page.get("has_more") and page.get("data"):
@@ -89,15 +95,23 @@ def _job_table(job: dict[str, Any]) -> Any:
     table.add_column(style="bold")
     table.add_column()
     rows = [
-        ("id", job.get("id")), ("status", job.get("status")), ("model", job.get("model")),
-        ("training file", job.get("training_file")), ("validation file", job.get("validation_file")),
-        ("step", format_progress(job)), ("train loss", format_number(p.get("train_loss"))),
+        ("id", job.get("id")),
+        ("status", job.get("status")),
+        ("model", job.get("model")),
+        ("training file", job.get("training_file")),
+        ("validation file", job.get("validation_file")),
+        ("step", format_progress(job)),
+        ("train loss", format_number(p.get("train_loss"))),
         ("val loss", format_number(p.get("val_loss"))),
         ("tokens/s", format_number(p.get("tokens_per_s"), ",.0f")),
         ("ETA", format_duration(p.get("eta_seconds")) if job.get("status") not in TERMINAL else None),
-        ("trained tokens", f"{job['trained_tokens']:,}" if isinstance(job.get("trained_tokens"), int) else None),
+        (
+            "trained tokens",
+            f"{job['trained_tokens']:,}" if isinstance(job.get("trained_tokens"), int) else None,
+        ),
         ("fine-tuned model", job.get("fine_tuned_model")),
-        ("created", format_time(job.get("created_at"))), ("finished", format_time(job.get("finished_at"))),
+        ("created", format_time(job.get("created_at"))),
+        ("finished", format_time(job.get("finished_at"))),
     ]
     err = job.get("error") or {}
     if err.get("message"):

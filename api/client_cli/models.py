@@ -42,10 +42,17 @@ def cmd_models_download(args: argparse.Namespace) -> int:
     tmp: Path | None = None
     fh: Any = None
     final: Path | None = None
-    with connect(args) as client, Progress(
-        "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        TimeRemainingColumn(), console=make_console(stderr=True),
-    ) as bar:
+    with (
+        connect(args) as client,
+        Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=make_console(stderr=True),
+        ) as bar,
+    ):
         task = bar.add_task(f"{args.id} ({args.format})", total=None)
 
         def on_start(total: int | None, filename: str | None) -> None:
@@ -63,8 +70,13 @@ def cmd_models_download(args: argparse.Namespace) -> int:
             bar.update(task, total=total)
 
         try:
-            client.download_model(args.id, args.format, write=lambda b: fh.write(b), on_start=on_start,
-                                  progress=lambda n: bar.advance(task, n))
+            client.download_model(
+                args.id,
+                args.format,
+                write=lambda b: fh.write(b),
+                on_start=on_start,
+                progress=lambda n: bar.advance(task, n),
+            )
             fh.close()
             os.replace(tmp, final)  # the file appears whole or not at all
         finally:

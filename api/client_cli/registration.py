@@ -24,8 +24,11 @@ def _connection_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("server")
     # SUPPRESS: given at either level (`jobs --server X list` or `jobs list --server X`) it sticks.
-    group.add_argument("--server", default=argparse.SUPPRESS,
-                       help="server URL (env FROMSCRATCH_SERVER, default http://127.0.0.1:8000)")
+    group.add_argument(
+        "--server",
+        default=argparse.SUPPRESS,
+        help="server URL (env FROMSCRATCH_SERVER, default http://127.0.0.1:8000)",
+    )
     group.add_argument("--api-key", default=argparse.SUPPRESS, help="API key (env FROMSCRATCH_API_KEY)")
     return common
 
@@ -34,8 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `files`, `jobs` and `models` command groups to `fromscratch`'s subparsers."""
     common = _connection_options()
 
-    def leaf(group: argparse._SubParsersAction, name: str, help_text: str,
-             handler: Handler, json_flag: bool = False) -> argparse.ArgumentParser:
+    def leaf(
+        group: argparse._SubParsersAction,
+        name: str,
+        help_text: str,
+        handler: Handler,
+        json_flag: bool = False,
+    ) -> argparse.ArgumentParser:
         p = group.add_parser(name, help=help_text, description=help_text, parents=[common])
         p.set_defaults(func=run_command(handler))
         if json_flag:
@@ -43,22 +51,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         return p
 
     # files
-    files = subparsers.add_parser("files", help="upload and list training files on a server", parents=[common])
+    files = subparsers.add_parser(
+        "files", help="upload and list training files on a server", parents=[common]
+    )
     files_sub = files.add_subparsers(dest="files_command", metavar="COMMAND", required=True)
-    p = leaf(files_sub, "upload", "upload a training file (UTF-8 text or JSONL); prints its id", cmd_files_upload,
-             json_flag=True)
+    p = leaf(
+        files_sub,
+        "upload",
+        "upload a training file (UTF-8 text or JSONL); prints its id",
+        cmd_files_upload,
+        json_flag=True,
+    )
     p.add_argument("file", metavar="FILE")
     p.add_argument("--purpose", default="fine-tune", help="file purpose")
     leaf(files_sub, "list", "list your uploaded files", cmd_files_list, json_flag=True)
 
     # jobs
-    jobs = subparsers.add_parser("jobs", help="create, follow and control training jobs on a server",
-                                 parents=[common])
+    jobs = subparsers.add_parser(
+        "jobs", help="create, follow and control training jobs on a server", parents=[common]
+    )
     jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="COMMAND", required=True)
     p = leaf(jobs_sub, "create", "start a training job; prints its id", cmd_jobs_create, json_flag=True)
-    p.add_argument("--file", required=True, metavar="FILE_ID", help="training file id (files upload prints it)")
-    p.add_argument("--model", default="llama-tiny", metavar="PRESET",
-                   help=f"a preset ({', '.join(PRESETS)}) or the id of a model you trained (continue training)")
+    p.add_argument(
+        "--file", required=True, metavar="FILE_ID", help="training file id (files upload prints it)"
+    )
+    p.add_argument(
+        "--model",
+        default="llama-tiny",
+        metavar="PRESET",
+        help=f"a preset ({', '.join(PRESETS)}) or the id of a model you trained (continue training)",
+    )
     p.add_argument("--validation-file", metavar="FILE_ID", help="validation file id")
     p.add_argument("--suffix", help="added to the fine-tuned model's name")
     p.add_argument("--seed", type=int, help="random seed (default: the trainer's, 1337)")
@@ -71,24 +93,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=20, help="jobs per page")
     p = leaf(jobs_sub, "show", "show one job", cmd_jobs_show, json_flag=True)
     p.add_argument("id", metavar="JOB_ID")
-    p = leaf(jobs_sub, "follow", "follow a job live until it ends (exit 1 failed, 3 cancelled)",
-             cmd_jobs_follow, json_flag=True)
+    p = leaf(
+        jobs_sub,
+        "follow",
+        "follow a job live until it ends (exit 1 failed, 3 cancelled)",
+        cmd_jobs_follow,
+        json_flag=True,
+    )
     p.add_argument("id", metavar="JOB_ID")
-    for action, text in (("cancel", "cancel a job"), ("pause", "pause a running job (keeps a checkpoint)"),
-                         ("resume", "resume a paused job from its checkpoint")):
+    for action, text in (
+        ("cancel", "cancel a job"),
+        ("pause", "pause a running job (keeps a checkpoint)"),
+        ("resume", "resume a paused job from its checkpoint"),
+    ):
         p = leaf(jobs_sub, action, text, cmd_jobs_action, json_flag=True)
         p.add_argument("id", metavar="JOB_ID")
         p.set_defaults(action=action)
 
     # models
-    models = subparsers.add_parser("models", help="list and download trained models from a server",
-                                   parents=[common])
+    models = subparsers.add_parser(
+        "models", help="list and download trained models from a server", parents=[common]
+    )
     models_sub = models.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
-    leaf(models_sub, "list", "list your models (finished jobs and their checkpoints)", cmd_models_list,
-         json_flag=True)
-    p = leaf(models_sub, "download", "download a model as GGUF, Hugging Face, ONNX or a checkpoint",
-             cmd_models_download)
+    leaf(
+        models_sub,
+        "list",
+        "list your models (finished jobs and their checkpoints)",
+        cmd_models_list,
+        json_flag=True,
+    )
+    p = leaf(
+        models_sub,
+        "download",
+        "download a model as GGUF, Hugging Face, ONNX or a checkpoint",
+        cmd_models_download,
+    )
     p.add_argument("id", metavar="MODEL_ID")
     p.add_argument("--format", choices=FORMATS, default="gguf", help="gguf (default), hf, onnx or checkpoint")
-    p.add_argument("-o", "--output", metavar="PATH",
-                   help="file or folder to write (default: the server's file name in the current folder)")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="file or folder to write (default: the server's file name in the current folder)",
+    )

@@ -25,8 +25,10 @@ def connect(args: argparse.Namespace) -> Any:
     server = getattr(args, "server", None) or os.environ.get("FROMSCRATCH_SERVER") or DEFAULT_SERVER
     api_key = getattr(args, "api_key", None) or os.environ.get("FROMSCRATCH_API_KEY")
     if not api_key:
-        raise UsageError("no API key: pass --api-key or set FROMSCRATCH_API_KEY "
-                         "(`fromscratch keys create --name NAME` makes one)")
+        raise UsageError(
+            "no API key: pass --api-key or set FROMSCRATCH_API_KEY "
+            "(`fromscratch keys create --name NAME` makes one)"
+        )
     return Client(server, api_key)
 
 

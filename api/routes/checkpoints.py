@@ -17,10 +17,18 @@ from core.models import Checkpoint, DeletedModel
 router = APIRouter(prefix="/v1/fine_tuning", tags=["fine-tuning"])
 
 
-@router.get("/jobs/{job_id}/checkpoints", response_model=ListEnvelope[CheckpointObject],
-            summary="A job's checkpoints, newest first")
-def list_checkpoints(job_id: str, session: SessionDep, key: CurrentKey, after: str | None = None,
-                     limit: Annotated[int, Query()] = 10) -> ListEnvelope[CheckpointObject]:
+@router.get(
+    "/jobs/{job_id}/checkpoints",
+    response_model=ListEnvelope[CheckpointObject],
+    summary="A job's checkpoints, newest first",
+)
+def list_checkpoints(
+    job_id: str,
+    session: SessionDep,
+    key: CurrentKey,
+    after: str | None = None,
+    limit: Annotated[int, Query()] = 10,
+) -> ListEnvelope[CheckpointObject]:
     check_limit(limit, 1000)
     job = owned_job(session, key.owner_id, job_id)
     deleted = select(DeletedModel.model_id).where(DeletedModel.owner_id == key.owner_id)
@@ -29,7 +37,11 @@ def list_checkpoints(job_id: str, session: SessionDep, key: CurrentKey, after: s
         cursor = session.scalar(select(Checkpoint).where(Checkpoint.id == after, Checkpoint.job_id == job.id))
         if cursor is None:
             raise bad_cursor(after)
-        q = q.where(or_(Checkpoint.step < cursor.step, and_(Checkpoint.step == cursor.step, Checkpoint.id < cursor.id)))
+        q = q.where(
+            or_(
+                Checkpoint.step < cursor.step, and_(Checkpoint.step == cursor.step, Checkpoint.id < cursor.id)
+            )
+        )
     rows = session.scalars(q.order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(limit + 1)).all()
     data = [to_checkpoint(c) for c in rows[:limit]]
     return ListEnvelope.of(data, has_more=len(rows) > limit)

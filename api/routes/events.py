@@ -89,10 +89,18 @@ def _event_cursor(session: Session, job: Job, after: str) -> tuple[Any, int, int
     return ev.created_at, RANK_MESSAGE, ev.seq
 
 
-@router.get("/jobs/{job_id}/events", response_model=ListEnvelope[JobEvent],
-            summary="A job's events, newest first (lifecycle messages and per-step metrics)")
-def list_events(job_id: str, session: SessionDep, key: CurrentKey, after: str | None = None,
-                limit: Annotated[int, Query()] = 20) -> ListEnvelope[JobEvent]:
+@router.get(
+    "/jobs/{job_id}/events",
+    response_model=ListEnvelope[JobEvent],
+    summary="A job's events, newest first (lifecycle messages and per-step metrics)",
+)
+def list_events(
+    job_id: str,
+    session: SessionDep,
+    key: CurrentKey,
+    after: str | None = None,
+    limit: Annotated[int, Query()] = 20,
+) -> ListEnvelope[JobEvent]:
     check_limit(limit, 1000)
     job = owned_job(session, key.owner_id, job_id)
     mq = select(Metric).where(Metric.job_id == job.id)
@@ -105,10 +113,13 @@ def list_events(job_id: str, session: SessionDep, key: CurrentKey, after: str | 
         else:
             mq = mq.where(Metric.created_at <= at)
             eq = eq.where(or_(Event.created_at < at, and_(Event.created_at == at, Event.seq < n)))
-    metrics = session.scalars(mq.order_by(Metric.created_at.desc(), Metric.step.desc()).limit(limit + 1)).all()
+    metrics = session.scalars(
+        mq.order_by(Metric.created_at.desc(), Metric.step.desc()).limit(limit + 1)
+    ).all()
     events = session.scalars(eq.order_by(Event.created_at.desc(), Event.seq.desc()).limit(limit + 1)).all()
     merged: list[tuple[Any, int, int, JobEvent]] = [
-        (m.created_at, RANK_METRIC, m.step, to_metric_event(job.id, m, job.total_steps)) for m in metrics]
+        (m.created_at, RANK_METRIC, m.step, to_metric_event(job.id, m, job.total_steps)) for m in metrics
+    ]
     merged += [(e.created_at, RANK_MESSAGE, e.seq, to_event(e)) for e in events]
     merged.sort(key=lambda t: (t[0], t[1], t[2]), reverse=True)
     page = [t[3] for t in merged[: limit + 1]]
@@ -117,22 +128,28 @@ def list_events(job_id: str, session: SessionDep, key: CurrentKey, after: str | 
 
 
 # ----------------------------------------------------------------------------------------- metrics
-def select_metrics(session: Session, job_id: str, after_step: int | None, limit: int | None,
-                   max_points: int | None) -> tuple[list[Metric], bool]:
+def select_metrics(
+    session: Session, job_id: str, after_step: int | None, limit: int | None, max_points: int | None
+) -> tuple[list[Metric], bool]:
     """Rows in step order (see the module docstring); returns (rows, has_more)."""
     base = [Metric.job_id == job_id]
     if after_step is not None:
         base.append(Metric.step > after_step)
     has_more = False
     if limit is not None:
-        upper = session.scalar(select(Metric.step).where(*base).order_by(Metric.step).offset(limit - 1).limit(1))
+        upper = session.scalar(
+            select(Metric.step).where(*base).order_by(Metric.step).offset(limit - 1).limit(1)
+        )
         if upper is not None:
-            has_more = session.scalar(select(Metric.step).where(*base, Metric.step > upper).limit(1)) is not None
+            has_more = (
+                session.scalar(select(Metric.step).where(*base, Metric.step > upper).limit(1)) is not None
+            )
             base.append(Metric.step <= upper)
     if max_points is None:
         return list(session.scalars(select(Metric).where(*base).order_by(Metric.step)).all()), has_more
     lo, last, count = session.execute(
-        select(func.min(Metric.step), func.max(Metric.step), func.count()).where(*base)).one()
+        select(func.min(Metric.step), func.max(Metric.step), func.count()).where(*base)
+    ).one()
     if not count:
         return [], has_more
     if count <= max_points:
@@ -141,32 +158,49 @@ def select_metrics(session: Session, job_id: str, after_step: int | None, limit:
         return list(session.scalars(select(Metric).where(*base, Metric.step == last)).all()), has_more
     width = max(1, math.ceil((last - lo) / (max_points - 1)))
     bucket = (Metric.step - lo) // width
-    chosen = (select(func.coalesce(func.max(case((Metric.val_loss.is_not(None), Metric.step))),
-                                   func.max(Metric.step)))
-              .where(*base, Metric.step < last).group_by(bucket))
-    rows = session.scalars(select(Metric).where(*base, or_(Metric.step.in_(chosen), Metric.step == last))
-                           .order_by(Metric.step)).all()
+    chosen = (
+        select(
+            func.coalesce(func.max(case((Metric.val_loss.is_not(None), Metric.step))), func.max(Metric.step))
+        )
+        .where(*base, Metric.step < last)
+        .group_by(bucket)
+    )
+    rows = session.scalars(
+        select(Metric).where(*base, or_(Metric.step.in_(chosen), Metric.step == last)).order_by(Metric.step)
+    ).all()
     return list(rows), has_more
 
 
 @router.get("/jobs/{job_id}/metrics", summary="A job's metrics in step order, optionally downsampled")
-def list_metrics(job_id: str, session: SessionDep, key: CurrentKey,
-                 after_step: Annotated[int | None, Query(description="only steps greater than this")] = None,
-                 limit: Annotated[int | None, Query(description="window size (default 1000 without max_points)")] = None,
-                 max_points: Annotated[int | None, Query(description="downsample to at most this many points")] = None,
-                 ) -> dict[str, Any]:
+def list_metrics(
+    job_id: str,
+    session: SessionDep,
+    key: CurrentKey,
+    after_step: Annotated[int | None, Query(description="only steps greater than this")] = None,
+    limit: Annotated[int | None, Query(description="window size (default 1000 without max_points)")] = None,
+    max_points: Annotated[int | None, Query(description="downsample to at most this many points")] = None,
+) -> dict[str, Any]:
     job = owned_job(session, key.owner_id, job_id)
     if limit is not None:
         check_limit(limit, 100_000)
     elif max_points is None:
         limit = 1000
     if max_points is not None and not 1 <= max_points <= 100_000:
-        raise APIError(400, f"max_points must be between 1 and 100000, got {max_points}", param="max_points",
-                       code="invalid_max_points")
+        raise APIError(
+            400,
+            f"max_points must be between 1 and 100000, got {max_points}",
+            param="max_points",
+            code="invalid_max_points",
+        )
     rows, has_more = select_metrics(session, job.id, after_step, limit, max_points)
     data = [metric_point(m) for m in rows]
-    return {"object": "list", "data": data, "has_more": has_more,
-            "job_status": job.status, "total_steps": job.total_steps}
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": has_more,
+        "job_status": job.status,
+        "total_steps": job.total_steps,
+    }
 
 
 # ------------------------------------------------------------------------------------------ stream
@@ -182,8 +216,12 @@ class StreamCursor:
     def parse(cls, text: str) -> StreamCursor:
         m = re.fullmatch(r"(-1|\d+)\.(\d+)", text.strip())
         if not m:
-            raise APIError(400, f"Last-Event-ID {text!r} is not an id this stream sent (format <step>.<seq>)",
-                           param="Last-Event-ID", code="invalid_last_event_id")
+            raise APIError(
+                400,
+                f"Last-Event-ID {text!r} is not an id this stream sent (format <step>.<seq>)",
+                param="Last-Event-ID",
+                code="invalid_last_event_id",
+            )
         return cls(int(m.group(1)), int(m.group(2)))
 
 
@@ -195,8 +233,9 @@ def _sse(event: str, data: Any, id: str | None = None) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-def _poll(factory: Any, job_id: str, cursor: StreamCursor) -> tuple[dict[str, Any] | None, list[dict[str, Any]],
-                                                                   list[Event]]:
+def _poll(
+    factory: Any, job_id: str, cursor: StreamCursor
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[Event]]:
     """One poll: the job (read first, so a terminal status implies its last metrics are visible
     too), then newer metrics and lifecycle rows."""
     with factory() as session:
@@ -204,10 +243,18 @@ def _poll(factory: Any, job_id: str, cursor: StreamCursor) -> tuple[dict[str, An
         if job is None:
             return None, [], []
         snapshot = to_job(job).model_dump(mode="json")
-        metrics = session.scalars(select(Metric).where(Metric.job_id == job_id, Metric.step > cursor.step)
-                                  .order_by(Metric.step).limit(STREAM_BATCH)).all()
-        events = session.scalars(select(Event).where(Event.job_id == job_id, Event.seq > cursor.seq)
-                                 .order_by(Event.seq).limit(STREAM_BATCH)).all()
+        metrics = session.scalars(
+            select(Metric)
+            .where(Metric.job_id == job_id, Metric.step > cursor.step)
+            .order_by(Metric.step)
+            .limit(STREAM_BATCH)
+        ).all()
+        events = session.scalars(
+            select(Event)
+            .where(Event.job_id == job_id, Event.seq > cursor.seq)
+            .order_by(Event.seq)
+            .limit(STREAM_BATCH)
+        ).all()
         points = [metric_point(m) for m in metrics]
         for e in events:
             session.expunge(e)
@@ -219,7 +266,9 @@ def _status_of(e: Event) -> str | None:
     return status if isinstance(status, str) else None
 
 
-async def _stream(request: Request, job_id: str, cursor: StreamCursor, sent_status: str | None) -> AsyncIterator[str]:
+async def _stream(
+    request: Request, job_id: str, cursor: StreamCursor, sent_status: str | None
+) -> AsyncIterator[str]:
     factory = request.app.state.session_factory
     yield "retry: 2000\n\n"
     last_write = time.monotonic()
@@ -238,16 +287,36 @@ async def _stream(request: Request, job_id: str, cursor: StreamCursor, sent_stat
             status = _status_of(e)
             if status is not None:
                 sent_status = status
-                out.append(_sse("status", {"status": status, "message": e.message, "created_at": unix(e.created_at),
-                                           "job": job}, str(cursor)))
+                out.append(
+                    _sse(
+                        "status",
+                        {
+                            "status": status,
+                            "message": e.message,
+                            "created_at": unix(e.created_at),
+                            "job": job,
+                        },
+                        str(cursor),
+                    )
+                )
             else:
                 out.append(_sse("message", to_event(e).model_dump(mode="json"), str(cursor)))
         drained = len(points) < STREAM_BATCH and len(events) < STREAM_BATCH
         if drained and job["status"] != sent_status and (sent_status is None or job["status"] in TERMINAL):
             # no lifecycle row told this client the current status yet: say it once
             sent_status = job["status"]
-            out.append(_sse("status", {"status": sent_status, "message": f"Job status: {sent_status}",
-                                       "created_at": int(time.time()), "job": job}, str(cursor)))
+            out.append(
+                _sse(
+                    "status",
+                    {
+                        "status": sent_status,
+                        "message": f"Job status: {sent_status}",
+                        "created_at": int(time.time()),
+                        "job": job,
+                    },
+                    str(cursor),
+                )
+            )
         if out:
             yield "".join(out)
             last_write = time.monotonic()
@@ -261,17 +330,28 @@ async def _stream(request: Request, job_id: str, cursor: StreamCursor, sent_stat
         await asyncio.sleep(POLL_SECONDS)
 
 
-@router.get("/jobs/{job_id}/stream", summary="Server-Sent Events: metrics and status as they happen",
-            response_class=StreamingResponse, responses={200: {"content": {"text/event-stream": {}}}})
-async def stream_job(job_id: str, request: Request, session: SessionDep, key: StreamKey,
-                     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
-                     last_event_id_query: Annotated[str | None, Query(alias="last_event_id")] = None,
-                     ) -> StreamingResponse:
+@router.get(
+    "/jobs/{job_id}/stream",
+    summary="Server-Sent Events: metrics and status as they happen",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+async def stream_job(
+    job_id: str,
+    request: Request,
+    session: SessionDep,
+    key: StreamKey,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    last_event_id_query: Annotated[str | None, Query(alias="last_event_id")] = None,
+) -> StreamingResponse:
     job = await run_in_threadpool(owned_job, session, key.owner_id, job_id)
     resume_from = last_event_id or last_event_id_query
     cursor = StreamCursor.parse(resume_from) if resume_from else StreamCursor()
     # A resuming client has seen the status as of its cursor; newer changes arrive as rows.
     sent_status = job.status if resume_from else None
     await run_in_threadpool(session.close)
-    return StreamingResponse(_stream(request, job.id, cursor, sent_status), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        _stream(request, job.id, cursor, sent_status),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -63,8 +63,9 @@ class _UploadParser(MultiPartParser):
         upload = self._current_part.file
         if upload is not None:
             upload.file.close()  # the SpooledTemporaryFile the base class made (still empty)
-            fd, name = tempfile.mkstemp(dir=self.upload_dir, prefix="upload-",
-                                        suffix=_safe_suffix(upload.filename or ""))
+            fd, name = tempfile.mkstemp(
+                dir=self.upload_dir, prefix="upload-", suffix=_safe_suffix(upload.filename or "")
+            )
             os.close(fd)
             fh = open(name, "w+b")  # noqa: SIM115 - closed by upload_file
             self.paths.append(Path(name))
@@ -73,17 +74,27 @@ class _UploadParser(MultiPartParser):
 
 
 def _too_large(limit: int) -> APIError:
-    return APIError(400, f"The file is larger than the upload limit of {limit} bytes "
-                         "(setting FROMSCRATCH_MAX_UPLOAD_BYTES).", param="file", code="file_too_large")
+    return APIError(
+        400,
+        f"The file is larger than the upload limit of {limit} bytes (setting FROMSCRATCH_MAX_UPLOAD_BYTES).",
+        param="file",
+        code="file_too_large",
+    )
 
 
 @router.post("/files", response_model=FileObject, summary="Upload a training file")
-async def upload_file(request: Request, key: CurrentKey, settings: SettingsDep, store: BlobStoreDep) -> FileObject:
+async def upload_file(
+    request: Request, key: CurrentKey, settings: SettingsDep, store: BlobStoreDep
+) -> FileObject:
     limit = settings.max_upload_bytes
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
-        raise APIError(400, "Upload files as multipart/form-data with a `file` part and `purpose=fine-tune`.",
-                       param="file", code="invalid_content_type")
+        raise APIError(
+            400,
+            "Upload files as multipart/form-data with a `file` part and `purpose=fine-tune`.",
+            param="file",
+            code="invalid_content_type",
+        )
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + MULTIPART_SLACK:
         raise _too_large(limit)
@@ -103,22 +114,32 @@ async def upload_file(request: Request, key: CurrentKey, settings: SettingsDep, 
         try:
             form = await parser.parse()
         except MultiPartException as e:
-            raise APIError(400, f"Invalid multipart body: {e.message}", param="file", code="invalid_multipart") from e
+            raise APIError(
+                400, f"Invalid multipart body: {e.message}", param="file", code="invalid_multipart"
+            ) from e
         purpose = form.get("purpose")
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
-            raise APIError(400, "Missing the `file` part: send the training data as a multipart file field "
-                                "named `file`.", param="file", code="missing_file")
+            raise APIError(
+                400,
+                "Missing the `file` part: send the training data as a multipart file field named `file`.",
+                param="file",
+                code="missing_file",
+            )
         if not isinstance(purpose, str) or not purpose:
-            raise APIError(400, "Missing `purpose`: send purpose=fine-tune.", param="purpose", code="missing_purpose")
+            raise APIError(
+                400, "Missing `purpose`: send purpose=fine-tune.", param="purpose", code="missing_purpose"
+            )
         if purpose not in PURPOSES:
-            raise APIError(400, f"purpose must be 'fine-tune', got {purpose!r}.", param="purpose",
-                           code="invalid_purpose")
+            raise APIError(
+                400, f"purpose must be 'fine-tune', got {purpose!r}.", param="purpose", code="invalid_purpose"
+            )
         upload.file.flush()
         path = Path(upload.file.name)  # type: ignore[union-attr]
         filename = (upload.filename or path.name)[:500]
-        return await run_in_threadpool(_validate_and_store, request, key.owner_id, path, filename, purpose,
-                                       limit, store)
+        return await run_in_threadpool(
+            _validate_and_store, request, key.owner_id, path, filename, purpose, limit, store
+        )
     finally:
         for f in parser._files_to_close_on_error:
             with contextlib.suppress(Exception):
@@ -127,8 +148,9 @@ async def upload_file(request: Request, key: CurrentKey, settings: SettingsDep, 
             p.unlink(missing_ok=True)
 
 
-def _validate_and_store(request: Request, owner_id: str, path: Path, filename: str, purpose: str,
-                        limit: int, store: Any) -> FileObject:
+def _validate_and_store(
+    request: Request, owner_id: str, path: Path, filename: str, purpose: str, limit: int, store: Any
+) -> FileObject:
     from trainer.dataformat import DataError, validate_file
 
     if path.stat().st_size > limit:
@@ -136,15 +158,23 @@ def _validate_and_store(request: Request, owner_id: str, path: Path, filename: s
     try:
         summary = validate_file(path, max_bytes=limit)
     except DataError as e:
-        raise APIError(400, f"Invalid training file {filename!r}: {e.message}", param="file",
-                       code="invalid_file") from e
+        raise APIError(
+            400, f"Invalid training file {filename!r}: {e.message}", param="file", code="invalid_file"
+        ) from e
     session = request.app.state.session_factory()
     blob = None
     try:
         with open(path, "rb") as fh:
             blob = store.put(iter(lambda: fh.read(CHUNK), b""), session, max_bytes=limit)
-        row = File(owner_id=owner_id, filename=filename, purpose=purpose, bytes=blob.size, sha256=blob.sha256,
-                   format=summary.format, blob_id=blob.id)
+        row = File(
+            owner_id=owner_id,
+            filename=filename,
+            purpose=purpose,
+            bytes=blob.size,
+            sha256=blob.sha256,
+            format=summary.format,
+            blob_id=blob.id,
+        )
         session.add(row)
         session.commit()
         return to_file(row)
@@ -160,9 +190,14 @@ def _validate_and_store(request: Request, owner_id: str, path: Path, filename: s
 
 
 @router.get("/files", response_model=ListEnvelope[FileObject], summary="List your files, newest first")
-def list_files(session: SessionDep, key: CurrentKey, after: str | None = None,
-               limit: Annotated[int, Query()] = 100, purpose: str | None = None,
-               order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc") -> ListEnvelope[FileObject]:
+def list_files(
+    session: SessionDep,
+    key: CurrentKey,
+    after: str | None = None,
+    limit: Annotated[int, Query()] = 100,
+    purpose: str | None = None,
+    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
+) -> ListEnvelope[FileObject]:
     check_limit(limit, 10000)
     q = live_files(key.owner_id)
     if purpose:
@@ -174,8 +209,12 @@ def list_files(session: SessionDep, key: CurrentKey, after: str | None = None,
         if order == "desc":
             q = q.where(newest_first_after(File, cursor))
         else:
-            q = q.where(or_(File.created_at > cursor.created_at,
-                            and_(File.created_at == cursor.created_at, File.id > cursor.id)))
+            q = q.where(
+                or_(
+                    File.created_at > cursor.created_at,
+                    and_(File.created_at == cursor.created_at, File.id > cursor.id),
+                )
+            )
     if order == "desc":
         q = q.order_by(File.created_at.desc(), File.id.desc())
     else:
@@ -190,34 +229,50 @@ def get_file(file_id: str, session: SessionDep, key: CurrentKey) -> FileObject:
     return to_file(owned_file(session, key.owner_id, file_id))
 
 
-@router.get("/files/{file_id}/content", summary="Download a file's bytes",
-            response_class=StreamingResponse, responses={200: {"content": {"application/octet-stream": {}}}})
-def file_content(file_id: str, session: SessionDep, key: CurrentKey, store: BlobStoreDep) -> StreamingResponse:
+@router.get(
+    "/files/{file_id}/content",
+    summary="Download a file's bytes",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def file_content(
+    file_id: str, session: SessionDep, key: CurrentKey, store: BlobStoreDep
+) -> StreamingResponse:
     f = owned_file(session, key.owner_id, file_id)
     chunks = store.open(f.blob_id)
     media = "application/jsonl" if f.format == "jsonl" else "text/plain; charset=utf-8"
-    return StreamingResponse(chunks, media_type=media, headers={
-        "Content-Length": str(f.bytes),
-        "Content-Disposition": content_disposition(f.filename),
-    })
+    return StreamingResponse(
+        chunks,
+        media_type=media,
+        headers={
+            "Content-Length": str(f.bytes),
+            "Content-Disposition": content_disposition(f.filename),
+        },
+    )
 
 
 def content_disposition(filename: str) -> str:
     from urllib.parse import quote
 
-    ascii_name = re.sub(r'[^A-Za-z0-9._-]+', "_", filename) or "download"
+    ascii_name = re.sub(r"[^A-Za-z0-9._-]+", "_", filename) or "download"
     return f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
 @router.delete("/files/{file_id}", response_model=Deleted, summary="Delete a file")
 def delete_file(file_id: str, session: SessionDep, key: CurrentKey, store: BlobStoreDep) -> Deleted:
     f = owned_file(session, key.owner_id, file_id)
-    users = session.scalars(select(Job).where((Job.training_file == f.id) | (Job.validation_file == f.id))).all()
+    users = session.scalars(
+        select(Job).where((Job.training_file == f.id) | (Job.validation_file == f.id))
+    ).all()
     live = [j.id for j in users if j.status not in TERMINAL]
     if live:
-        raise APIError(400, f"File {f.id} is used by job(s) that have not finished: {', '.join(live)}. "
-                            "Cancel them or wait until they finish, then delete the file.",
-                       param="file_id", code="file_in_use")
+        raise APIError(
+            400,
+            f"File {f.id} is used by job(s) that have not finished: {', '.join(live)}. "
+            "Cancel them or wait until they finish, then delete the file.",
+            param="file_id",
+            code="file_in_use",
+        )
     old_blob = f.blob_id
     if users:
         # Finished jobs still name this file: keep the row (marked deleted), free the bytes.

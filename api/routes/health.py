@@ -42,11 +42,14 @@ class JobsCollector(Collector):
         try:
             with self.session_factory() as s:
                 counts = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
-                waiting = s.execute(select(Job.queue, func.count())
-                                    .where(Job.status.in_(("validating_files", "queued")), Job.lease_owner.is_(None))
-                                    .group_by(Job.queue)).all()
-                running = s.execute(select(Job.id, Job.queue, Job.tokens_per_s)
-                                    .where(Job.status == "running")).all()
+                waiting = s.execute(
+                    select(Job.queue, func.count())
+                    .where(Job.status.in_(("validating_files", "queued")), Job.lease_owner.is_(None))
+                    .group_by(Job.queue)
+                ).all()
+                running = s.execute(
+                    select(Job.id, Job.queue, Job.tokens_per_s).where(Job.status == "running")
+                ).all()
         except Exception:  # noqa: BLE001 - a scrape must not fail because the database is down
             log.warning("metrics scrape: database query failed", exc_info=True)
             up.add_metric([], 0)
@@ -63,22 +66,32 @@ class JobsCollector(Collector):
         for queue in sorted({"cpu", "gpu", *waiting_by_queue}):
             depth.add_metric([queue], float(waiting_by_queue.get(queue, 0)))
         yield depth
-        tps = GaugeMetricFamily("fromscratch_training_tokens_per_second", "Training throughput of running jobs",
-                                labels=["job_id", "queue"])
+        tps = GaugeMetricFamily(
+            "fromscratch_training_tokens_per_second",
+            "Training throughput of running jobs",
+            labels=["job_id", "queue"],
+        )
         total = 0.0
         for job_id, queue, value in running:
             tps.add_metric([job_id, queue], float(value or 0.0))
             total += float(value or 0.0)
         yield tps
-        yield GaugeMetricFamily("fromscratch_training_tokens_per_second_total",
-                                "Sum of the training throughput of running jobs", value=total)
+        yield GaugeMetricFamily(
+            "fromscratch_training_tokens_per_second_total",
+            "Sum of the training throughput of running jobs",
+            value=total,
+        )
 
 
 def make_registry(session_factory: Any) -> tuple[CollectorRegistry, Histogram]:
     registry = CollectorRegistry(auto_describe=False)
-    latency = Histogram("fromscratch_http_request_duration_seconds", "HTTP request latency (to the first byte)",
-                        ["method", "route", "status"], registry=registry,
-                        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+    latency = Histogram(
+        "fromscratch_http_request_duration_seconds",
+        "HTTP request latency (to the first byte)",
+        ["method", "route", "status"],
+        registry=registry,
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    )
     registry.register(JobsCollector(session_factory))
     return registry, latency
 
@@ -90,7 +103,9 @@ def healthz() -> dict[str, str]:
 
 def _check_broker(celery: Any) -> None:
     with celery.connection_for_write() as conn:
-        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2, interval_max=0.5, timeout=3)
+        conn.ensure_connection(
+            max_retries=1, interval_start=0, interval_step=0.2, interval_max=0.5, timeout=3
+        )
 
 
 @router.get("/readyz", summary="Database and broker reachable (503 otherwise)")

@@ -51,7 +51,9 @@ def _owned_training_file(session: Session, owner_id: str, file_id: Any, param: s
         raise _bad(f"{param} must be the id of a file you uploaded (POST /v1/files)", param)
     f = session.scalar(live_files(owner_id).where(File.id == file_id))
     if f is None:
-        raise _bad(f"{param}: no such file {file_id!r} (upload it with POST /v1/files)", param, "file_not_found")
+        raise _bad(
+            f"{param}: no such file {file_id!r} (upload it with POST /v1/files)", param, "file_not_found"
+        )
     if f.purpose != "fine-tune":
         raise _bad(f"{param}: file {file_id} has purpose {f.purpose!r}, not 'fine-tune'", param)
     return f
@@ -64,12 +66,16 @@ def _hyperparameters(body: JobCreate) -> Any:
     if method is None:
         return top
     if not isinstance(method, dict):
-        raise _bad("method must be an object like {\"type\": \"supervised\", \"supervised\": {\"hyperparameters\": {...}}}",
-                   "method")
+        raise _bad(
+            'method must be an object like {"type": "supervised", "supervised": {"hyperparameters": {...}}}',
+            "method",
+        )
     mtype = method.get("type", "supervised")
     if mtype != "supervised":
-        raise _bad(f"method.type {mtype!r} is not supported: only 'supervised' (training from the data)",
-                   "method.type")
+        raise _bad(
+            f"method.type {mtype!r} is not supported: only 'supervised' (training from the data)",
+            "method.type",
+        )
     unknown = [k for k in method if k not in ("type", "supervised")]
     if unknown:
         raise _bad(f"unknown field method.{unknown[0]}", f"method.{unknown[0]}")
@@ -81,8 +87,10 @@ def _hyperparameters(body: JobCreate) -> Any:
         raise _bad(f"unknown field method.supervised.{unknown[0]}", f"method.supervised.{unknown[0]}")
     inner = supervised.get("hyperparameters")
     if inner is not None and top is not None:
-        raise _bad("give hyperparameters either at the top level or in method.supervised, not both",
-                   "hyperparameters")
+        raise _bad(
+            "give hyperparameters either at the top level or in method.supervised, not both",
+            "hyperparameters",
+        )
     return inner if inner is not None else top
 
 
@@ -102,9 +110,13 @@ def _validate_create(session: Session, owner_id: str, body: JobCreate, default_q
         raise _bad("integrations are not supported", "integrations")
     model = body.model
     if not isinstance(model, str) or not model:
-        raise _bad(f"model is required: a preset ({', '.join(PRESETS)}) or the id of a model you trained", "model")
+        raise _bad(
+            f"model is required: a preset ({', '.join(PRESETS)}) or the id of a model you trained", "model"
+        )
     if body.training_file is None:
-        raise _bad("training_file is required: the id of a file you uploaded (POST /v1/files)", "training_file")
+        raise _bad(
+            "training_file is required: the id of a file you uploaded (POST /v1/files)", "training_file"
+        )
     train_file = _owned_training_file(session, owner_id, body.training_file, "training_file")
     val_file = None
     if body.validation_file is not None:
@@ -119,37 +131,67 @@ def _validate_create(session: Session, owner_id: str, body: JobCreate, default_q
         raise _bad("suffix must be 1-64 characters of letters, digits, '_', '-', '.' (no ':')", "suffix")
     metadata = body.metadata
     if metadata is not None:
-        if not isinstance(metadata, dict) or len(metadata) > 16 or not all(
+        if (
+            not isinstance(metadata, dict)
+            or len(metadata) > 16
+            or not all(
                 isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
-                for k, v in metadata.items()):
-            raise _bad("metadata must be an object of at most 16 string keys (<= 64 chars) with string values "
-                       "(<= 512 chars)", "metadata")
+                for k, v in metadata.items()
+            )
+        ):
+            raise _bad(
+                "metadata must be an object of at most 16 string keys (<= 64 chars) with string values "
+                "(<= 512 chars)",
+                "metadata",
+            )
     raw_hp = _hyperparameters(body)
 
     parent = None
     if model not in PRESETS:
         parent = find_model(session, owner_id, model)
         if parent is None:
-            raise _bad(f"Unknown model {model!r}: use a preset ({', '.join(PRESETS)}) or the id of a model you "
-                       "trained (GET /v1/models)", "model", "model_not_found")
+            raise _bad(
+                f"Unknown model {model!r}: use a preset ({', '.join(PRESETS)}) or the id of a model you "
+                "trained (GET /v1/models)",
+                "model",
+                "model_not_found",
+            )
         if parent.checkpoint is None:
             raise _bad(f"model {model!r} has no stored checkpoint to continue from", "model")
     try:
         if parent is not None:
-            resolved = resolve(raw_hp, parent_model_config=parent.job.model_config,
-                               parent_train_config=parent.job.train_config, seed=seed)
+            resolved = resolve(
+                raw_hp,
+                parent_model_config=parent.job.model_config,
+                parent_train_config=parent.job.train_config,
+                seed=seed,
+            )
         else:
             resolved = resolve(raw_hp, preset=model, seed=seed)
-        check_context(resolved.model_config, resolved.train_config, train_file.bytes, val_file is not None,
-                      val_file.bytes if val_file is not None else None)
+        check_context(
+            resolved.model_config,
+            resolved.train_config,
+            train_file.bytes,
+            val_file is not None,
+            val_file.bytes if val_file is not None else None,
+        )
     except HyperparameterError as e:
         raise _bad(e.message, e.param, "invalid_hyperparameter") from e
-    return Job(owner_id=owner_id, model=model, base_model_id=parent.id if parent else None,
-               training_file=train_file.id, validation_file=val_file.id if val_file else None,
-               status=jobstates.VALIDATING_FILES, hyperparameters=resolved.hyperparameters,
-               model_config=resolved.model_config.to_dict(), train_config=resolved.train_config.to_dict(),
-               seed=seed, suffix=suffix, user_metadata=metadata,
-               queue=_queue_for(resolved.train_config.device, default_queue))
+    return Job(
+        owner_id=owner_id,
+        model=model,
+        base_model_id=parent.id if parent else None,
+        training_file=train_file.id,
+        validation_file=val_file.id if val_file else None,
+        status=jobstates.VALIDATING_FILES,
+        hyperparameters=resolved.hyperparameters,
+        model_config=resolved.model_config.to_dict(),
+        train_config=resolved.train_config.to_dict(),
+        seed=seed,
+        suffix=suffix,
+        user_metadata=metadata,
+        queue=_queue_for(resolved.train_config.device, default_queue),
+    )
 
 
 def _existing(session: Session, owner_id: str, idem: str) -> Job | None:
@@ -157,9 +199,14 @@ def _existing(session: Session, owner_id: str, idem: str) -> Job | None:
 
 
 @router.post("/jobs", response_model=FineTuningJob, summary="Create a training job")
-def create_job(body: JobCreate, request: Request, session: SessionDep, key: CurrentKey, settings: SettingsDep,
-               idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
-               ) -> FineTuningJob:
+def create_job(
+    body: JobCreate,
+    request: Request,
+    session: SessionDep,
+    key: CurrentKey,
+    settings: SettingsDep,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+) -> FineTuningJob:
     if idempotency_key:
         existing = _existing(session, key.owner_id, idempotency_key)
         if existing is not None:
@@ -175,8 +222,9 @@ def create_job(body: JobCreate, request: Request, session: SessionDep, key: Curr
         if existing is None:
             raise
         return to_job(existing)
-    jobstates.add_event(session, job.id, f"Created fine-tuning job: {job.id}",
-                        data={"status": job.status, "model": job.model})
+    jobstates.add_event(
+        session, job.id, f"Created fine-tuning job: {job.id}", data={"status": job.status, "model": job.model}
+    )
     jobstates.add_event(session, job.id, f"Validating training file: {job.training_file}")
     try:
         session.commit()
@@ -204,9 +252,12 @@ def _enqueue(request: Request, session: Session, job: Job, undo: Any) -> None:
         session.refresh(job)
         undo(session, job)
         session.commit()
-        raise APIError(503, f"The job could not be queued: the broker is unreachable ({type(e).__name__}). "
-                            "Nothing was changed; try again later (GET /readyz shows when the service is ready).",
-                       code="broker_unavailable") from e
+        raise APIError(
+            503,
+            f"The job could not be queued: the broker is unreachable ({type(e).__name__}). "
+            "Nothing was changed; try again later (GET /readyz shows when the service is ready).",
+            code="broker_unavailable",
+        ) from e
 
 
 def _undo_create(session: Session, job: Job) -> None:
@@ -220,8 +271,13 @@ def _undo_resume(session: Session, job: Job) -> None:
 
 
 @router.get("/jobs", response_model=ListEnvelope[FineTuningJob], summary="List your jobs, newest first")
-def list_jobs(session: SessionDep, key: CurrentKey, after: str | None = None,
-              limit: Annotated[int, Query()] = 20, status: str | None = None) -> ListEnvelope[FineTuningJob]:
+def list_jobs(
+    session: SessionDep,
+    key: CurrentKey,
+    after: str | None = None,
+    limit: Annotated[int, Query()] = 20,
+    status: str | None = None,
+) -> ListEnvelope[FineTuningJob]:
     check_limit(limit, 100)
     q = select(Job).where(Job.owner_id == key.owner_id)
     if status:
@@ -257,8 +313,11 @@ def cancel_job(job_id: str, session: SessionDep, key: CurrentKey) -> FineTuningJ
     return to_job(_control(session, key, job_id, jobstates.request_cancel))
 
 
-@router.post("/jobs/{job_id}/pause", response_model=FineTuningJob,
-             summary="Pause a job (it keeps a checkpoint; resume continues from the same step)")
+@router.post(
+    "/jobs/{job_id}/pause",
+    response_model=FineTuningJob,
+    summary="Pause a job (it keeps a checkpoint; resume continues from the same step)",
+)
 def pause_job(job_id: str, session: SessionDep, key: CurrentKey) -> FineTuningJob:
     return to_job(_control(session, key, job_id, jobstates.request_pause))
 
@@ -287,8 +346,22 @@ def list_presets(key: CurrentKey) -> dict[str, Any]:
     for name in PRESETS:
         cfg = model_config_from_preset(name).to_dict()
         cfg.pop("vocab_size", None)
-        data.append({"id": name, "object": "preset", "model": cfg,
-                     "n_params_byte_tokenizer": model_config_from_preset(name, vocab_size=258).num_params()})
-    return {"object": "list", "data": data, "has_more": False,
-            "hyperparameters": {"n_epochs": "auto", "batch_size": train_defaults["batch_size"],
-                                "learning_rate_multiplier": "auto", **train_defaults}}
+        data.append(
+            {
+                "id": name,
+                "object": "preset",
+                "model": cfg,
+                "n_params_byte_tokenizer": model_config_from_preset(name, vocab_size=258).num_params(),
+            }
+        )
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": False,
+        "hyperparameters": {
+            "n_epochs": "auto",
+            "batch_size": train_defaults["batch_size"],
+            "learning_rate_multiplier": "auto",
+            **train_defaults,
+        },
+    }

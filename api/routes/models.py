@@ -30,9 +30,16 @@ router = APIRouter(prefix="/v1", tags=["models"])
 
 def to_model(ref: ModelRef) -> Model:
     job = ref.job
-    return Model(id=ref.id, created=unix(ref.created_at) or 0, owned_by=job.owner_id, kind=ref.kind,  # type: ignore[arg-type]
-                 job_id=job.id, step=ref.checkpoint.step if ref.checkpoint is not None else job.step,
-                 root=root_preset(job.model), parent=job.base_model_id)
+    return Model(
+        id=ref.id,
+        created=unix(ref.created_at) or 0,
+        owned_by=job.owner_id,
+        kind=ref.kind,  # type: ignore[arg-type]
+        job_id=job.id,
+        step=ref.checkpoint.step if ref.checkpoint is not None else job.step,
+        root=root_preset(job.model),
+        parent=job.base_model_id,
+    )
 
 
 @router.get("/models", response_model=ListEnvelope[Model], summary="Your trained models and checkpoints")
@@ -40,8 +47,14 @@ def list_models(session: SessionDep, key: CurrentKey) -> ListEnvelope[Model]:
     owner = key.owner_id
     deleted = set(session.scalars(select(DeletedModel.model_id).where(DeletedModel.owner_id == owner)).all())
     refs: dict[str, ModelRef] = {}
-    jobs = {j.id: j for j in session.scalars(select(Job).where(Job.owner_id == owner, Job.status == "succeeded",
-                                                               Job.fine_tuned_model.is_not(None))).all()}
+    jobs = {
+        j.id: j
+        for j in session.scalars(
+            select(Job).where(
+                Job.owner_id == owner, Job.status == "succeeded", Job.fine_tuned_model.is_not(None)
+            )
+        ).all()
+    }
     ckpts = session.scalars(select(Checkpoint).where(Checkpoint.owner_id == owner)).all()
     by_job: dict[str, list[Checkpoint]] = {}
     for c in ckpts:
@@ -51,8 +64,9 @@ def list_models(session: SessionDep, key: CurrentKey) -> ListEnvelope[Model]:
         mine = sorted(by_job.get(job.id, []), key=lambda c: (c.is_final, c.step))
         exact = [c for c in mine if c.model_id == job.fine_tuned_model]
         ckpt = exact[0] if exact else (mine[-1] if mine else None)
-        refs[job.fine_tuned_model] = ModelRef(job.fine_tuned_model, "fine_tuned", job, ckpt,
-                                              job.finished_at or job.created_at)
+        refs[job.fine_tuned_model] = ModelRef(
+            job.fine_tuned_model, "fine_tuned", job, ckpt, job.finished_at or job.created_at
+        )
     missing_jobs = {c.job_id for c in ckpts if c.job_id not in jobs}
     if missing_jobs:
         jobs.update({j.id: j for j in session.scalars(select(Job).where(Job.id.in_(missing_jobs))).all()})
@@ -65,40 +79,86 @@ def list_models(session: SessionDep, key: CurrentKey) -> ListEnvelope[Model]:
     return ListEnvelope.of(models)
 
 
-@router.get("/models/{model_id:path}/content", summary="Download a model: gguf, hf (tar), onnx, checkpoint (tar)",
-            response_class=StreamingResponse, responses={200: {"content": {"application/octet-stream": {}}}})
-def model_content(model_id: str, request: Request, session: SessionDep, key: CurrentKey, store: BlobStoreDep,
-                  settings: SettingsDep,
-                  format: Annotated[str, Query(description="gguf | hf | onnx | checkpoint")] = "gguf",
-                  dtype: Annotated[str, Query(description="f32 | f16 | q8_0 (gguf, hf, onnx)")] = "f32",
-                  ) -> StreamingResponse:
+@router.get(
+    "/models/{model_id:path}/content",
+    summary="Download a model: gguf, hf (tar), onnx, checkpoint (tar)",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/octet-stream": {}}}},
+)
+def model_content(
+    model_id: str,
+    request: Request,
+    session: SessionDep,
+    key: CurrentKey,
+    store: BlobStoreDep,
+    settings: SettingsDep,
+    format: Annotated[str, Query(description="gguf | hf | onnx | checkpoint")] = "gguf",
+    dtype: Annotated[str, Query(description="f32 | f16 | q8_0 (gguf, hf, onnx)")] = "f32",
+) -> StreamingResponse:
     ref = owned_model(session, key.owner_id, model_id)
     session.commit()  # end the read transaction: the export below may take a while
-    download = prepare_download(ref, format, dtype, store=store, factory=request.app.state.session_factory,
-                                work_dir=Path(settings.work_dir))
-    return StreamingResponse(store.open(download.blob_id), media_type=download.media_type, headers={
-        "Content-Length": str(download.size),
-        "Content-Disposition": content_disposition(download.filename),
-    })
+    download = prepare_download(
+        ref,
+        format,
+        dtype,
+        store=store,
+        factory=request.app.state.session_factory,
+        work_dir=Path(settings.work_dir),
+    )
+    return StreamingResponse(
+        store.open(download.blob_id),
+        media_type=download.media_type,
+        headers={
+            "Content-Length": str(download.size),
+            "Content-Disposition": content_disposition(download.filename),
+        },
+    )
 
 
-@router.post("/models/{model_id:path}/generate", response_model=GenerateResponse,
-             summary="Generate text from a model or checkpoint")
-def generate(model_id: str, body: GenerateRequest, request: Request, session: SessionDep, key: CurrentKey,
-             store: BlobStoreDep, settings: SettingsDep) -> GenerateResponse:
+@router.post(
+    "/models/{model_id:path}/generate",
+    response_model=GenerateResponse,
+    summary="Generate text from a model or checkpoint",
+)
+def generate(
+    model_id: str,
+    body: GenerateRequest,
+    request: Request,
+    session: SessionDep,
+    key: CurrentKey,
+    store: BlobStoreDep,
+    settings: SettingsDep,
+) -> GenerateResponse:
     ref = owned_model(session, key.owner_id, model_id)
     if ref.checkpoint is None:
         from api.errors import APIError
 
-        raise APIError(404, f"Model {model_id!r} has no stored weights.", param="model", code="model_not_found")
+        raise APIError(
+            404, f"Model {model_id!r} has no stored weights.", param="model", code="model_not_found"
+        )
     blob_id = ref.checkpoint.blob_id
     session.commit()
     text, n_prompt, n_completion = generate_text(
-        request.app.state.model_cache, blob_id, store, Path(settings.work_dir), prompt=body.prompt,
-        max_tokens=body.max_tokens, temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
-        seed=body.seed)
-    return GenerateResponse(model=model_id, text=text, usage={
-        "prompt_tokens": n_prompt, "completion_tokens": n_completion, "total_tokens": n_prompt + n_completion})
+        request.app.state.model_cache,
+        blob_id,
+        store,
+        Path(settings.work_dir),
+        prompt=body.prompt,
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_k=body.top_k,
+        top_p=body.top_p,
+        seed=body.seed,
+    )
+    return GenerateResponse(
+        model=model_id,
+        text=text,
+        usage={
+            "prompt_tokens": n_prompt,
+            "completion_tokens": n_completion,
+            "total_tokens": n_prompt + n_completion,
+        },
+    )
 
 
 @router.get("/models/{model_id:path}", response_model=Model, summary="Get a model")

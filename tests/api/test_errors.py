@@ -35,8 +35,11 @@ def test_wrong_method_is_json_405(client: TestClient, tenant: Tenant) -> None:
 
 
 def test_bad_body_is_json_422(client: TestClient, tenant: Tenant) -> None:
-    r = client.post("/v1/fine_tuning/jobs", headers={**tenant.headers, "Content-Type": "application/json"},
-                    content=b"{not json")
+    r = client.post(
+        "/v1/fine_tuning/jobs",
+        headers={**tenant.headers, "Content-Type": "application/json"},
+        content=b"{not json",
+    )
     err = assert_envelope(r, 422)
     assert err["code"] == "validation_error"
     r = client.post("/v1/models/ft:x:y/generate", headers=tenant.headers, json={"max_tokens": "many"})
@@ -45,10 +48,19 @@ def test_bad_body_is_json_422(client: TestClient, tenant: Tenant) -> None:
 
 
 def test_missing_and_bad_keys_are_401(client: TestClient) -> None:
-    for headers in ({}, {"Authorization": "Bearer fsk-wrong"}, {"Authorization": "Basic abc"},
-                    {"Authorization": "Bearer "}):
-        for method, path in (("get", "/v1/files"), ("get", "/v1/fine_tuning/jobs"), ("get", "/v1/models"),
-                             ("post", "/v1/fine_tuning/jobs"), ("post", "/v1/files")):
+    for headers in (
+        {},
+        {"Authorization": "Bearer fsk-wrong"},
+        {"Authorization": "Basic abc"},
+        {"Authorization": "Bearer "},
+    ):
+        for method, path in (
+            ("get", "/v1/files"),
+            ("get", "/v1/fine_tuning/jobs"),
+            ("get", "/v1/models"),
+            ("post", "/v1/fine_tuning/jobs"),
+            ("post", "/v1/files"),
+        ):
             err = assert_envelope(getattr(client, method)(path, headers=headers), 401)
             assert err["code"] in ("missing_api_key", "invalid_api_key")
 
@@ -103,7 +115,9 @@ def test_request_latency_and_job_gauges_exported(client: TestClient, tenant: Ten
     factory.job(tenant.owner_id, status="running", tokens_per_s=1234.0)
     client.get("/v1/files", headers=tenant.headers)
     text = client.get("/metrics").text
-    assert 'fromscratch_http_request_duration_seconds_count{method="GET",route="/v1/files",status="200"}' in text
+    assert (
+        'fromscratch_http_request_duration_seconds_count{method="GET",route="/v1/files",status="200"}' in text
+    )
     running = [line for line in text.splitlines() if line.startswith('fromscratch_jobs{status="running"}')]
     assert running and float(running[0].split()[-1]) >= 1
     assert "fromscratch_queue_depth" in text

@@ -35,16 +35,25 @@ def test_upload_text_roundtrip(client: TestClient, tenant: Tenant) -> None:
 
 
 def test_upload_jsonl_detected(client: TestClient, tenant: Tenant) -> None:
-    lines = [{"text": "hello"}, {"prompt": "a", "completion": "b"},
-             {"messages": [{"role": "user", "content": "hi"}]}]
+    lines = [
+        {"text": "hello"},
+        {"prompt": "a", "completion": "b"},
+        {"messages": [{"role": "user", "content": "hi"}]},
+    ]
     body = "\n".join(json.dumps(x) for x in lines).encode()
     r = upload(client, tenant, body, "d.jsonl")
     assert r.status_code == 200, r.text
     assert r.json()["format"] == "jsonl"
 
 
-def _rejected(client: TestClient, tenant: Tenant, session_factory: Any, content: bytes, filename: str,
-              purpose: str = "fine-tune") -> dict[str, Any]:
+def _rejected(
+    client: TestClient,
+    tenant: Tenant,
+    session_factory: Any,
+    content: bytes,
+    filename: str,
+    purpose: str = "fine-tune",
+) -> dict[str, Any]:
     blobs = blob_count(session_factory)
     err = assert_envelope(upload(client, tenant, content, filename, purpose), 400)
     assert count(session_factory, File, File.owner_id == tenant.owner_id) == 0
@@ -54,8 +63,9 @@ def _rejected(client: TestClient, tenant: Tenant, session_factory: Any, content:
     return err
 
 
-def test_broken_jsonl_names_the_line_and_stores_nothing(client: TestClient, tenant: Tenant,
-                                                        session_factory: Any) -> None:
+def test_broken_jsonl_names_the_line_and_stores_nothing(
+    client: TestClient, tenant: Tenant, session_factory: Any
+) -> None:
     body = b'{"text": "ok"}\n{"text": "fine"}\n{"text": broken\n'
     err = _rejected(client, tenant, session_factory, body, "bad.jsonl")
     assert err["param"] == "file"
@@ -92,8 +102,9 @@ def test_oversize_rejected(settings: Any, tenant: Tenant, session_factory: Any) 
 def test_purpose_and_missing_parts(client: TestClient, tenant: Tenant, session_factory: Any) -> None:
     err = _rejected(client, tenant, session_factory, b"hello\n", "a.txt", purpose="assistants")
     assert err["param"] == "purpose"
-    r = client.post("/v1/files", headers=tenant.headers, data={"purpose": "fine-tune"},
-                    files={"other": ("x", b"y")})
+    r = client.post(
+        "/v1/files", headers=tenant.headers, data={"purpose": "fine-tune"}, files={"other": ("x", b"y")}
+    )
     assert assert_envelope(r, 400)["param"] == "file"
     r = client.post("/v1/files", headers=tenant.headers, files={"file": ("a.txt", b"hello\n")})
     assert assert_envelope(r, 400)["param"] == "purpose"
@@ -122,8 +133,9 @@ def test_delete_unused_file(client: TestClient, tenant: Tenant, session_factory:
     assert blob_count(session_factory) == blobs
 
 
-def test_delete_refused_while_a_live_job_uses_it(client: TestClient, tenant: Tenant, factory: Any,
-                                                 session_factory: Any) -> None:
+def test_delete_refused_while_a_live_job_uses_it(
+    client: TestClient, tenant: Tenant, factory: Any, session_factory: Any
+) -> None:
     blobs = blob_count(session_factory)
     fid = upload(client, tenant, b"some text\n" * 100, "a.txt").json()["id"]
     job_id = factory.job(tenant.owner_id, status="running", file_id=fid)

@@ -27,14 +27,29 @@ def create(client: TestClient, tenant: Tenant, body: dict[str, Any], **headers: 
     return client.post(JOBS, headers={**tenant.headers, **headers}, json=body)
 
 
-def test_create_job_openai_shape_and_enqueued(client: TestClient, tenant: Tenant, file_id: str,
-                                              settings: Any, session_factory: Any) -> None:
+def test_create_job_openai_shape_and_enqueued(
+    client: TestClient, tenant: Tenant, file_id: str, settings: Any, session_factory: Any
+) -> None:
     r = redis.Redis.from_url(settings.broker_url)
     before = r.llen("cpu")
-    resp = create(client, tenant, {"model": "llama-tiny", "training_file": file_id, "seed": 7, "suffix": "mine",
-                                   "metadata": {"team": "a"},
-                                   "hyperparameters": {"max_steps": 20, "n_embd": 96, "n_head": 4,
-                                                       "learning_rate": 0.002, "batch_size": 4}})
+    resp = create(
+        client,
+        tenant,
+        {
+            "model": "llama-tiny",
+            "training_file": file_id,
+            "seed": 7,
+            "suffix": "mine",
+            "metadata": {"team": "a"},
+            "hyperparameters": {
+                "max_steps": 20,
+                "n_embd": 96,
+                "n_head": 4,
+                "learning_rate": 0.002,
+                "batch_size": 4,
+            },
+        },
+    )
     assert resp.status_code == 200, resp.text
     job = resp.json()
     assert job["object"] == "fine_tuning.job" and job["id"].startswith("ftjob-")
@@ -49,7 +64,14 @@ def test_create_job_openai_shape_and_enqueued(client: TestClient, tenant: Tenant
     assert job["method"] == {"type": "supervised", "supervised": {"hyperparameters": hp}}
     assert job["config"]["model"]["n_embd"] == 96 and job["config"]["train"]["seed"] == 7
     assert job["config"]["train"]["learning_rate"] == pytest.approx(0.002)
-    assert set(job["progress"]) == {"step", "total_steps", "train_loss", "val_loss", "tokens_per_s", "eta_seconds"}
+    assert set(job["progress"]) == {
+        "step",
+        "total_steps",
+        "train_loss",
+        "val_loss",
+        "tokens_per_s",
+        "eta_seconds",
+    }
     assert r.llen("cpu") == before + 1  # the message went out after the commit
     with session_factory() as s:
         row = s.get(Job, job["id"])
@@ -61,8 +83,18 @@ def test_create_job_openai_shape_and_enqueued(client: TestClient, tenant: Tenant
 
 
 def test_method_supervised_and_multiplier(client: TestClient, tenant: Tenant, file_id: str) -> None:
-    resp = create(client, tenant, {"model": "llama-tiny", "training_file": file_id, "method": {
-        "type": "supervised", "supervised": {"hyperparameters": {"learning_rate_multiplier": 2, "n_epochs": 3}}}})
+    resp = create(
+        client,
+        tenant,
+        {
+            "model": "llama-tiny",
+            "training_file": file_id,
+            "method": {
+                "type": "supervised",
+                "supervised": {"hyperparameters": {"learning_rate_multiplier": 2, "n_epochs": 3}},
+            },
+        },
+    )
     assert resp.status_code == 200, resp.text
     job = resp.json()
     assert job["config"]["train"]["learning_rate"] == pytest.approx(2e-3)
@@ -70,32 +102,46 @@ def test_method_supervised_and_multiplier(client: TestClient, tenant: Tenant, fi
     assert job["hyperparameters"]["n_epochs"] == 3
 
 
-@pytest.mark.parametrize(("body_update", "param", "fragment"), [
-    ({"hyperparameters": {"n_embd": 100, "n_head": 3}}, "n_embd", "divisible"),
-    ({"hyperparameters": {"learning_rate": -0.1}}, "learning_rate", "positive"),
-    ({"hyperparameters": {"bogus_knob": 1}}, "bogus_knob", "Unknown hyperparameter"),
-    ({"hyperparameters": {"max_steps": "ten"}}, "max_steps", "integer"),
-    ({"hyperparameters": {"n_epochs": 0}}, "n_epochs", "positive"),
-    ({"hyperparameters": {"schedule": "zigzag"}}, "schedule", "one of"),
-    ({"hyperparameters": {"seed": 3}}, "seed", "top-level"),
-    ({"hyperparameters": {"ctx": 200_000}}, "ctx", "longer than the training data"),
-    ({"model": "llama-9000"}, "model", "Unknown model"),
-    ({"model": None}, "model", "required"),
-    ({"training_file": "file-doesnotexist"}, "training_file", "no such file"),
-    ({"training_file": None}, "training_file", "required"),
-    ({"validation_file": "file-nope"}, "validation_file", "no such file"),
-    ({"seed": -1}, "seed", "seed"),
-    ({"suffix": "a:b"}, "suffix", "suffix"),
-    ({"metadata": {"k": 1}}, "metadata", "metadata"),
-    ({"surprise": True}, "surprise", "Unrecognized"),
-    ({"method": {"type": "dpo"}}, "method.type", "supervised"),
-    ({"hyperparameters": {"n_epochs": 1}, "method": {"type": "supervised",
-                                                     "supervised": {"hyperparameters": {"n_epochs": 2}}}},
-     "hyperparameters", "not both"),
-])
-def test_invalid_requests_are_400_with_param_and_no_job(client: TestClient, tenant: Tenant, file_id: str,
-                                                        session_factory: Any, body_update: dict[str, Any],
-                                                        param: str, fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("body_update", "param", "fragment"),
+    [
+        ({"hyperparameters": {"n_embd": 100, "n_head": 3}}, "n_embd", "divisible"),
+        ({"hyperparameters": {"learning_rate": -0.1}}, "learning_rate", "positive"),
+        ({"hyperparameters": {"bogus_knob": 1}}, "bogus_knob", "Unknown hyperparameter"),
+        ({"hyperparameters": {"max_steps": "ten"}}, "max_steps", "integer"),
+        ({"hyperparameters": {"n_epochs": 0}}, "n_epochs", "positive"),
+        ({"hyperparameters": {"schedule": "zigzag"}}, "schedule", "one of"),
+        ({"hyperparameters": {"seed": 3}}, "seed", "top-level"),
+        ({"hyperparameters": {"ctx": 200_000}}, "ctx", "longer than the training data"),
+        ({"model": "llama-9000"}, "model", "Unknown model"),
+        ({"model": None}, "model", "required"),
+        ({"training_file": "file-doesnotexist"}, "training_file", "no such file"),
+        ({"training_file": None}, "training_file", "required"),
+        ({"validation_file": "file-nope"}, "validation_file", "no such file"),
+        ({"seed": -1}, "seed", "seed"),
+        ({"suffix": "a:b"}, "suffix", "suffix"),
+        ({"metadata": {"k": 1}}, "metadata", "metadata"),
+        ({"surprise": True}, "surprise", "Unrecognized"),
+        ({"method": {"type": "dpo"}}, "method.type", "supervised"),
+        (
+            {
+                "hyperparameters": {"n_epochs": 1},
+                "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2}}},
+            },
+            "hyperparameters",
+            "not both",
+        ),
+    ],
+)
+def test_invalid_requests_are_400_with_param_and_no_job(
+    client: TestClient,
+    tenant: Tenant,
+    file_id: str,
+    session_factory: Any,
+    body_update: dict[str, Any],
+    param: str,
+    fragment: str,
+) -> None:
     body = {"model": "llama-tiny", "training_file": file_id, **body_update}
     err = assert_envelope(create(client, tenant, body), 400)
     assert err["param"] == param, err
@@ -103,8 +149,9 @@ def test_invalid_requests_are_400_with_param_and_no_job(client: TestClient, tena
     assert count(session_factory, Job, Job.owner_id == tenant.owner_id) == 0
 
 
-def test_foreign_file_is_rejected(client: TestClient, tenant: Tenant, other: Tenant, file_id: str,
-                                  session_factory: Any) -> None:
+def test_foreign_file_is_rejected(
+    client: TestClient, tenant: Tenant, other: Tenant, file_id: str, session_factory: Any
+) -> None:
     err = assert_envelope(create(client, other, {"model": "llama-tiny", "training_file": file_id}), 400)
     assert err["param"] == "training_file"
     assert count(session_factory, Job, Job.owner_id == other.owner_id) == 0
@@ -113,19 +160,25 @@ def test_foreign_file_is_rejected(client: TestClient, tenant: Tenant, other: Ten
 def test_ctx_checked_against_small_file(client: TestClient, tenant: Tenant) -> None:
     small = upload(client, tenant, b"x" * 300, "small.txt").json()["id"]
     # 300 bytes, val_fraction 0.1 -> 270 training tokens: ctx 128 fits, ctx 300 does not
-    ok = create(client, tenant, {"model": "llama-tiny", "training_file": small,
-                                 "hyperparameters": {"eval_every": 0}})
+    ok = create(
+        client, tenant, {"model": "llama-tiny", "training_file": small, "hyperparameters": {"eval_every": 0}}
+    )
     assert ok.status_code == 200, ok.text
-    err = assert_envelope(create(client, tenant, {"model": "llama-tiny", "training_file": small,
-                                                  "hyperparameters": {"ctx": 300}}), 400)
+    err = assert_envelope(
+        create(
+            client, tenant, {"model": "llama-tiny", "training_file": small, "hyperparameters": {"ctx": 300}}
+        ),
+        400,
+    )
     assert err["param"] == "ctx" and "ctx <= 269" in err["message"]
     # the 30-token validation split cannot hold a window of 129 tokens while evaluation is on
     err = assert_envelope(create(client, tenant, {"model": "llama-tiny", "training_file": small}), 400)
     assert err["param"] == "ctx" and "eval_every" in err["message"]
 
 
-def test_idempotency_key_returns_the_same_job(client: TestClient, tenant: Tenant, file_id: str,
-                                              session_factory: Any) -> None:
+def test_idempotency_key_returns_the_same_job(
+    client: TestClient, tenant: Tenant, file_id: str, session_factory: Any
+) -> None:
     body = {"model": "llama-tiny", "training_file": file_id, "hyperparameters": {"max_steps": 5}}
     first = create(client, tenant, body, **{"Idempotency-Key": "retry-1"})
     second = create(client, tenant, body, **{"Idempotency-Key": "retry-1"})
@@ -149,7 +202,10 @@ def test_list_pagination_newest_first(client: TestClient, tenant: Tenant, factor
             break
         after = page["data"][-1]["id"]
     assert seen == ids[::-1]
-    assert assert_envelope(client.get(f"{JOBS}?after=ftjob-nope", headers=tenant.headers), 400)["param"] == "after"
+    assert (
+        assert_envelope(client.get(f"{JOBS}?after=ftjob-nope", headers=tenant.headers), 400)["param"]
+        == "after"
+    )
     assert assert_envelope(client.get(f"{JOBS}?limit=0", headers=tenant.headers), 400)["param"] == "limit"
 
 
@@ -182,25 +238,35 @@ def test_cancel_of_a_held_job_is_a_request(client: TestClient, tenant: Tenant, f
 
 
 def test_failed_job_shows_error_and_progress(client: TestClient, tenant: Tenant, factory: Factory) -> None:
-    job_id = factory.job(tenant.owner_id, status="running", step=40, total_steps=100, train_loss=2.0,
-                         tokens_per_s=2048.0)
+    job_id = factory.job(
+        tenant.owner_id, status="running", step=40, total_steps=100, train_loss=2.0, tokens_per_s=2048.0
+    )
     job = client.get(f"{JOBS}/{job_id}", headers=tenant.headers).json()
     # llama-tiny ctx 128 x batch 16 = 2048 tokens per step at 2048 tokens/s: 60 steps left = 60 s
     assert job["progress"]["step"] == 40 and job["progress"]["eta_seconds"] == pytest.approx(60.0)
     assert job["estimated_finish"] is not None
-    factory.set_status(job_id, "failed", error_code="nan_loss", error_message="loss became NaN", error_param=None)
+    factory.set_status(
+        job_id, "failed", error_code="nan_loss", error_message="loss became NaN", error_param=None
+    )
     job = client.get(f"{JOBS}/{job_id}", headers=tenant.headers).json()
     assert job["status"] == "failed"
     assert job["error"] == {"code": "nan_loss", "message": "loss became NaN", "param": None}
 
 
-def test_continue_training_from_own_model(client: TestClient, tenant: Tenant, other: Tenant, factory: Factory,
-                                          file_id: str, session_factory: Any) -> None:
+def test_continue_training_from_own_model(
+    client: TestClient, tenant: Tenant, other: Tenant, factory: Factory, file_id: str, session_factory: Any
+) -> None:
     _, model_id = factory.finished_model(tenant.owner_id)
-    err = assert_envelope(create(client, tenant, {"model": model_id, "training_file": file_id,
-                                                  "hyperparameters": {"n_embd": 128}}), 400)
+    err = assert_envelope(
+        create(
+            client, tenant, {"model": model_id, "training_file": file_id, "hyperparameters": {"n_embd": 128}}
+        ),
+        400,
+    )
     assert err["param"] == "n_embd"
-    r = create(client, tenant, {"model": model_id, "training_file": file_id, "hyperparameters": {"max_steps": 5}})
+    r = create(
+        client, tenant, {"model": model_id, "training_file": file_id, "hyperparameters": {"max_steps": 5}}
+    )
     assert r.status_code == 200, r.text
     job = r.json()
     assert job["model"] == model_id and job["base_model"] == model_id

@@ -16,8 +16,9 @@ from tests.api.test_errors import assert_envelope
 JOBS = "/v1/fine_tuning/jobs"
 
 
-def test_events_merge_metrics_and_messages_newest_first(client: TestClient, tenant: Tenant,
-                                                        factory: Factory) -> None:
+def test_events_merge_metrics_and_messages_newest_first(
+    client: TestClient, tenant: Tenant, factory: Factory
+) -> None:
     job_id = factory.job(tenant.owner_id, status="running")
     t0 = datetime.now(UTC) - timedelta(minutes=5)
     factory.event(job_id, "Job started", created_at=t0)
@@ -25,8 +26,15 @@ def test_events_merge_metrics_and_messages_newest_first(client: TestClient, tena
     factory.event(job_id, "Checkpoint saved", created_at=t0 + timedelta(seconds=2))
     body = client.get(f"{JOBS}/{job_id}/events?limit=100", headers=tenant.headers).json()
     kinds = [(e["type"], e["data"]["step"] if e["type"] == "metrics" else e["message"]) for e in body["data"]]
-    assert kinds == [("message", "Checkpoint saved"), ("metrics", 5), ("metrics", 4), ("metrics", 3),
-                     ("metrics", 2), ("metrics", 1), ("message", "Job started")]
+    assert kinds == [
+        ("message", "Checkpoint saved"),
+        ("metrics", 5),
+        ("metrics", 4),
+        ("metrics", 3),
+        ("metrics", 2),
+        ("metrics", 1),
+        ("message", "Job started"),
+    ]
     newest_metric = body["data"][1]
     assert newest_metric["object"] == "fine_tuning.job.event" and newest_metric["level"] == "info"
     assert newest_metric["data"]["valid_loss"] is not None and newest_metric["data"]["train_loss"] is not None
@@ -35,8 +43,9 @@ def test_events_merge_metrics_and_messages_newest_first(client: TestClient, tena
     walked: list[str] = []
     after = None
     while True:
-        page = client.get(f"{JOBS}/{job_id}/events?limit=3" + (f"&after={after}" if after else ""),
-                          headers=tenant.headers).json()
+        page = client.get(
+            f"{JOBS}/{job_id}/events?limit=3" + (f"&after={after}" if after else ""), headers=tenant.headers
+        ).json()
         walked += [e["id"] for e in page["data"]]
         if not page["has_more"]:
             break
@@ -87,7 +96,9 @@ def parse_sse(text: str) -> list[dict[str, Any]]:
     return events
 
 
-def test_stream_of_a_finished_job_replays_and_ends(client: TestClient, tenant: Tenant, factory: Factory) -> None:
+def test_stream_of_a_finished_job_replays_and_ends(
+    client: TestClient, tenant: Tenant, factory: Factory
+) -> None:
     job_id = factory.job(tenant.owner_id, status="running")
     factory.metrics(job_id, range(1, 11))
     factory.event(job_id, "Checkpoint saved at step 10")
@@ -112,16 +123,21 @@ def test_stream_resumes_after_last_event_id(client: TestClient, tenant: Tenant, 
     last_id = f"5.{seq}"
     factory.metrics(job_id, range(6, 9))
     factory.set_status(job_id, "succeeded")
-    with client.stream("GET", f"{JOBS}/{job_id}/stream", headers={**tenant.headers, "Last-Event-ID": last_id}) as r:
+    with client.stream(
+        "GET", f"{JOBS}/{job_id}/stream", headers={**tenant.headers, "Last-Event-ID": last_id}
+    ) as r:
         events = parse_sse(r.read().decode())
     assert [e["json"]["step"] for e in events if e["event"] == "metrics"] == [6, 7, 8]
     assert not any("Checkpoint saved" in e["data"] for e in events)
     assert events[-1]["event"] == "status" and events[-1]["json"]["status"] == "succeeded"
     # everything seen: a reconnect gets an empty stream that ends
-    with client.stream("GET", f"{JOBS}/{job_id}/stream",
-                       headers={**tenant.headers, "Last-Event-ID": events[-1]["id"]}) as r:
+    with client.stream(
+        "GET", f"{JOBS}/{job_id}/stream", headers={**tenant.headers, "Last-Event-ID": events[-1]["id"]}
+    ) as r:
         assert parse_sse(r.read().decode()) == []
-    assert_envelope(client.get(f"{JOBS}/{job_id}/stream", headers={**tenant.headers, "Last-Event-ID": "bogus"}), 400)
+    assert_envelope(
+        client.get(f"{JOBS}/{job_id}/stream", headers={**tenant.headers, "Last-Event-ID": "bogus"}), 400
+    )
 
 
 def test_stream_delivers_rows_as_they_arrive(client: TestClient, tenant: Tenant, factory: Factory) -> None:
@@ -161,13 +177,20 @@ def test_checkpoints_openai_shape(client: TestClient, tenant: Tenant, factory: F
     assert first["object"] == "fine_tuning.job.checkpoint"
     assert first["step_number"] == 30 and first["fine_tuning_job_id"] == job_id
     assert first["fine_tuned_model_checkpoint"] == f"{model_id}:ckpt-step-30"
-    assert first["metrics"]["step"] == 30 and "train_loss" in first["metrics"] and "valid_loss" in first["metrics"]
-    rest = client.get(f"{JOBS}/{job_id}/checkpoints?after={page['data'][-1]['id']}", headers=tenant.headers).json()
+    assert (
+        first["metrics"]["step"] == 30
+        and "train_loss" in first["metrics"]
+        and "valid_loss" in first["metrics"]
+    )
+    rest = client.get(
+        f"{JOBS}/{job_id}/checkpoints?after={page['data'][-1]['id']}", headers=tenant.headers
+    ).json()
     assert [c["step_number"] for c in rest["data"]] == [10] and rest["has_more"] is False
 
 
-def test_stream_accepts_api_key_query_for_eventsource(client: TestClient, tenant: Tenant, other: Tenant,
-                                                      factory: Factory) -> None:
+def test_stream_accepts_api_key_query_for_eventsource(
+    client: TestClient, tenant: Tenant, other: Tenant, factory: Factory
+) -> None:
     job_id = factory.job(tenant.owner_id, status="cancelled")
     with client.stream("GET", f"{JOBS}/{job_id}/stream?api_key={tenant.secret}") as r:
         assert r.status_code == 200

@@ -27,10 +27,14 @@ def tiny_checkpoint_tar(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
     torch.manual_seed(0)
     cfg = ModelConfig(n_layer=1, n_head=2, n_embd=16, ctx=32, vocab_size=258)
-    folder = save_checkpoint(tmp_path_factory.mktemp("ckpt") / "step-00000050", model=Llama(cfg), model_config=cfg,
-                             train_config=TrainConfig(), tokenizer=ByteTokenizer(),
-                             state={"step": 50, "tokens_seen": 0, "best_val_loss": None, "sampler": {},
-                                    "total_steps": 50})
+    folder = save_checkpoint(
+        tmp_path_factory.mktemp("ckpt") / "step-00000050",
+        model=Llama(cfg),
+        model_config=cfg,
+        train_config=TrainConfig(),
+        tokenizer=ByteTokenizer(),
+        state={"step": 50, "tokens_seen": 0, "best_val_loss": None, "sampler": {}, "total_steps": 50},
+    )
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tf:
         tf.add(folder, arcname=folder.name)
@@ -43,10 +47,16 @@ def test_list_get_delete(client: TestClient, tenant: Tenant, factory: Factory) -
     factory.checkpoint(running, 5, f"ft:llama-tiny:{running.split('-', 1)[1]}:ckpt-step-5")
     listed = client.get("/v1/models", headers=tenant.headers).json()
     ids = {m["id"] for m in listed["data"]}
-    assert ids == {model_id, f"{model_id}:ckpt-step-10", f"{model_id}:ckpt-step-20",
-                   f"ft:llama-tiny:{running.split('-', 1)[1]}:ckpt-step-5"}
+    assert ids == {
+        model_id,
+        f"{model_id}:ckpt-step-10",
+        f"{model_id}:ckpt-step-20",
+        f"ft:llama-tiny:{running.split('-', 1)[1]}:ckpt-step-5",
+    }
     final = next(m for m in listed["data"] if m["id"] == model_id)
-    assert final["object"] == "model" and final["owned_by"] == tenant.owner_id and final["kind"] == "fine_tuned"
+    assert (
+        final["object"] == "model" and final["owned_by"] == tenant.owner_id and final["kind"] == "fine_tuned"
+    )
     assert final["job_id"] == job_id and final["step"] == 20 and final["root"] == "llama-tiny"
 
     ckpt = client.get(f"/v1/models/{model_id}:ckpt-step-10", headers=tenant.headers).json()
@@ -54,30 +64,47 @@ def test_list_get_delete(client: TestClient, tenant: Tenant, factory: Factory) -
     r = client.delete(f"/v1/models/{model_id}:ckpt-step-10", headers=tenant.headers)
     assert r.json() == {"id": f"{model_id}:ckpt-step-10", "object": "model", "deleted": True}
     assert_envelope(client.get(f"/v1/models/{model_id}:ckpt-step-10", headers=tenant.headers), 404)
-    assert f"{model_id}:ckpt-step-10" not in {m["id"] for m in client.get("/v1/models", headers=tenant.headers).json()["data"]}
-    steps = [c["step_number"] for c in client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints",
-                                                  headers=tenant.headers).json()["data"]]
+    assert f"{model_id}:ckpt-step-10" not in {
+        m["id"] for m in client.get("/v1/models", headers=tenant.headers).json()["data"]
+    }
+    steps = [
+        c["step_number"]
+        for c in client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints", headers=tenant.headers).json()[
+            "data"
+        ]
+    ]
     assert steps == [20]
     assert client.delete(f"/v1/models/{model_id}", headers=tenant.headers).status_code == 200
     assert_envelope(client.get(f"/v1/models/{model_id}", headers=tenant.headers), 404)
-    assert_envelope(client.get(f"/v1/models/{model_id}/content?format=checkpoint", headers=tenant.headers), 404)
+    assert_envelope(
+        client.get(f"/v1/models/{model_id}/content?format=checkpoint", headers=tenant.headers), 404
+    )
     assert_envelope(client.get("/v1/models/ft:nope:abc", headers=tenant.headers), 404)
 
 
-def test_checkpoint_download_is_the_stored_tar(client: TestClient, tenant: Tenant, factory: Factory,
-                                               tiny_checkpoint_tar: bytes) -> None:
+def test_checkpoint_download_is_the_stored_tar(
+    client: TestClient, tenant: Tenant, factory: Factory, tiny_checkpoint_tar: bytes
+) -> None:
     _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)
     r = client.get(f"/v1/models/{model_id}/content?format=checkpoint", headers=tenant.headers)
     assert r.status_code == 200
     assert r.content == tiny_checkpoint_tar
     assert r.headers["content-length"] == str(len(tiny_checkpoint_tar))
     assert ".tar" in r.headers["content-disposition"] and "attachment" in r.headers["content-disposition"]
-    err = assert_envelope(client.get(f"/v1/models/{model_id}/content?format=zip", headers=tenant.headers), 400)
+    err = assert_envelope(
+        client.get(f"/v1/models/{model_id}/content?format=zip", headers=tenant.headers), 400
+    )
     assert err["param"] == "format"
 
 
-def test_gguf_produced_once_and_kept(client: TestClient, tenant: Tenant, factory: Factory,
-                                     tiny_checkpoint_tar: bytes, session_factory: Any, tmp_path: Path) -> None:
+def test_gguf_produced_once_and_kept(
+    client: TestClient,
+    tenant: Tenant,
+    factory: Factory,
+    tiny_checkpoint_tar: bytes,
+    session_factory: Any,
+    tmp_path: Path,
+) -> None:
     from gguf import GGUFReader
 
     _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)
@@ -85,7 +112,10 @@ def test_gguf_produced_once_and_kept(client: TestClient, tenant: Tenant, factory
     assert first.status_code == 200, first.text
     assert first.content[:4] == b"GGUF"
     assert first.headers["content-length"] == str(len(first.content))
-    assert first.headers["content-disposition"].endswith('.gguf') or ".gguf" in first.headers["content-disposition"]
+    assert (
+        first.headers["content-disposition"].endswith(".gguf")
+        or ".gguf" in first.headers["content-disposition"]
+    )
     assert count(session_factory, Export, Export.model_id == model_id) == 1
     blobs = blob_count(session_factory)
     second = client.get(f"/v1/models/{model_id}/content?format=gguf", headers=tenant.headers)
@@ -100,8 +130,9 @@ def test_gguf_produced_once_and_kept(client: TestClient, tenant: Tenant, factory
     assert count(session_factory, Export, Export.model_id == model_id) == 0
 
 
-def test_hf_download_is_a_tar_folder(client: TestClient, tenant: Tenant, factory: Factory,
-                                     tiny_checkpoint_tar: bytes) -> None:
+def test_hf_download_is_a_tar_folder(
+    client: TestClient, tenant: Tenant, factory: Factory, tiny_checkpoint_tar: bytes
+) -> None:
     _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)
     r = client.get(f"/v1/models/{model_id}/content?format=hf", headers=tenant.headers)
     assert r.status_code == 200, r.text
@@ -123,6 +154,10 @@ def test_generate(client: TestClient, tenant: Tenant, factory: Factory, tiny_che
     s1 = client.post(f"/v1/models/{model_id}/generate", headers=tenant.headers, json=seeded).json()["text"]
     s2 = client.post(f"/v1/models/{model_id}/generate", headers=tenant.headers, json=seeded).json()["text"]
     assert s1 == s2
-    err = assert_envelope(client.post(f"/v1/models/{model_id}/generate", headers=tenant.headers,
-                                      json={"prompt": "x", "max_tokens": 0}), 422)
+    err = assert_envelope(
+        client.post(
+            f"/v1/models/{model_id}/generate", headers=tenant.headers, json={"prompt": "x", "max_tokens": 0}
+        ),
+        422,
+    )
     assert err["param"] == "max_tokens"

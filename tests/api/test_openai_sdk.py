@@ -11,11 +11,14 @@ from tests.api.conftest import SHAKESPEARE, Factory, Tenant
 def test_sdk_files_jobs_events_checkpoints(client: TestClient, tenant: Tenant, factory: Factory) -> None:
     import openai
 
-    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key=tenant.secret, http_client=client, max_retries=0)
+    sdk = openai.OpenAI(
+        base_url="http://testserver/v1", api_key=tenant.secret, http_client=client, max_retries=0
+    )
     f = sdk.files.create(file=("s.txt", SHAKESPEARE.read_bytes()), purpose="fine-tune")
     assert f.id.startswith("file-") and f.bytes == SHAKESPEARE.stat().st_size
-    job = sdk.fine_tuning.jobs.create(model="llama-tiny", training_file=f.id, seed=1,
-                                      hyperparameters={"n_epochs": 1, "batch_size": 4})
+    job = sdk.fine_tuning.jobs.create(
+        model="llama-tiny", training_file=f.id, seed=1, hyperparameters={"n_epochs": 1, "batch_size": 4}
+    )
     assert job.status == "validating_files" and job.hyperparameters.batch_size == 4
     assert sdk.fine_tuning.jobs.retrieve(job.id).id == job.id
     assert job.id in [j.id for j in sdk.fine_tuning.jobs.list(limit=5)]

@@ -22,8 +22,11 @@ def test_core_routes_on_sqlite(sqlite_settings: Any, sqlite_session_factory: Any
         assert c.get("/readyz").status_code == 200
         fid = upload(c, tenant, SHAKESPEARE.read_bytes(), "s.txt").json()["id"]
         assert c.get(f"/v1/files/{fid}/content", headers=tenant.headers).content == SHAKESPEARE.read_bytes()
-        job = c.post("/v1/fine_tuning/jobs", headers=tenant.headers,
-                     json={"model": "llama-tiny", "training_file": fid, "hyperparameters": {"max_steps": 3}})
+        job = c.post(
+            "/v1/fine_tuning/jobs",
+            headers=tenant.headers,
+            json={"model": "llama-tiny", "training_file": fid, "hyperparameters": {"max_steps": 3}},
+        )
         assert job.status_code == 200, job.text
         job_id = job.json()["id"]
         with sqlite_session_factory() as s:
@@ -34,7 +37,10 @@ def test_core_routes_on_sqlite(sqlite_settings: Any, sqlite_session_factory: Any
         assert len(steps) <= 20 and steps[-1] == 200
         events = c.get(f"/v1/fine_tuning/jobs/{job_id}/events?limit=5", headers=tenant.headers).json()
         assert events["has_more"] is True and events["data"][0]["type"] == "metrics"
-        assert c.post(f"/v1/fine_tuning/jobs/{job_id}/cancel", headers=tenant.headers).json()["status"] == "cancelled"
+        assert (
+            c.post(f"/v1/fine_tuning/jobs/{job_id}/cancel", headers=tenant.headers).json()["status"]
+            == "cancelled"
+        )
         with c.stream("GET", f"/v1/fine_tuning/jobs/{job_id}/stream", headers=tenant.headers) as r:
             got = parse_sse(r.read().decode())
         assert len([e for e in got if e["event"] == "metrics"]) == 200

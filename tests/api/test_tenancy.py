@@ -10,8 +10,9 @@ from tests.api.conftest import Factory, Tenant
 from tests.api.test_errors import assert_envelope
 
 
-def test_every_route_hides_other_owners_ids(client: TestClient, tenant: Tenant, other: Tenant,
-                                            factory: Factory) -> None:
+def test_every_route_hides_other_owners_ids(
+    client: TestClient, tenant: Tenant, other: Tenant, factory: Factory
+) -> None:
     file_id = factory.file(tenant.owner_id)
     job_id, model_id = factory.finished_model(tenant.owner_id)
     ckpt_model = f"{model_id}:ckpt-step-50"

@@ -31,8 +31,14 @@ def test_smoke_mode_prints_its_table(script: str, tmp_path: Path) -> None:
         pytest.fail("api_load needs wrk: apt-get install wrk")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
     env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / script), "--smoke"], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=220)
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / script), "--smoke"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
     assert proc.returncode == 0, f"{script} --smoke failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     lines = proc.stdout.splitlines()
     header = [i for i, line in enumerate(lines) if line.startswith(SCRIPTS[script])]

@@ -12,15 +12,29 @@ from typing import Any
 from tests.fixtures.service import REPO_ROOT, SHAKESPEARE, fromscratch_cmd, wait_until
 
 
-def cli(server: Any, *args: str, api_key: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**server.env, "FROMSCRATCH_SERVER": server.url, "FROMSCRATCH_API_KEY": api_key or server.api_key,
-           "COLUMNS": "120"}
-    return subprocess.run(fromscratch_cmd(*[str(a) for a in args]), env=env, cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+def cli(
+    server: Any, *args: str, api_key: str | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **server.env,
+        "FROMSCRATCH_SERVER": server.url,
+        "FROMSCRATCH_API_KEY": api_key or server.api_key,
+        "COLUMNS": "120",
+    }
+    return subprocess.run(
+        fromscratch_cmd(*[str(a) for a in args]),
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    )
     return result
 
 
@@ -36,8 +50,27 @@ def test_upload_create_follow_show_download(live_server: Any, worker_proc: Any, 
     [mine] = [f for f in listed["data"] if f["id"] == file_id]
     assert mine["bytes"] == SHAKESPEARE.stat().st_size
 
-    created = ok(cli(live_server, "jobs", "create", "--file", file_id, "--model", "llama-tiny", "--max-steps", 40,
-                     "--eval-every", 10, "--checkpoint-every", 20, "--batch-size", 8, "--learning-rate", "0.002"))
+    created = ok(
+        cli(
+            live_server,
+            "jobs",
+            "create",
+            "--file",
+            file_id,
+            "--model",
+            "llama-tiny",
+            "--max-steps",
+            40,
+            "--eval-every",
+            10,
+            "--checkpoint-every",
+            20,
+            "--batch-size",
+            8,
+            "--learning-rate",
+            "0.002",
+        )
+    )
     job_id = created.stdout.strip().splitlines()[-1]
     assert job_id.startswith("ftjob-")
 
@@ -67,8 +100,11 @@ def test_upload_create_follow_show_download(live_server: Any, worker_proc: Any, 
     # -o a folder: the server's file name inside it
     folder = tmp_path / "into"
     folder.mkdir()
-    saved = Path(ok(cli(live_server, "models", "download", model_id, "--format", "checkpoint", "-o", folder))
-                 .stdout.strip().splitlines()[-1])
+    saved = Path(
+        ok(cli(live_server, "models", "download", model_id, "--format", "checkpoint", "-o", folder))
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     assert saved.parent == folder and saved.stat().st_size > 0
 
 
@@ -79,20 +115,59 @@ def show(server: Any, job_id: str) -> dict[str, Any]:
 def test_pause_resume_cancel_while_following(live_server: Any, worker_proc: Any) -> None:
     """`jobs follow` keeps following through pause and resume, and exits 3 when the job is cancelled."""
     file_id = upload(live_server)
-    job_id = ok(cli(live_server, "jobs", "create", "--file", file_id, "--max-steps", 100000,
-                    "--checkpoint-every", 0, "--eval-every", 0)).stdout.strip().splitlines()[-1]
-    env = {**live_server.env, "FROMSCRATCH_SERVER": live_server.url, "FROMSCRATCH_API_KEY": live_server.api_key}
-    follower = subprocess.Popen(fromscratch_cmd("jobs", "follow", job_id), env=env, cwd=REPO_ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job_id = (
+        ok(
+            cli(
+                live_server,
+                "jobs",
+                "create",
+                "--file",
+                file_id,
+                "--max-steps",
+                100000,
+                "--checkpoint-every",
+                0,
+                "--eval-every",
+                0,
+            )
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    env = {
+        **live_server.env,
+        "FROMSCRATCH_SERVER": live_server.url,
+        "FROMSCRATCH_API_KEY": live_server.api_key,
+    }
+    follower = subprocess.Popen(
+        fromscratch_cmd("jobs", "follow", job_id),
+        env=env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        wait_until(lambda: show(live_server, job_id)["progress"]["step"] > 0, timeout=120, interval=1.0,
-                   message=f"job {job_id} to be running")
+        wait_until(
+            lambda: show(live_server, job_id)["progress"]["step"] > 0,
+            timeout=120,
+            interval=1.0,
+            message=f"job {job_id} to be running",
+        )
         ok(cli(live_server, "jobs", "pause", job_id))
-        paused = wait_until(lambda: (j := show(live_server, job_id))["status"] == "paused" and j, timeout=60,
-                            interval=0.5, message=f"job {job_id} to pause")
+        paused = wait_until(
+            lambda: (j := show(live_server, job_id))["status"] == "paused" and j,
+            timeout=60,
+            interval=0.5,
+            message=f"job {job_id} to pause",
+        )
         ok(cli(live_server, "jobs", "resume", job_id))
-        wait_until(lambda: show(live_server, job_id)["progress"]["step"] > paused["progress"]["step"], timeout=120,
-                   interval=1.0, message=f"job {job_id} to go on after resume")
+        wait_until(
+            lambda: show(live_server, job_id)["progress"]["step"] > paused["progress"]["step"],
+            timeout=120,
+            interval=1.0,
+            message=f"job {job_id} to go on after resume",
+        )
         assert follower.poll() is None  # pause did not end the follow
         cancelled = ok(cli(live_server, "jobs", "cancel", job_id))
         assert job_id in cancelled.stdout
@@ -135,12 +210,19 @@ def test_errors_are_one_line_with_exit_codes(live_server: Any) -> None:
 
 def test_unreachable_server_is_one_clear_line() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
-    result = subprocess.run(fromscratch_cmd("files", "list", "--server", "http://127.0.0.1:9", "--api-key", "fsk-x"),
-                            env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        fromscratch_cmd("files", "list", "--server", "http://127.0.0.1:9", "--api-key", "fsk-x"),
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
     assert "cannot reach the server at http://127.0.0.1:9" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
-    no_key = subprocess.run(fromscratch_cmd("files", "list"), env=env, cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=60)
+    no_key = subprocess.run(
+        fromscratch_cmd("files", "list"), env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
     assert no_key.returncode == 2 and "FROMSCRATCH_API_KEY" in no_key.stderr

@@ -25,8 +25,10 @@ def feed_all(parser: SSEParser, chunks: list[str]) -> list[Any]:
 
 
 def test_sse_parser_handles_split_chunks_crlf_comments_and_multiline_data() -> None:
-    text = ("retry: 2000\r\n\r\n: keep-alive\r\n\r\nevent: metrics\r\nid: 3.0\r\ndata: {\"step\": 3}\r\n\r\n"
-            "event: status\nid: 3.1\ndata: line one\ndata: line two\n\ndata: plain\n\n")
+    text = (
+        'retry: 2000\r\n\r\n: keep-alive\r\n\r\nevent: metrics\r\nid: 3.0\r\ndata: {"step": 3}\r\n\r\n'
+        "event: status\nid: 3.1\ndata: line one\ndata: line two\n\ndata: plain\n\n"
+    )
     # every split position must give the same events (chunk boundaries fall anywhere, CRLF included)
     expected = None
     for cut in range(1, len(text)):
@@ -36,8 +38,11 @@ def test_sse_parser_handles_split_chunks_crlf_comments_and_multiline_data() -> N
         if expected is None:
             expected = got
         assert got == expected, f"split at {cut}"
-    assert expected == [("metrics", '{"step": 3}', "3.0"), ("status", "line one\nline two", "3.1"),
-                        ("message", "plain", None)]
+    assert expected == [
+        ("metrics", '{"step": 3}', "3.0"),
+        ("status", "line one\nline two", "3.1"),
+        ("message", "plain", None),
+    ]
     parser = SSEParser()
     feed_all(parser, [text])
     assert parser.last_event_id == "3.1"  # an event without id keeps the last one
@@ -45,7 +50,7 @@ def test_sse_parser_handles_split_chunks_crlf_comments_and_multiline_data() -> N
 
 def test_sse_parser_keeps_an_incomplete_event_until_its_blank_line() -> None:
     parser = SSEParser()
-    assert parser.feed("event: metrics\ndata: {\"step\": 1}\n") == []
+    assert parser.feed('event: metrics\ndata: {"step": 1}\n') == []
     [event] = parser.feed("\n")
     assert event.json() == {"step": 1}
 
@@ -54,8 +59,9 @@ def test_multipart_body_is_streamed_in_chunks_and_parses_as_form_data() -> None:
 
     payload = bytes(range(256)) * 9000  # 2.3 MB, binary-safe, several chunks
     sent: list[int] = []
-    ctype, length, body = _multipart_body(io.BytesIO(payload), 'we"ird.txt', len(payload), {"purpose": "fine-tune"},
-                                          sent.append)
+    ctype, length, body = _multipart_body(
+        io.BytesIO(payload), 'we"ird.txt', len(payload), {"purpose": "fine-tune"}, sent.append
+    )
     chunks = list(body)
     assert len(chunks) > 3 and max(len(c) for c in chunks) <= 1 << 20  # never the whole file at once
     raw = b"".join(chunks)
@@ -86,9 +92,16 @@ def test_multipart_body_is_streamed_in_chunks_and_parses_as_form_data() -> None:
         parts[current["name"]] = current["data"]
 
     _, opts = parse_options_header(ctype)
-    parser = MultipartParser(opts[b"boundary"], {
-        "on_part_begin": on_part_begin, "on_header_field": on_header_field, "on_header_value": on_header_value,
-        "on_part_data": on_part_data, "on_part_end": on_part_end})
+    parser = MultipartParser(
+        opts[b"boundary"],
+        {
+            "on_part_begin": on_part_begin,
+            "on_header_field": on_header_field,
+            "on_header_value": on_header_value,
+            "on_part_data": on_part_data,
+            "on_part_end": on_part_end,
+        },
+    )
     parser.write(raw)
     parser.finalize()
     assert parts == {"purpose": b"fine-tune", "file": payload}
@@ -100,9 +113,19 @@ def response(status: int, **kwargs: Any) -> httpx.Response:
 
 
 def test_api_error_reads_the_envelope_and_formats_one_line() -> None:
-    err = APIError.from_response(response(400, json={"error": {
-        "message": "n_embd (65) must be divisible by n_head (4)", "type": "invalid_request_error",
-        "param": "n_embd", "code": "invalid_hyperparameter"}}))
+    err = APIError.from_response(
+        response(
+            400,
+            json={
+                "error": {
+                    "message": "n_embd (65) must be divisible by n_head (4)",
+                    "type": "invalid_request_error",
+                    "param": "n_embd",
+                    "code": "invalid_hyperparameter",
+                }
+            },
+        )
+    )
     assert (err.status_code, err.param, err.code) == (400, "n_embd", "invalid_hyperparameter")
     line = err.one_line()
     assert "\n" not in line
@@ -118,13 +141,16 @@ def test_api_error_survives_bodies_that_are_not_the_envelope() -> None:
     assert "API key" in unauthorized.message
 
 
-@pytest.mark.parametrize("header,name", [
-    ('attachment; filename="ft_llama-tiny_ab12.gguf"', "ft_llama-tiny_ab12.gguf"),
-    ("attachment; filename=model.onnx", "model.onnx"),
-    ('attachment; filename="../../etc/passwd"', "passwd"),
-    ('attachment; filename=".."', None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "header,name",
+    [
+        ('attachment; filename="ft_llama-tiny_ab12.gguf"', "ft_llama-tiny_ab12.gguf"),
+        ("attachment; filename=model.onnx", "model.onnx"),
+        ('attachment; filename="../../etc/passwd"', "passwd"),
+        ('attachment; filename=".."', None),
+        (None, None),
+    ],
+)
 def test_content_disposition_filename_is_a_bare_safe_name(header: str | None, name: str | None) -> None:
     assert content_disposition_filename(header) == name
 
@@ -146,19 +172,41 @@ def test_every_trainer_option_is_a_jobs_create_option_named_like_the_trainer_cli
 
 
 def test_jobs_create_sends_only_the_options_given() -> None:
-    args = _parser().parse_args(["jobs", "create", "--file", "file-1", "--max-steps", "60", "--learning-rate",
-                                 "3e-4", "--n-epochs", "auto", "--tie-embeddings", "--schedule", "constant"])
-    assert hyperparameters_from_args(args) == {"max_steps": 60, "learning_rate": 3e-4, "n_epochs": "auto",
-                                               "tie_embeddings": True, "schedule": "constant"}
+    args = _parser().parse_args(
+        [
+            "jobs",
+            "create",
+            "--file",
+            "file-1",
+            "--max-steps",
+            "60",
+            "--learning-rate",
+            "3e-4",
+            "--n-epochs",
+            "auto",
+            "--tie-embeddings",
+            "--schedule",
+            "constant",
+        ]
+    )
+    assert hyperparameters_from_args(args) == {
+        "max_steps": 60,
+        "learning_rate": 3e-4,
+        "n_epochs": "auto",
+        "tie_embeddings": True,
+        "schedule": "constant",
+    }
     bare = _parser().parse_args(["jobs", "create", "--file", "file-1"])
     assert hyperparameters_from_args(bare) == {}
 
 
 def test_bad_option_values_are_usage_errors() -> None:
-    for argv in (["jobs", "create", "--file", "f", "--max-steps", "ten"],
-                 ["jobs", "create", "--file", "f", "--tokenizer", "words"],
-                 ["models", "download", "m", "--format", "zip"],
-                 ["jobs", "create"]):
+    for argv in (
+        ["jobs", "create", "--file", "f", "--max-steps", "ten"],
+        ["jobs", "create", "--file", "f", "--tokenizer", "words"],
+        ["models", "download", "m", "--format", "zip"],
+        ["jobs", "create"],
+    ):
         with pytest.raises(SystemExit) as exc:
             _parser().parse_args(argv)
         assert exc.value.code == 2, argv

@@ -16,8 +16,16 @@ from typing import Any
 import pytest
 
 CHROMIUM = Path(os.environ.get("FROMSCRATCH_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 STATIC_DIR = Path(__file__).resolve().parents[2] / "api" / "static"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
@@ -29,8 +37,14 @@ class ConsoleLog:
     messages: list[str] = field(default_factory=list)
 
     def attach(self, page: Any) -> None:
-        page.on("console", lambda m: self.messages.append(f"console.{m.type}: {m.text}")
-                if m.type in ("error", "warning") else None)
+        page.on(
+            "console",
+            lambda m: (
+                self.messages.append(f"console.{m.type}: {m.text}")
+                if m.type in ("error", "warning")
+                else None
+            ),
+        )
         page.on("pageerror", lambda e: self.messages.append(f"uncaught: {e}"))
 
     def errors(self, allow: tuple[str, ...] = ()) -> list[str]:
@@ -41,8 +55,10 @@ class ConsoleLog:
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
         # Fail, never skip: a suite that quietly drops its browser tests proves nothing.
-        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium); "
-                    "scripts/test.sh does this when run as root")
+        pytest.fail(
+            f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium); "
+            "scripts/test.sh does this when run as root"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

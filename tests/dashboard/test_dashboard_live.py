@@ -29,8 +29,9 @@ def no_horizontal_overflow(page: Any) -> None:
     assert width <= page.viewport_size["width"], f"page is {width}px wide at {page.viewport_size['width']}px"
 
 
-def test_train_watch_and_download_in_the_browser(new_page: Any, live_server: Any, worker_proc: Any,
-                                                  tmp_path: Path) -> None:
+def test_train_watch_and_download_in_the_browser(
+    new_page: Any, live_server: Any, worker_proc: Any, tmp_path: Path
+) -> None:
     page, log = new_page()
     sign_in(page, live_server.url, live_server.api_key)
     assert page.evaluate("localStorage.getItem('fromscratch.apiKey')") == live_server.api_key
@@ -46,7 +47,8 @@ def test_train_watch_and_download_in_the_browser(new_page: Any, live_server: Any
     page.set_input_files("#upload", str(SHAKESPEARE))
     page.wait_for_selector("text=Uploaded tiny_shakespeare_100k.txt")
     assert page.get_attribute(".upload-progress .bar", "aria-valuenow") == page.get_attribute(
-        ".upload-progress .bar", "aria-valuemax")
+        ".upload-progress .bar", "aria-valuemax"
+    )
     file_id = page.input_value("#training_file")
     assert file_id.startswith("file-")
     page.fill("#hp-max_steps", str(STEPS))
@@ -71,8 +73,11 @@ def test_train_watch_and_download_in_the_browser(new_page: Any, live_server: Any
     assert seen == sorted(seen) and len(set(seen)) >= 3, f"the chart did not grow live: {seen}"
 
     # what the chart shows is what the API has
-    metrics = httpx.get(f"{live_server.url}/v1/fine_tuning/jobs/{job_id}/metrics", headers=live_server.headers(),
-                        params={"limit": 1000}).json()["data"]
+    metrics = httpx.get(
+        f"{live_server.url}/v1/fine_tuning/jobs/{job_id}/metrics",
+        headers=live_server.headers(),
+        params={"limit": 1000},
+    ).json()["data"]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     n_val = sum(m["val_loss"] is not None for m in metrics)
     assert n_val >= 5
@@ -82,7 +87,9 @@ def test_train_watch_and_download_in_the_browser(new_page: Any, live_server: Any
     assert page.inner_text("#stat-train-loss") == f"{metrics[-1]['train_loss']:.4f}"
 
     # controls follow the status: a finished job can be neither paused, resumed nor cancelled
-    assert page.is_disabled("#btn-cancel") and page.is_disabled("#btn-pause") and page.is_disabled("#btn-resume")
+    assert (
+        page.is_disabled("#btn-cancel") and page.is_disabled("#btn-pause") and page.is_disabled("#btn-resume")
+    )
     # checkpoints and events
     page.wait_for_selector("#checkpoints tbody tr td.mono")
     assert page.locator("#checkpoints tbody tr").count() >= 1

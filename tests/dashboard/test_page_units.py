@@ -68,8 +68,10 @@ def test_sse_parser_matches_the_spec_on_any_chunking(new_page: Any, static_url: 
     assert len(result["outs"]) == 1
     import json
 
-    assert json.loads(result["outs"][0]) == [{"event": "metrics", "data": '{"step": 7}', "id": "7.0"},
-                                             {"event": "status", "data": "a\nb", "id": "7.2"}]
+    assert json.loads(result["outs"][0]) == [
+        {"event": "metrics", "data": '{"step": 7}', "id": "7.0"},
+        {"event": "status", "data": "a\nb", "id": "7.2"},
+    ]
     assert result["lastId"] == "7.2"
 
 

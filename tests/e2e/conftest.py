@@ -73,8 +73,19 @@ def e2e_server(e2e_settings: Any, session_factory: Any, e2e_worker: ServiceProce
         session.commit()
     port = free_port()
     env = env_from_settings(e2e_settings)
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app", "--host", "127.0.0.1",
-           "--port", str(port), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "api.main:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     process = ServiceProcess(cmd=cmd, env=env, log_path=Path(e2e_settings.data_dir) / "api.log").start()
     url = f"http://127.0.0.1:{port}"
     try:

@@ -27,8 +27,15 @@ from tests.fixtures.service import SHAKESPEARE, LiveServer
 TERMINAL = ("succeeded", "failed", "cancelled")
 STEPS, BATCH, CTX, EVAL_EVERY, CKPT_EVERY = 50, 8, 64, 10, 10
 HYPERPARAMETERS = {
-    "max_steps": STEPS, "batch_size": BATCH, "ctx": CTX, "eval_every": EVAL_EVERY, "eval_batches": 4,
-    "checkpoint_every": CKPT_EVERY, "keep_checkpoints": 10, "learning_rate": 3e-3, "warmup_steps": 5,
+    "max_steps": STEPS,
+    "batch_size": BATCH,
+    "ctx": CTX,
+    "eval_every": EVAL_EVERY,
+    "eval_batches": 4,
+    "checkpoint_every": CKPT_EVERY,
+    "keep_checkpoints": 10,
+    "learning_rate": 3e-3,
+    "warmup_steps": 5,
 }
 JOB_DEADLINE_S = 600.0  # generous: two shared cores, a worker that first imports torch
 PROMPT = "ROMEO:\n"
@@ -50,8 +57,13 @@ class SSEStream:
     comments: int = 0
 
 
-def read_sse(server: LiveServer, job_id: str, last_event_id: str | None = None,
-             deadline_s: float = JOB_DEADLINE_S, params: dict[str, str] | None = None) -> SSEStream:
+def read_sse(
+    server: LiveServer,
+    job_id: str,
+    last_event_id: str | None = None,
+    deadline_s: float = JOB_DEADLINE_S,
+    params: dict[str, str] | None = None,
+) -> SSEStream:
     """Read /stream until the server ends it (it must, after the terminal status event). Parsed
     as the SSE spec says: fields per line, an event dispatched at a blank line, `:` comments."""
     headers = server.headers()
@@ -61,20 +73,32 @@ def read_sse(server: LiveServer, job_id: str, last_event_id: str | None = None,
     deadline = time.monotonic() + deadline_s
     # read timeout well above the server's 15 s keep-alive: a silent stream is a failure
     timeout = httpx.Timeout(connect=10.0, read=90.0, write=10.0, pool=10.0)
-    with httpx.stream("GET", f"{server.url}/v1/fine_tuning/jobs/{job_id}/stream", headers=headers,
-                      params=params, timeout=timeout) as resp:
+    with httpx.stream(
+        "GET",
+        f"{server.url}/v1/fine_tuning/jobs/{job_id}/stream",
+        headers=headers,
+        params=params,
+        timeout=timeout,
+    ) as resp:
         assert resp.status_code == 200, resp.read()
         assert resp.headers["content-type"].startswith("text/event-stream")
         fields: dict[str, list[str]] = {}
         for line in resp.iter_lines():
             if time.monotonic() > deadline:
-                pytest.fail(f"job {job_id} still streaming after {deadline_s:.0f}s; got "
-                            f"{[(e.event, e.id) for e in out.events][-5:]}")
+                pytest.fail(
+                    f"job {job_id} still streaming after {deadline_s:.0f}s; got "
+                    f"{[(e.event, e.id) for e in out.events][-5:]}"
+                )
             if line == "":
                 if "data" in fields:
                     data = "\n".join(fields["data"])
-                    out.events.append(SSEEvent(event=(fields.get("event") or ["message"])[-1],
-                                               id=(fields.get("id") or [None])[-1], data=json.loads(data)))
+                    out.events.append(
+                        SSEEvent(
+                            event=(fields.get("event") or ["message"])[-1],
+                            id=(fields.get("id") or [None])[-1],
+                            data=json.loads(data),
+                        )
+                    )
                 fields = {}
                 continue
             if line.startswith(":"):
@@ -111,15 +135,25 @@ def trained(e2e_server: LiveServer, service_logs: Any) -> Iterator[Trained]:
     server = e2e_server
     with httpx.Client(base_url=server.url, headers=server.headers(), timeout=120.0) as client:
         with open(SHAKESPEARE, "rb") as fh:
-            r = client.post("/v1/files", data={"purpose": "fine-tune"},
-                            files={"file": (SHAKESPEARE.name, fh, "text/plain")})
+            r = client.post(
+                "/v1/files",
+                data={"purpose": "fine-tune"},
+                files={"file": (SHAKESPEARE.name, fh, "text/plain")},
+            )
         assert r.status_code == 200, r.text
         file_obj = r.json()
         assert file_obj["bytes"] == SHAKESPEARE.stat().st_size
 
-        r = client.post("/v1/fine_tuning/jobs", json={
-            "model": "llama-tiny", "training_file": file_obj["id"], "seed": 1234, "suffix": "e2e",
-            "hyperparameters": HYPERPARAMETERS})
+        r = client.post(
+            "/v1/fine_tuning/jobs",
+            json={
+                "model": "llama-tiny",
+                "training_file": file_obj["id"],
+                "seed": 1234,
+                "suffix": "e2e",
+                "hyperparameters": HYPERPARAMETERS,
+            },
+        )
         assert r.status_code == 200, r.text
         created = r.json()
 
@@ -184,7 +218,9 @@ def test_stream_follows_the_job_to_succeeded(trained: Trained) -> None:
     events = trained.stream.events
     assert trained.stream.retry_ms is not None  # EventSource reconnect hint
     statuses = [e.data["status"] for e in events if e.event == "status"]
-    assert statuses[-1] == "succeeded" and events[-1].event == "status", [(e.event, e.id) for e in events[-3:]]
+    assert statuses[-1] == "succeeded" and events[-1].event == "status", [
+        (e.event, e.id) for e in events[-3:]
+    ]
     assert statuses.count("succeeded") == 1
     assert "running" in statuses and statuses.index("running") < statuses.index("succeeded")
     assert events[-1].data["job"]["fine_tuned_model"] == trained.job["fine_tuned_model"]
@@ -219,7 +255,9 @@ def test_metrics_series(trained: Trained) -> None:
     assert all(sse[p["step"]]["train_loss"] == p["train_loss"] for p in points)
 
     # cursor paging in step order
-    r = trained.client.get(f"/v1/fine_tuning/jobs/{trained.job_id}/metrics", params={"after_step": 20, "limit": 5})
+    r = trained.client.get(
+        f"/v1/fine_tuning/jobs/{trained.job_id}/metrics", params={"after_step": 20, "limit": 5}
+    )
     page = r.json()
     assert [p["step"] for p in page["data"]] == [s for s in steps if s > 20][:5] and page["has_more"] is True
 
@@ -253,8 +291,9 @@ def test_checkpoints_listed(trained: Trained) -> None:
     assert model in [m["id"] for m in r.json()["data"]]
 
 
-def test_gguf_greedy_decodes_like_the_service_and_the_trainer(trained: Trained, checkpoint_model: tuple[Any, Any],
-                                                              tmp_path: Path) -> None:
+def test_gguf_greedy_decodes_like_the_service_and_the_trainer(
+    trained: Trained, checkpoint_model: tuple[Any, Any], tmp_path: Path
+) -> None:
     import llama_cpp
 
     from trainer.sampling import generate_ids
@@ -266,14 +305,17 @@ def test_gguf_greedy_decodes_like_the_service_and_the_trainer(trained: Trained, 
     assert len(ours) == N_NEW and len(set(ours)) > 3, f"degenerate greedy output {tok.decode(ours)!r}"
 
     # the service's own sampler, greedy
-    r = trained.client.post(f"/v1/models/{model_id}/generate",
-                            json={"prompt": PROMPT, "max_tokens": N_NEW, "temperature": 0})
+    r = trained.client.post(
+        f"/v1/models/{model_id}/generate", json={"prompt": PROMPT, "max_tokens": N_NEW, "temperature": 0}
+    )
     assert r.status_code == 200, r.text
     assert r.json()["text"] == tok.decode(ours)
 
     # llama.cpp on the downloaded GGUF (f32 KV cache: the default f16 cache moves logits by ~1e-2)
     path = _download(trained.client, model_id, "gguf", tmp_path / "model.gguf")
-    llm = llama_cpp.Llama(str(path), n_ctx=256, type_k=0, type_v=0, verbose=False, logits_all=True, n_threads=1)
+    llm = llama_cpp.Llama(
+        str(path), n_ctx=256, type_k=0, type_v=0, verbose=False, logits_all=True, n_threads=1
+    )
     assert llm.tokenize(PROMPT.encode(), add_bos=False, special=False) == prompt_ids
     llm.eval(prompt_ids)
     theirs: list[int] = []
@@ -284,19 +326,21 @@ def test_gguf_greedy_decodes_like_the_service_and_the_trainer(trained: Trained, 
         margins.append(float(top2[1] - top2[0]))
         theirs.append(int(np.argmax(logits)))
         llm.eval([theirs[-1]])
-    assert theirs == ours, (f"llama.cpp {tok.decode(theirs)!r} vs trainer {tok.decode(ours)!r}; "
-                            f"smallest top-2 logit margin {min(margins):.2e}")
+    assert theirs == ours, (
+        f"llama.cpp {tok.decode(theirs)!r} vs trainer {tok.decode(ours)!r}; "
+        f"smallest top-2 logit margin {min(margins):.2e}"
+    )
     # and the logits themselves along the decoded sequence
     with torch.no_grad():
         expected = model(torch.tensor([prompt_ids + ours]))[0][0].numpy()
-    rows = np.array(llm.scores[len(prompt_ids) - 1:len(prompt_ids) - 1 + N_NEW])
-    diff = np.abs(rows - expected[len(prompt_ids) - 1:len(prompt_ids) - 1 + N_NEW]).max()
+    rows = np.array(llm.scores[len(prompt_ids) - 1 : len(prompt_ids) - 1 + N_NEW])
+    diff = np.abs(rows - expected[len(prompt_ids) - 1 : len(prompt_ids) - 1 + N_NEW]).max()
     assert diff < 1e-3, f"llama.cpp logits differ from the trainer's by {diff}"
 
 
-def test_hf_archive_loads_in_transformers_with_the_checkpoint_logits(trained: Trained,
-                                                                     checkpoint_model: tuple[Any, Any],
-                                                                     tmp_path: Path) -> None:
+def test_hf_archive_loads_in_transformers_with_the_checkpoint_logits(
+    trained: Trained, checkpoint_model: tuple[Any, Any], tmp_path: Path
+) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model, tok = checkpoint_model
@@ -334,8 +378,11 @@ def test_stream_resumes_after_last_event_id(trained: Trained) -> None:
         if e.event != "metrics":
             assert eq > q, f"lifecycle event {e.event} {e.data} was sent before the cursor {middle.id}"
     # lifecycle rows after the cursor are exactly those the first stream sent after it
-    later = [(e.event, cursor(e.id)[1]) for e in events
-             if e.event != "metrics" and e.id is not None and cursor(e.id)[1] > q]
+    later = [
+        (e.event, cursor(e.id)[1])
+        for e in events
+        if e.event != "metrics" and e.id is not None and cursor(e.id)[1] > q
+    ]
     assert [(e.event, cursor(e.id)[1]) for e in resumed if e.event != "metrics"] == later
     assert resumed[-1].event == "status" and resumed[-1].data["status"] == "succeeded"
 

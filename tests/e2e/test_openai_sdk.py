@@ -26,8 +26,9 @@ DEADLINE_S = 600.0
 @pytest.fixture(scope="module")
 def sdk(e2e_server: LiveServer) -> Iterator[openai.OpenAI]:
     # max_retries=0: a 5xx must fail the test, not be retried away
-    client = openai.OpenAI(base_url=f"{e2e_server.url}/v1", api_key=e2e_server.api_key, max_retries=0,
-                           timeout=120.0)
+    client = openai.OpenAI(
+        base_url=f"{e2e_server.url}/v1", api_key=e2e_server.api_key, max_retries=0, timeout=120.0
+    )
     yield client
     client.close()
 
@@ -56,13 +57,27 @@ def training_file(sdk: openai.OpenAI) -> FileObject:
     return f
 
 
-def test_sdk_train_retrieve_list_events_checkpoints(sdk: openai.OpenAI, training_file: FileObject,
-                                                    service_logs: Any) -> None:
-    hp = {"batch_size": 8, "learning_rate_multiplier": 3.0, "max_steps": STEPS, "ctx": 64, "eval_every": 10,
-          "eval_batches": 2, "checkpoint_every": 10, "keep_checkpoints": 5}
+def test_sdk_train_retrieve_list_events_checkpoints(
+    sdk: openai.OpenAI, training_file: FileObject, service_logs: Any
+) -> None:
+    hp = {
+        "batch_size": 8,
+        "learning_rate_multiplier": 3.0,
+        "max_steps": STEPS,
+        "ctx": 64,
+        "eval_every": 10,
+        "eval_batches": 2,
+        "checkpoint_every": 10,
+        "keep_checkpoints": 5,
+    }
     job = sdk.fine_tuning.jobs.create(
-        model="llama-tiny", training_file=training_file.id, seed=7, suffix="sdk", metadata={"run": "sdk"},
-        method={"type": "supervised", "supervised": {"hyperparameters": hp}})  # type: ignore[typeddict-unknown-key]
+        model="llama-tiny",
+        training_file=training_file.id,
+        seed=7,
+        suffix="sdk",
+        metadata={"run": "sdk"},
+        method={"type": "supervised", "supervised": {"hyperparameters": hp}},
+    )  # type: ignore[typeddict-unknown-key]
     assert isinstance(job, FineTuningJob)
     assert job.status in ("validating_files", "queued") and job.model == "llama-tiny"
     assert job.training_file == training_file.id and job.seed == 7 and job.metadata == {"run": "sdk"}
@@ -114,12 +129,25 @@ def test_sdk_train_retrieve_list_events_checkpoints(sdk: openai.OpenAI, training
 def test_sdk_cancel_a_running_job(sdk: openai.OpenAI, training_file: FileObject, service_logs: Any) -> None:
     # 3 epochs of ~2800 windows of 32 bytes, 4 per step: ~2100 steps, long enough to cancel mid-run
     job = sdk.fine_tuning.jobs.create(
-        model="llama-tiny", training_file=training_file.id, seed=3,
-        hyperparameters={"n_epochs": 3, "batch_size": 4, "ctx": 32, "eval_every": 0,  # type: ignore[typeddict-unknown-key]
-                         "checkpoint_every": 0})
+        model="llama-tiny",
+        training_file=training_file.id,
+        seed=3,
+        hyperparameters={
+            "n_epochs": 3,
+            "batch_size": 4,
+            "ctx": 32,
+            "eval_every": 0,  # type: ignore[typeddict-unknown-key]
+            "checkpoint_every": 0,
+        },
+    )
     assert job.hyperparameters.n_epochs == 3
-    running = wait_job(sdk, job.id, lambda j: j.status == "running" and ((j.model_extra or {}).get("progress") or {})
-                       .get("step"), "running with a step done", service_logs)
+    running = wait_job(
+        sdk,
+        job.id,
+        lambda j: j.status == "running" and ((j.model_extra or {}).get("progress") or {}).get("step"),
+        "running with a step done",
+        service_logs,
+    )
     total = running.model_extra["progress"]["total_steps"]  # type: ignore[index]
     assert total > 1000
 
@@ -134,5 +162,7 @@ def test_sdk_cancel_a_running_job(sdk: openai.OpenAI, training_file: FileObject,
     assert sdk.fine_tuning.jobs.cancel(job.id).status == "cancelled"
     ids = [j.id for j in sdk.fine_tuning.jobs.list(limit=1)]
     assert ids[0] == job.id and len(ids) == len(set(ids)) >= 2
-    messages = [e.message for e in sdk.fine_tuning.jobs.list_events(job.id, limit=100).data if e.type == "message"]
+    messages = [
+        e.message for e in sdk.fine_tuning.jobs.list_events(job.id, limit=100).data if e.type == "message"
+    ]
     assert any("cancel" in m.lower() for m in messages), messages

@@ -43,16 +43,26 @@ def tiny_model() -> Callable[..., ModelConfig]:
         values = dict(n_layer=1, n_head=2, n_embd=32, ctx=32, vocab_size=258)
         values.update(kw)
         return ModelConfig(**values)
+
     return make
 
 
 @pytest.fixture
 def tiny_train() -> Callable[..., TrainConfig]:
     def make(**kw: Any) -> TrainConfig:
-        values: dict[str, Any] = dict(max_steps=8, batch_size=4, learning_rate=3e-3, warmup_steps=2,
-                                      eval_every=0, eval_batches=2, checkpoint_every=0, device="cpu")
+        values: dict[str, Any] = dict(
+            max_steps=8,
+            batch_size=4,
+            learning_rate=3e-3,
+            warmup_steps=2,
+            eval_every=0,
+            eval_batches=2,
+            checkpoint_every=0,
+            device="cpu",
+        )
         values.update(kw)
         return TrainConfig(**values)
+
     return make
 
 

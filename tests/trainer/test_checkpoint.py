@@ -52,10 +52,15 @@ def test_round_trip_is_exact(tmp_path, tiny_model, byte_tokenizer, optimizer):
     cfg = tiny_model(tie_embeddings=True)
     train_cfg = TrainConfig(optimizer=optimizer, learning_rate=0.1 if optimizer == "lbfgs" else 1e-3)
     model, opt = _trained_model_and_optimizer(cfg, train_cfg)
-    path = save_checkpoint(tmp_path / "ck", model=model, model_config=cfg, train_config=train_cfg,
-                           tokenizer=byte_tokenizer, optimizer=opt,
-                           state={"step": 3, "tokens_seen": 99, "best_val_loss": None, "sampler": None,
-                                  "total_steps": 10})
+    path = save_checkpoint(
+        tmp_path / "ck",
+        model=model,
+        model_config=cfg,
+        train_config=train_cfg,
+        tokenizer=byte_tokenizer,
+        optimizer=opt,
+        state={"step": 3, "tokens_seen": 99, "best_val_loss": None, "sampler": None, "total_steps": 10},
+    )
     assert {p.name for p in path.iterdir()} == FILES
     assert not list(tmp_path.glob("*.tmp-*"))
 
@@ -136,7 +141,9 @@ def test_failed_write_leaves_previous_checkpoint(tmp_path, tiny_model, byte_toke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
 
 
-def test_loading_never_unpickles(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer, monkeypatch):
+def test_loading_never_unpickles(
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer, monkeypatch
+):
     train(tiny_model(), tiny_train(max_steps=2), shakespeare_data, tmp_path, tokenizer=byte_tokenizer)
 
     def forbidden(*args, **kwargs):
@@ -146,8 +153,14 @@ def test_loading_never_unpickles(tmp_path, tiny_model, tiny_train, shakespeare_d
     monkeypatch.setattr("pickle.load", forbidden)
     monkeypatch.setattr("pickle.loads", forbidden)
     load_model(tmp_path / "final")
-    result = train(tiny_model(), tiny_train(max_steps=3), shakespeare_data, tmp_path, tokenizer=byte_tokenizer,
-                   resume=True)
+    result = train(
+        tiny_model(),
+        tiny_train(max_steps=3),
+        shakespeare_data,
+        tmp_path,
+        tokenizer=byte_tokenizer,
+        resume=True,
+    )
     assert result.step == 3
 
 
@@ -171,8 +184,14 @@ def test_rotate_checkpoints_directly(tmp_path, tiny_model, byte_tokenizer):
     cfg = tiny_model()
     model = Llama(cfg)
     for step in (1, 2, 3, 4):
-        save_checkpoint(tmp_path / f"step-{step:08d}", model=model, model_config=cfg, train_config=TrainConfig(),
-                        tokenizer=byte_tokenizer, state={"step": step, "tokens_seen": 0})
+        save_checkpoint(
+            tmp_path / f"step-{step:08d}",
+            model=model,
+            model_config=cfg,
+            train_config=TrainConfig(),
+            tokenizer=byte_tokenizer,
+            state={"step": step, "tokens_seen": 0},
+        )
     (tmp_path / "step-00000005.tmp-999999").mkdir()  # leftover of a crashed writer
     removed = rotate_checkpoints(tmp_path, 3)
     assert [p.name for p in removed] == ["step-00000001"]

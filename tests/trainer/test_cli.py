@@ -15,19 +15,54 @@ from cli.main import main
 from tests.trainer.conftest import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["--n-layer", "1", "--n-head", "2", "--n-kv-head", "1", "--n-embd", "32", "--ctx", "32", "--batch-size", "4",
-        "--eval-batches", "1", "--seed", "7"]
+TINY = [
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--n-kv-head",
+    "1",
+    "--n-embd",
+    "32",
+    "--ctx",
+    "32",
+    "--batch-size",
+    "4",
+    "--eval-batches",
+    "1",
+    "--seed",
+    "7",
+]
 
 
 def fromscratch(*args: str | Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+    )
 
 
 def test_train_sample_and_resume_end_to_end(tmp_path, shakespeare):
     out = tmp_path / "run"
-    r = fromscratch("train", shakespeare, "--out", out, *TINY, "--max-steps", "6", "--eval-every", "3",
-                    "--checkpoint-every", "3", "--samples", "1")
+    r = fromscratch(
+        "train",
+        shakespeare,
+        "--out",
+        out,
+        *TINY,
+        "--max-steps",
+        "6",
+        "--eval-every",
+        "3",
+        "--checkpoint-every",
+        "3",
+        "--samples",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     assert "completed at step 6" in r.stdout and "--- sample 1 ---" in r.stdout
     assert "step 6/6" in r.stdout  # plain progress lines when stdout is not a terminal
@@ -37,20 +72,28 @@ def test_train_sample_and_resume_end_to_end(tmp_path, shakespeare):
     assert [m["step"] for m in metrics if "val_loss" in m] == [3, 6]
     assert (out / "checkpoints" / "step-00000003" / "state.json").exists()
     config = json.loads((out / "final" / "config.json").read_text())
-    assert config["model"]["n_embd"] == 32 and config["train"]["seed"] == 7 and config["train"]["max_steps"] == 6
+    assert (
+        config["model"]["n_embd"] == 32 and config["train"]["seed"] == 7 and config["train"]["max_steps"] == 6
+    )
 
     # --resume keeps the run's settings (batch size, seed, ...) and takes the new --max-steps
     r = fromscratch("train", shakespeare, "--out", out, "--resume", "--max-steps", "8", "--samples", "0")
     assert r.returncode == 0, r.stderr
     assert "completed at step 8" in r.stdout
     config = json.loads((out / "final" / "config.json").read_text())
-    assert config["train"]["max_steps"] == 8 and config["train"]["batch_size"] == 4 and config["train"]["seed"] == 7
+    assert (
+        config["train"]["max_steps"] == 8
+        and config["train"]["batch_size"] == 4
+        and config["train"]["seed"] == 7
+    )
     assert [m["step"] for m in read_metrics(out) if "train_loss" in m] == list(range(1, 9))
 
     r = fromscratch("sample", out / "final", "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "1")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ROMEO:")
-    again = fromscratch("sample", out / "final", "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "1")
+    again = fromscratch(
+        "sample", out / "final", "--prompt", "ROMEO:", "--max-new-tokens", "20", "--seed", "1"
+    )
     assert again.stdout == r.stdout
 
 
@@ -61,15 +104,18 @@ def test_bad_option_exits_2_naming_it(tmp_path, shakespeare):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("args,expected", [
-    (["--learning-rate", "-1"], "--learning-rate: must be positive"),
-    (["--batch-size", "0"], "--batch-size: must be positive"),
-    (["--n-head", "3", "--n-kv-head", "2"], "--n-kv-head:"),
-    (["--max-steps", "abc"], "--max-steps: invalid int value"),
-    (["--schedule", "linear"], "--schedule: invalid choice"),
-    (["--tokenizer", "bpe", "--vocab-size", "100"], "--vocab-size: bpe vocab_size must be in"),
-    (["--preset", "gpt-5"], "--preset: invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--learning-rate", "-1"], "--learning-rate: must be positive"),
+        (["--batch-size", "0"], "--batch-size: must be positive"),
+        (["--n-head", "3", "--n-kv-head", "2"], "--n-kv-head:"),
+        (["--max-steps", "abc"], "--max-steps: invalid int value"),
+        (["--schedule", "linear"], "--schedule: invalid choice"),
+        (["--tokenizer", "bpe", "--vocab-size", "100"], "--vocab-size: bpe vocab_size must be in"),
+        (["--preset", "gpt-5"], "--preset: invalid choice"),
+    ],
+)
 def test_bad_values_in_process(tmp_path, shakespeare, capsys, args, expected):
     with pytest.raises(SystemExit) as exc:
         main(["train", str(shakespeare), "--out", str(tmp_path / "o"), *args])
@@ -93,7 +139,9 @@ def test_data_problems_exit_2(tmp_path, capsys):
 
 def test_refuses_existing_run_without_resume(tmp_path, shakespeare, capsys):
     out = tmp_path / "o"
-    assert main(["train", str(shakespeare), "--out", str(out), *TINY, "--max-steps", "1", "--samples", "0"]) == 0
+    assert (
+        main(["train", str(shakespeare), "--out", str(out), *TINY, "--max-steps", "1", "--samples", "0"]) == 0
+    )
     with pytest.raises(SystemExit) as exc:
         main(["train", str(shakespeare), "--out", str(out), *TINY, "--max-steps", "1"])
     assert exc.value.code == 2 and "--out:" in capsys.readouterr().err
@@ -104,13 +152,15 @@ def test_help_documents_every_contract_option_with_default(capsys):
         main(["train", "--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
-    contract = ("--out --preset --n-layer --n-head --n-kv-head --n-embd --ctx --rope-dims --ffn-dim --tie-embeddings "
-                "--tokenizer --vocab-size --max-steps --n-epochs --batch-size --grad-accum --optimizer "
-                "--learning-rate --min-lr --warmup-steps --schedule --weight-decay --grad-clip --eval-every "
-                "--eval-batches --val-fraction --validation-file --checkpoint-every --keep-checkpoints "
-                "--samples-after-nl --seed --device --dtype --compile --resume --cos-decay-steps "
-                "--cos-decay-restart --cos-decay-alpha --time-limit --activation-checkpointing --log-every "
-                "--beta1 --beta2 --eps").split()
+    contract = (
+        "--out --preset --n-layer --n-head --n-kv-head --n-embd --ctx --rope-dims --ffn-dim --tie-embeddings "
+        "--tokenizer --vocab-size --max-steps --n-epochs --batch-size --grad-accum --optimizer "
+        "--learning-rate --min-lr --warmup-steps --schedule --weight-decay --grad-clip --eval-every "
+        "--eval-batches --val-fraction --validation-file --checkpoint-every --keep-checkpoints "
+        "--samples-after-nl --seed --device --dtype --compile --resume --cos-decay-steps "
+        "--cos-decay-restart --cos-decay-alpha --time-limit --activation-checkpointing --log-every "
+        "--beta1 --beta2 --eps"
+    ).split()
     for option in contract:
         assert option in text, option
     assert "(default: 16)" in text and "(default: 0.001)" in text and "(default: cosine)" in text
@@ -131,7 +181,9 @@ def test_train_options_mirror_train_config():
 
 def test_export_calls_trainer_export(tmp_path, shakespeare, monkeypatch, capsys):
     out = tmp_path / "o"
-    assert main(["train", str(shakespeare), "--out", str(out), *TINY, "--max-steps", "1", "--samples", "0"]) == 0
+    assert (
+        main(["train", str(shakespeare), "--out", str(out), *TINY, "--max-steps", "1", "--samples", "0"]) == 0
+    )
     calls = []
 
     def fake_export(ckpt_dir, fmt, dest, dtype="f32"):
@@ -139,8 +191,21 @@ def test_export_calls_trainer_export(tmp_path, shakespeare, monkeypatch, capsys)
         return Path(dest)
 
     monkeypatch.setitem(sys.modules, "trainer.export", types.SimpleNamespace(export=fake_export))
-    assert main(["export", str(out / "final"), "--format", "gguf", "--out", str(tmp_path / "m.gguf"),
-                 "--dtype", "f16"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                str(out / "final"),
+                "--format",
+                "gguf",
+                "--out",
+                str(tmp_path / "m.gguf"),
+                "--dtype",
+                "f16",
+            ]
+        )
+        == 0
+    )
     assert calls == [(out / "final", "gguf", tmp_path / "m.gguf", "f16")]
     with pytest.raises(SystemExit) as exc:
         main(["export", str(tmp_path), "--format", "hf", "--out", str(tmp_path / "hf")])
@@ -155,8 +220,16 @@ def test_progress_display(rich_bar):
 
     stream = io.StringIO()
     progress = ProgressCallbacks(stream, rich_bar=rich_bar, min_interval=0.0)
-    progress.on_start({"total_steps": 4, "start_step": 0, "n_params": 1234, "tokens_per_step": 128,
-                       "device": "cpu", "dtype": "float32"})
+    progress.on_start(
+        {
+            "total_steps": 4,
+            "start_step": 0,
+            "n_params": 1234,
+            "tokens_per_step": 128,
+            "device": "cpu",
+            "dtype": "float32",
+        }
+    )
     for step in range(1, 5):
         progress.on_step(step, 2.5 - step * 0.1, 1e-3, 0.5, 1000.0, step * 128)
     progress.on_eval(4, 2.0)

@@ -42,6 +42,7 @@ def bpe():
 
 # --- formats and validation -------------------------------------------------------------------
 
+
 def test_detect_format(tmp_path: Path) -> None:
     assert detect_format(SHAKES) == "text"
     assert detect_format(DATA / "sample_chat.jsonl") == "jsonl"
@@ -116,8 +117,10 @@ def test_iter_documents_reports_bad_utf8(tmp_path: Path, name: str) -> None:
 def test_iter_documents_shapes() -> None:
     chat = list(iter_documents(DATA / "sample_chat.jsonl"))
     assert len(chat) == 30
-    assert chat[0] == ("<|system|>\nYou are a patient science tutor.\n<|user|>\nWhat should I know about water?\n"
-                       "<|assistant|>\nWater boils at 100 degrees Celsius at sea level.\n")
+    assert chat[0] == (
+        "<|system|>\nYou are a patient science tutor.\n<|user|>\nWhat should I know about water?\n"
+        "<|assistant|>\nWater boils at 100 degrees Celsius at sea level.\n"
+    )
     pc = list(iter_documents(DATA / "sample_prompt_completion.jsonl"))
     assert pc[1] == "Q: What is 3 plus 8?\nA: 11\n"
     texts = list(iter_documents(DATA / "sample_text.jsonl"))
@@ -142,6 +145,7 @@ def test_text_chunks_reassemble_at_boundaries(tmp_path: Path) -> None:
 
 
 # --- tokenizing ----------------------------------------------------------------------------
+
 
 def test_tokenize_text_chunked_equals_whole(tmp_path: Path, bpe) -> None:
     text = SHAKES.read_text(encoding="utf-8")
@@ -225,6 +229,7 @@ def test_prepare_data_cache(tmp_path: Path, bpe, monkeypatch: pytest.MonkeyPatch
 
 # --- batches -------------------------------------------------------------------------------
 
+
 def positions(n: int) -> np.ndarray:
     # Token value == position, so a batch reveals which windows it took.
     return np.arange(n, dtype=np.uint32)
@@ -256,7 +261,9 @@ def test_random_windows_cover_the_ends() -> None:
 def test_samples_after_nl() -> None:
     tokens = positions(3000)
     newline_positions = [100, 517, 518, 1999, 2990]  # the last is too close to the end to start after
-    s = BatchSampler(tokens, ctx=32, batch_size=64, seed=3, samples_after_nl=True, newline_id=newline_positions)
+    s = BatchSampler(
+        tokens, ctx=32, batch_size=64, seed=3, samples_after_nl=True, newline_id=newline_positions
+    )
     seen: set[int] = set()
     for _ in range(10):
         seen |= set(s.next_batch()[0][:, 0].tolist())
@@ -269,7 +276,7 @@ def test_samples_after_nl_with_real_newlines(bpe) -> None:
     x, _ = s.next_batch()
     starts_ok = set(np.flatnonzero(tokens == 10) + 1) | {0}
     for row in x.numpy():
-        hits = [i for i in starts_ok if i + 32 <= len(tokens) and np.array_equal(tokens[i:i + 32], row)]
+        hits = [i for i in starts_ok if i + 32 <= len(tokens) and np.array_equal(tokens[i : i + 32], row)]
         assert hits
 
 
@@ -294,9 +301,15 @@ def test_epochs_mode_depends_on_seed() -> None:
     assert not torch.equal(a, b)
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"samples_after_nl": True, "newline_id": [7, 50, 51, 300, 1000]},
-                                    {"epochs": 3}, {"epochs": 2, "samples_after_nl": True,
-                                                    "newline_id": list(range(0, 2000, 37))}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"samples_after_nl": True, "newline_id": [7, 50, 51, 300, 1000]},
+        {"epochs": 3},
+        {"epochs": 2, "samples_after_nl": True, "newline_id": list(range(0, 2000, 37))},
+    ],
+)
 def test_resume_gives_identical_batches(kwargs: dict) -> None:
     tokens = positions(2000)
     straight = BatchSampler(tokens, ctx=24, batch_size=9, seed=11, **kwargs)

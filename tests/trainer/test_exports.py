@@ -51,8 +51,16 @@ def trained(variant: str) -> tuple[ModelConfig, dict[str, torch.Tensor], object]
     """(config, state dict, tokenizer) of a model trained briefly on TEXT; cached per variant."""
     v = VARIANTS[variant]
     tok = ByteTokenizer() if v["tokenizer"] == "byte" else _bpe()
-    cfg = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, ctx=64, vocab_size=tok.vocab_size,
-                      rope_dims=v["rope_dims"], tie_embeddings=v["tie_embeddings"])
+    cfg = ModelConfig(
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2,
+        n_embd=64,
+        ctx=64,
+        vocab_size=tok.vocab_size,
+        rope_dims=v["rope_dims"],
+        tie_embeddings=v["tie_embeddings"],
+    )
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = Llama(cfg)
@@ -61,8 +69,8 @@ def trained(variant: str) -> tuple[ModelConfig, dict[str, torch.Tensor], object]
     gen = torch.Generator().manual_seed(0)
     for _ in range(60):
         starts = torch.randint(0, len(data) - cfg.ctx - 1, (8,), generator=gen)
-        x = torch.stack([data[s:s + cfg.ctx] for s in starts])
-        y = torch.stack([data[s + 1:s + cfg.ctx + 1] for s in starts])
+        x = torch.stack([data[s : s + cfg.ctx] for s in starts])
+        y = torch.stack([data[s + 1 : s + cfg.ctx + 1] for s in starts])
         _, loss = model(x, y)
         opt.zero_grad()
         loss.backward()
@@ -93,6 +101,7 @@ def our_logits(variant: str, ids: list[list[int]]) -> np.ndarray:
 
 # ------------------------------------------------------------------ RoPE conversion (pure torch)
 
+
 @pytest.mark.parametrize("n_rot", [16, 8, 4])
 def test_gguf_qk_permutation_matches_interleaved_rope(n_rot: int) -> None:
     """Our rotate_half RoPE on our rows == llama.cpp's adjacent-pair RoPE (with its rope_freqs
@@ -106,25 +115,41 @@ def test_gguf_qk_permutation_matches_interleaved_rope(n_rot: int) -> None:
     ours = apply_rope((x @ w.T).view(T, cfg.n_head, hd).transpose(0, 1), cos.double(), sin.double())
     # ggml's "normal" RoPE: pair (2i, 2i+1) turned by pos * base^(-2i/n_dims) / factor[i], n_dims = hd.
     factors = rope_freq_factors(cfg)
-    factors = torch.ones(hd // 2, dtype=torch.float64) if factors is None else torch.from_numpy(factors).double()
+    factors = (
+        torch.ones(hd // 2, dtype=torch.float64) if factors is None else torch.from_numpy(factors).double()
+    )
     theta = cfg.rope_theta ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd) / factors
     angle = torch.arange(T, dtype=torch.float64)[:, None] * theta  # (T, hd/2)
     q = (x @ permute_qk(w, cfg.n_head, hd, n_rot).T).view(T, cfg.n_head, hd).transpose(0, 1)
     a, b = q[..., 0::2], q[..., 1::2]
-    turned = torch.stack((a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()), dim=-1).flatten(-2)
+    turned = torch.stack(
+        (a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()), dim=-1
+    ).flatten(-2)
     # Same attention scores <q_s, k_t> need the same vectors up to one fixed per-head permutation.
     from trainer.export.gguf import meta_rope_permutation
-    torch.testing.assert_close(turned, ours[..., meta_rope_permutation(hd, n_rot)], rtol=1e-5, atol=1e-4)  # cos/sin are fp32
+
+    torch.testing.assert_close(
+        turned, ours[..., meta_rope_permutation(hd, n_rot)], rtol=1e-5, atol=1e-4
+    )  # cos/sin are fp32
 
 
 # ------------------------------------------------------------------ GGUF in llama.cpp
+
 
 def _llama_cpp(path: Path, n_ctx: int, vocab_only: bool = False):
     import llama_cpp  # the real consumer; must be installed (never skipped)
 
     # f32 KV cache: llama.cpp's default f16 cache alone moves logits by ~1e-2.
-    return llama_cpp.Llama(str(path), n_ctx=n_ctx, logits_all=True, verbose=False, vocab_only=vocab_only,
-                           n_threads=1, type_k=0, type_v=0)
+    return llama_cpp.Llama(
+        str(path),
+        n_ctx=n_ctx,
+        logits_all=True,
+        verbose=False,
+        vocab_only=vocab_only,
+        n_threads=1,
+        type_k=0,
+        type_v=0,
+    )
 
 
 def _llama_cpp_greedy(llm, prompt_ids: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
@@ -150,7 +175,7 @@ def test_gguf_f32_llama_cpp_greedy_decodes_our_tokens(variant: str, tmp_path: Pa
     theirs, rows = _llama_cpp_greedy(llm, prompt_ids, N_NEW)
     assert theirs == ours
     # And the logits themselves, along the decoded sequence.
-    expected = our_logits(variant, [prompt_ids + ours])[0, len(prompt_ids) - 1:len(prompt_ids) - 1 + N_NEW]
+    expected = our_logits(variant, [prompt_ids + ours])[0, len(prompt_ids) - 1 : len(prompt_ids) - 1 + N_NEW]
     assert np.abs(np.stack(rows) - expected).max() < 1e-3
 
 
@@ -162,13 +187,13 @@ def test_gguf_f16_q8_load_with_close_logits(dtype: str, tol: float, tmp_path: Pa
     f32_size = export_model(cfg, state, tok, "gguf", tmp_path / "model-f32.gguf", "f32").stat().st_size
     assert path.stat().st_size < 0.6 * f32_size
     llm = _llama_cpp(path, cfg.ctx)
-    ids = tok.encode(TEXT[:200])[:cfg.ctx]
+    ids = tok.encode(TEXT[:200])[: cfg.ctx]
     llm.eval(ids)
     expected = our_logits(variant, [ids])[0]
-    diff = np.abs(np.array(llm.scores[:len(ids)]) - expected).max()
+    diff = np.abs(np.array(llm.scores[: len(ids)]) - expected).max()
     assert diff < tol * np.abs(expected).max(), f"{dtype} logits differ by {diff}"
     # Greedy choices agree almost everywhere (quantisation may flip a near-tie).
-    agree = (np.array(llm.scores[:len(ids)]).argmax(-1) == expected.argmax(-1)).mean()
+    agree = (np.array(llm.scores[: len(ids)]).argmax(-1) == expected.argmax(-1)).mean()
     assert agree > 0.9
 
 
@@ -177,7 +202,11 @@ def test_gguf_tokenizer_matches_ours_on_hard_text(variant: str, tmp_path: Path) 
     cfg, state, tok = trained(variant)
     path = export_model(cfg, state, tok, "gguf", tmp_path / "model.gguf", "f32")
     llm = _llama_cpp(path, cfg.ctx, vocab_only=True)
-    for text in ["Mary's lamb, 1234 lambs! ", "naïve café — 日本語 🙂\n\n  two  spaces\ttab\n", "<s> stays text"]:
+    for text in [
+        "Mary's lamb, 1234 lambs! ",
+        "naïve café — 日本語 🙂\n\n  two  spaces\ttab\n",
+        "<s> stays text",
+    ]:
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok.encode(text), text
 
 
@@ -217,6 +246,7 @@ def test_gguf_metadata_and_tensors(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ Hugging Face folder
 
+
 @pytest.mark.parametrize("variant", ["byte", "bpe_tied"])
 def test_hf_folder_in_transformers(variant: str, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -224,15 +254,20 @@ def test_hf_folder_in_transformers(variant: str, tmp_path: Path) -> None:
     cfg, state, tok = trained(variant)
     folder = export_model(cfg, state, tok, "hf", tmp_path / "hf", "f32")
     assert sorted(p.name for p in folder.iterdir()) == [
-        "config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
-        "tokenizer.json", "tokenizer_config.json"]
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     assert type(model).__name__ == "LlamaForCausalLM"
     hf_tok = AutoTokenizer.from_pretrained(folder)
     for text in [PROMPT, "naïve café — 日本語 🙂\n\n  two  spaces\ttab\n", "<s> stays text"]:
         assert hf_tok(text)["input_ids"] == tok.encode(text), text
 
-    batch = [tok.encode(TEXT[:300])[:cfg.ctx], tok.encode(TEXT[100:400])[:cfg.ctx]]
+    batch = [tok.encode(TEXT[:300])[: cfg.ctx], tok.encode(TEXT[100:400])[: cfg.ctx]]
     n = min(map(len, batch))
     batch = [b[:n] for b in batch]
     with torch.no_grad():
@@ -242,7 +277,7 @@ def test_hf_folder_in_transformers(variant: str, tmp_path: Path) -> None:
     prompt_ids, ours = our_greedy(variant)
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=N_NEW, do_sample=False)
-    assert out[0, len(prompt_ids):].tolist() == ours
+    assert out[0, len(prompt_ids) :].tolist() == ours
 
 
 def test_hf_f16_folder_loads(tmp_path: Path) -> None:
@@ -252,7 +287,7 @@ def test_hf_f16_folder_loads(tmp_path: Path) -> None:
     folder = export_model(cfg, state, tok, "hf", tmp_path / "hf16", "f16")
     assert json.loads((folder / "config.json").read_text())["dtype"] == "float16"
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = [tok.encode(TEXT[:cfg.ctx])]
+    ids = [tok.encode(TEXT[: cfg.ctx])]
     with torch.no_grad():
         theirs = model(torch.tensor(ids)).logits.numpy()
     expected = our_logits("byte", ids)
@@ -268,6 +303,7 @@ def test_hf_refuses_partial_rope(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ ONNX in onnxruntime
 
+
 @pytest.mark.parametrize("variant", ["byte", "bpe_partial_rope"])
 def test_onnx_in_onnxruntime(variant: str, tmp_path: Path) -> None:
     import onnxruntime
@@ -278,7 +314,7 @@ def test_onnx_in_onnxruntime(variant: str, tmp_path: Path) -> None:
     assert [i.name for i in session.get_inputs()] == ["input_ids"]
     data = tok.encode(TEXT)
     for batch, seq in [(1, 1), (2, 13), (3, cfg.ctx)]:  # dynamic batch and sequence length
-        ids = [data[i * 7:i * 7 + seq] for i in range(batch)]
+        ids = [data[i * 7 : i * 7 + seq] for i in range(batch)]
         (theirs,) = session.run(["logits"], {"input_ids": np.array(ids, dtype=np.int64)})
         assert theirs.shape == (batch, seq, cfg.vocab_size)
         assert np.abs(theirs - our_logits(variant, ids)).max() <= 1e-4
@@ -286,16 +322,21 @@ def test_onnx_in_onnxruntime(variant: str, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ dispatcher and errors
 
+
 def test_export_from_checkpoint_folder(tmp_path: Path) -> None:
     import gguf
 
     from trainer.checkpoint import save_checkpoint
 
     cfg, state, tok = trained("bpe_tied")
-    ckpt = save_checkpoint(tmp_path / "ckpt", model=our_model(cfg, state), model_config=cfg,
-                           train_config=TrainConfig(tokenizer="bpe", vocab_size=tok.vocab_size), tokenizer=tok,
-                           state={"step": 60, "tokens_seen": 0, "best_val_loss": None, "sampler": {},
-                                  "total_steps": 60})
+    ckpt = save_checkpoint(
+        tmp_path / "ckpt",
+        model=our_model(cfg, state),
+        model_config=cfg,
+        train_config=TrainConfig(tokenizer="bpe", vocab_size=tok.vocab_size),
+        tokenizer=tok,
+        state={"step": 60, "tokens_seen": 0, "best_val_loss": None, "sampler": {}, "total_steps": 60},
+    )
     out = export(ckpt, "gguf", tmp_path / "out" / "model.gguf")
     reader = gguf.GGUFReader(out)
     assert reader.fields["general.name"].contents() == "fromscratch-ckpt"
@@ -319,7 +360,9 @@ def test_export_errors_name_the_problem(tmp_path: Path) -> None:
     bad = dict(state)
     bad["layers.1.attention.wk.weight"] = torch.zeros(3, 3)
     del bad["norm.weight"]
-    with pytest.raises(ExportError, match=r"layers\.1\.attention\.wk\.weight has shape \(3, 3\).*|norm\.weight is missing"):
+    with pytest.raises(
+        ExportError, match=r"layers\.1\.attention\.wk\.weight has shape \(3, 3\).*|norm\.weight is missing"
+    ):
         export_model(cfg, bad, tok, "gguf", tmp_path / "x.gguf")
     with pytest.raises(ExportError, match="vocab_size"):
         export_model(cfg, state, _bpe(), "gguf", tmp_path / "x.gguf")

@@ -9,7 +9,18 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-FORBIDDEN = ("fastapi", "sqlalchemy", "celery", "api", "worker", "core", "starlette", "alembic", "redis", "kombu")
+FORBIDDEN = (
+    "fastapi",
+    "sqlalchemy",
+    "celery",
+    "api",
+    "worker",
+    "core",
+    "starlette",
+    "alembic",
+    "redis",
+    "kombu",
+)
 
 PROBE = """
 import json, sys
@@ -19,8 +30,13 @@ print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))
 
 
 def loaded_top_level_modules(imports: str) -> set[str]:
-    r = subprocess.run([sys.executable, "-c", PROBE.format(imports=imports)], cwd=REPO, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE.format(imports=imports)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     return set(json.loads(r.stdout.strip().splitlines()[-1]))
 
@@ -34,7 +50,8 @@ def test_import_trainer_is_light():
 def test_trainer_modules_load_no_service_stack():
     mods = loaded_top_level_modules(
         "import trainer, trainer.loop, trainer.checkpoint, trainer.sampling, trainer.optim, trainer.progress, "
-        "trainer.cli\nfrom trainer import train, generate, load_model")
+        "trainer.cli\nfrom trainer import train, generate, load_model"
+    )
     assert "torch" in mods
     assert not mods & set(FORBIDDEN), mods & set(FORBIDDEN)
 

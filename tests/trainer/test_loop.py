@@ -46,35 +46,53 @@ class Recorder(Callbacks):
 
 # ---------------------------------------------------------------- learning
 
+
 def test_overfits_one_batch(tmp_path, tiny_model, tiny_train, byte_tokenizer):
     # ctx+1 tokens hold exactly one window, so every batch is the same sequence.
     tokens = np.random.default_rng(0).integers(0, 256, size=33).astype(np.uint16)
-    result = train(tiny_model(n_embd=64, n_head=4), tiny_train(max_steps=150, schedule="constant",
-                                                              learning_rate=1e-2, weight_decay=0.0),
-                   TokenData(tokens, None), tmp_path, tokenizer=byte_tokenizer)
+    result = train(
+        tiny_model(n_embd=64, n_head=4),
+        tiny_train(max_steps=150, schedule="constant", learning_rate=1e-2, weight_decay=0.0),
+        TokenData(tokens, None),
+        tmp_path,
+        tokenizer=byte_tokenizer,
+    )
     losses = train_losses(tmp_path)
     assert losses[0] > 5.0  # ~ln(258) at init
     assert result.last_train_loss < 0.05
 
 
-def test_shakespeare_val_loss_beats_unigram_entropy(tmp_path, tiny_model, tiny_train, shakespeare_data,
-                                                    byte_tokenizer):
+def test_shakespeare_val_loss_beats_unigram_entropy(
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
+):
     entropy = estimate_unigram_entropy(shakespeare_data.train)  # ~3.3 nats for English bytes
     cfg = tiny_train(max_steps=200, batch_size=16, eval_every=100, eval_batches=8, warmup_steps=20)
     rec = Recorder()
-    result = train(tiny_model(n_layer=2, n_head=4, n_embd=64, ctx=64), cfg, shakespeare_data, tmp_path, rec,
-                   tokenizer=byte_tokenizer)
+    result = train(
+        tiny_model(n_layer=2, n_head=4, n_embd=64, ctx=64),
+        cfg,
+        shakespeare_data,
+        tmp_path,
+        rec,
+        tokenizer=byte_tokenizer,
+    )
     assert [s for s, _ in rec.evals] == [100, 200]
     assert result.last_val_loss < entropy - 0.8, (result.last_val_loss, entropy)
     assert result.best_val_loss == min(v for _, v in rec.evals)
 
 
 @pytest.mark.parametrize("batch_size,grad_accum", [(4, 2), (2, 4)])
-def test_grad_accum_matches_one_big_batch(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer,
-                                          batch_size, grad_accum):
+def test_grad_accum_matches_one_big_batch(
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer, batch_size, grad_accum
+):
     def run(out: Path, b: int, k: int) -> list[float]:
-        train(tiny_model(), tiny_train(max_steps=20, batch_size=b, grad_accum=k), shakespeare_data, out,
-              tokenizer=byte_tokenizer)
+        train(
+            tiny_model(),
+            tiny_train(max_steps=20, batch_size=b, grad_accum=k),
+            shakespeare_data,
+            out,
+            tokenizer=byte_tokenizer,
+        )
         return train_losses(out)
 
     reference = run(tmp_path / "8x1", 8, 1)
@@ -91,19 +109,28 @@ def test_grad_accum_matches_one_big_batch(tmp_path, tiny_model, tiny_train, shak
 
 # ---------------------------------------------------------------- reporting
 
+
 def test_metrics_callbacks_and_outputs(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer):
     rec = Recorder()
     cfg = tiny_train(max_steps=6, log_every=2, eval_every=3, checkpoint_every=2, keep_checkpoints=5)
     result = train(tiny_model(), cfg, shakespeare_data, tmp_path, rec, tokenizer=byte_tokenizer)
-    assert rec.started == {"total_steps": 6, "start_step": 0, "n_params": rec.started["n_params"],
-                           "tokens_per_step": 4 * 32, "device": "cpu", "dtype": "float32"}
+    assert rec.started == {
+        "total_steps": 6,
+        "start_step": 0,
+        "n_params": rec.started["n_params"],
+        "tokens_per_step": 4 * 32,
+        "device": "cpu",
+        "dtype": "float32",
+    }
     assert [s[0] for s in rec.steps] == [2, 4, 6]
     assert [s[5] for s in rec.steps] == [256, 512, 768]
     assert [s for s, _ in rec.evals] == [3, 6]
     assert [s for s, _ in rec.checkpoints] == [2, 4]  # the last step goes to final/, not a step folder
     metrics = read_metrics(tmp_path)
     step_lines = [m for m in metrics if "train_loss" in m]
-    assert {"step", "train_loss", "lr", "grad_norm", "tokens_per_s", "tokens_seen", "time"} <= set(step_lines[0])
+    assert {"step", "train_loss", "lr", "grad_norm", "tokens_per_s", "tokens_seen", "time"} <= set(
+        step_lines[0]
+    )
     eval_lines = [m for m in metrics if "val_loss" in m]
     assert [m["step"] for m in eval_lines] == [3, 6]
     assert eval_lines[-1]["val_ppl"] == pytest.approx(math.exp(eval_lines[-1]["val_loss"]))
@@ -113,20 +140,29 @@ def test_metrics_callbacks_and_outputs(tmp_path, tiny_model, tiny_train, shakesp
     assert step_lines[-1]["lr"] == pytest.approx(lr_at(5, cfg, 6))
 
 
-def test_eval_is_deterministic_and_leaves_training_alone(tmp_path, tiny_model, tiny_train, shakespeare_data,
-                                                         byte_tokenizer):
+def test_eval_is_deterministic_and_leaves_training_alone(
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
+):
     # same run with and without evaluations: identical training losses
     train(tiny_model(), tiny_train(max_steps=6), shakespeare_data, tmp_path / "a", tokenizer=byte_tokenizer)
-    train(tiny_model(), tiny_train(max_steps=6, eval_every=1), shakespeare_data, tmp_path / "b",
-          tokenizer=byte_tokenizer)
+    train(
+        tiny_model(),
+        tiny_train(max_steps=6, eval_every=1),
+        shakespeare_data,
+        tmp_path / "b",
+        tokenizer=byte_tokenizer,
+    )
     assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
 
 
 @pytest.mark.parametrize("request_", ["pause", "stop"])
-def test_should_stop_writes_checkpoint_and_returns(tmp_path, tiny_model, tiny_train, shakespeare_data,
-                                                   byte_tokenizer, request_):
+def test_should_stop_writes_checkpoint_and_returns(
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer, request_
+):
     rec = Recorder(stop_at=3, request=request_)
-    result = train(tiny_model(), tiny_train(max_steps=50), shakespeare_data, tmp_path, rec, tokenizer=byte_tokenizer)
+    result = train(
+        tiny_model(), tiny_train(max_steps=50), shakespeare_data, tmp_path, rec, tokenizer=byte_tokenizer
+    )
     assert result.stop_reason == request_ and result.step == 3
     assert result.final_checkpoint == tmp_path / "checkpoints" / "step-00000003"
     assert rec.checkpoints == [(3, result.final_checkpoint)]
@@ -134,13 +170,20 @@ def test_should_stop_writes_checkpoint_and_returns(tmp_path, tiny_model, tiny_tr
 
 
 def test_time_limit_stops_with_checkpoint(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer):
-    result = train(tiny_model(), tiny_train(max_steps=10_000, time_limit=1e-6), shakespeare_data, tmp_path,
-                   tokenizer=byte_tokenizer)
+    result = train(
+        tiny_model(),
+        tiny_train(max_steps=10_000, time_limit=1e-6),
+        shakespeare_data,
+        tmp_path,
+        tokenizer=byte_tokenizer,
+    )
     assert result.stop_reason == "time_limit" and result.step < 10_000
     assert (result.final_checkpoint / "state.json").exists()
 
 
-def test_nan_loss_raises_training_diverged(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer):
+def test_nan_loss_raises_training_diverged(
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
+):
     cfg = tiny_train(max_steps=20, learning_rate=1e30, warmup_steps=0, schedule="constant", grad_clip=0.0)
     with pytest.raises(TrainingDiverged, match="diverged at step"):
         train(tiny_model(), cfg, shakespeare_data, tmp_path, tokenizer=byte_tokenizer)
@@ -155,7 +198,9 @@ def test_too_short_data_fails_before_training(tmp_path, tiny_model, tiny_train):
 
 
 def test_trains_from_a_file_with_its_own_tokenizer(tmp_path, tiny_model, tiny_train, shakespeare):
-    result = train(tiny_model(), tiny_train(max_steps=2, tokenizer="bpe", vocab_size=300), shakespeare, tmp_path)
+    result = train(
+        tiny_model(), tiny_train(max_steps=2, tokenizer="bpe", vocab_size=300), shakespeare, tmp_path
+    )
     from trainer.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(result.final_checkpoint)
@@ -167,8 +212,14 @@ def test_trains_from_a_file_with_its_own_tokenizer(tmp_path, tiny_model, tiny_tr
 def test_n_epochs_sets_total_steps(tmp_path, tiny_model, tiny_train, byte_tokenizer):
     tokens = np.arange(32 * 20 + 1, dtype=np.uint16) % 256  # 20 windows of ctx 32 per epoch
     rec = Recorder()
-    train(tiny_model(), tiny_train(max_steps=None, n_epochs=2, batch_size=4), TokenData(tokens, None), tmp_path,
-          rec, tokenizer=byte_tokenizer)
+    train(
+        tiny_model(),
+        tiny_train(max_steps=None, n_epochs=2, batch_size=4),
+        TokenData(tokens, None),
+        tmp_path,
+        rec,
+        tokenizer=byte_tokenizer,
+    )
     assert rec.started["total_steps"] == 10
 
 
@@ -178,13 +229,27 @@ def test_refuses_to_overwrite_a_run(tmp_path, tiny_model, tiny_train, shakespear
         train(tiny_model(), tiny_train(max_steps=2), shakespeare_data, tmp_path, tokenizer=byte_tokenizer)
 
 
-def test_init_from_starts_fresh_with_the_weights(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer):
-    first = train(tiny_model(n_embd=48, n_head=4), tiny_train(max_steps=3), shakespeare_data, tmp_path / "a",
-                  tokenizer=byte_tokenizer)
+def test_init_from_starts_fresh_with_the_weights(
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
+):
+    first = train(
+        tiny_model(n_embd=48, n_head=4),
+        tiny_train(max_steps=3),
+        shakespeare_data,
+        tmp_path / "a",
+        tokenizer=byte_tokenizer,
+    )
     rec = Recorder()
     # the architecture comes from the checkpoint, not from the (different) config passed in
-    train(tiny_model(), tiny_train(max_steps=2), shakespeare_data, tmp_path / "b", rec, tokenizer=byte_tokenizer,
-          init_from=first.final_checkpoint)
+    train(
+        tiny_model(),
+        tiny_train(max_steps=2),
+        shakespeare_data,
+        tmp_path / "b",
+        rec,
+        tokenizer=byte_tokenizer,
+        init_from=first.final_checkpoint,
+    )
     assert rec.started["start_step"] == 0
     from trainer.checkpoint import load_checkpoint
 
@@ -193,30 +258,50 @@ def test_init_from_starts_fresh_with_the_weights(tmp_path, tiny_model, tiny_trai
 
 # ---------------------------------------------------------------- precision / options
 
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_low_precision_on_cpu(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer, dtype):
     rec = Recorder()
-    result = train(tiny_model(), tiny_train(max_steps=4, dtype=dtype), shakespeare_data, tmp_path, rec,
-                   tokenizer=byte_tokenizer)
+    result = train(
+        tiny_model(),
+        tiny_train(max_steps=4, dtype=dtype),
+        shakespeare_data,
+        tmp_path,
+        rec,
+        tokenizer=byte_tokenizer,
+    )
     assert rec.started["dtype"] == dtype
     assert math.isfinite(result.last_train_loss)
     from safetensors.torch import load_file
 
-    assert all(t.dtype == torch.float32 for t in load_file(str(tmp_path / "final" / "model.safetensors")).values())
+    assert all(
+        t.dtype == torch.float32 for t in load_file(str(tmp_path / "final" / "model.safetensors")).values()
+    )
 
 
-def test_activation_checkpointing_gives_the_same_losses(tmp_path, tiny_model, tiny_train, shakespeare_data,
-                                                        byte_tokenizer):
+def test_activation_checkpointing_gives_the_same_losses(
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
+):
     train(tiny_model(), tiny_train(max_steps=4), shakespeare_data, tmp_path / "a", tokenizer=byte_tokenizer)
-    train(tiny_model(), tiny_train(max_steps=4, activation_checkpointing=True), shakespeare_data, tmp_path / "b",
-          tokenizer=byte_tokenizer)
+    train(
+        tiny_model(),
+        tiny_train(max_steps=4, activation_checkpointing=True),
+        shakespeare_data,
+        tmp_path / "b",
+        tokenizer=byte_tokenizer,
+    )
     np.testing.assert_allclose(train_losses(tmp_path / "b"), train_losses(tmp_path / "a"), rtol=1e-5)
 
 
 def test_lbfgs_reduces_the_loss(tmp_path, tiny_model, tiny_train, byte_tokenizer):
     tokens = np.random.default_rng(1).integers(0, 256, size=33).astype(np.uint16)
-    result = train(tiny_model(), tiny_train(max_steps=15, optimizer="lbfgs", learning_rate=1.0),
-                   TokenData(tokens, None), tmp_path, tokenizer=byte_tokenizer)
+    result = train(
+        tiny_model(),
+        tiny_train(max_steps=15, optimizer="lbfgs", learning_rate=1.0),
+        TokenData(tokens, None),
+        tmp_path,
+        tokenizer=byte_tokenizer,
+    )
     losses = train_losses(tmp_path)
     assert result.last_train_loss < losses[0] - 1.0
 
@@ -234,6 +319,7 @@ def test_adamw_decays_only_matrices(tiny_model):
 
 
 # ---------------------------------------------------------------- schedules
+
 
 def test_cosine_schedule_warmup_and_floor():
     cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_steps=10)
@@ -258,8 +344,14 @@ def test_constant_schedule():
 
 
 def test_cosine_restarts_like_llama_cpp():
-    cfg = TrainConfig(learning_rate=1.0, schedule="cosine-restarts", warmup_steps=0, cos_decay_steps=10,
-                      cos_decay_restart=2.0, cos_decay_alpha=0.1)
+    cfg = TrainConfig(
+        learning_rate=1.0,
+        schedule="cosine-restarts",
+        warmup_steps=0,
+        cos_decay_steps=10,
+        cos_decay_restart=2.0,
+        cos_decay_alpha=0.1,
+    )
     lr = [lr_at(s, cfg, 1000) for s in range(40)]
     assert lr[0] == pytest.approx(1.0)
     assert lr[5] == pytest.approx(0.1 + 0.9 * 0.5)

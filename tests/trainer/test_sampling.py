@@ -25,7 +25,7 @@ def argmax_loop(model: Llama, ids: list[int], n: int) -> list[int]:
     for _ in range(n):
         logits, _ = model(torch.tensor([seq]))
         seq.append(int(logits[0, -1].argmax()))
-    return seq[len(ids):]
+    return seq[len(ids) :]
 
 
 def test_greedy_with_cache_equals_argmax_without(model):

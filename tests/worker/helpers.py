@@ -12,8 +12,15 @@ from sqlalchemy import select
 from core.models import Blob, Checkpoint, Event, Metric
 
 # ~50 steps of llama-tiny on CPU: seconds, with checkpoints and evaluations along the way.
-SMALL_RUN = dict(max_steps=50, batch_size=4, checkpoint_every=10, eval_every=10, eval_batches=2,
-                 warmup_steps=5, log_every=1)
+SMALL_RUN = dict(
+    max_steps=50,
+    batch_size=4,
+    checkpoint_every=10,
+    eval_every=10,
+    eval_batches=2,
+    warmup_steps=5,
+    log_every=1,
+)
 
 
 def long_run(max_steps: int, **extra: Any) -> dict[str, Any]:
@@ -30,8 +37,9 @@ def metric_rows(session_factory: Any, job_id: str) -> list[Metric]:
 
 def checkpoint_rows(session_factory: Any, job_id: str) -> list[Checkpoint]:
     with session_factory() as session:
-        rows = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)
-                               .order_by(Checkpoint.step)).all()
+        rows = session.scalars(
+            select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)
+        ).all()
         session.expunge_all()
         return list(rows)
 

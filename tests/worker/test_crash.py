@@ -28,8 +28,11 @@ def _request(session_factory, job_id: str, action) -> None:  # type: ignore[no-u
 
 
 def _wait_for_step(session_factory, job_id: str, step: int, worker) -> None:  # type: ignore[no-untyped-def]
-    wait_until(lambda: get_job(session_factory, job_id).step >= step, timeout=120,
-               message=lambda: f"step {step} of {job_id}\n{worker.output()}")
+    wait_until(
+        lambda: get_job(session_factory, job_id).step >= step,
+        timeout=120,
+        message=lambda: f"step {step} of {job_id}\n{worker.output()}",
+    )
 
 
 def test_cancel_mid_run(service_settings, session_factory, worker_proc) -> None:
@@ -44,7 +47,9 @@ def test_cancel_mid_run(service_settings, session_factory, worker_proc) -> None:
     wait_for_status(session_factory, nxt, "succeeded", diagnostics=worker_proc.output)
 
 
-def test_pause_then_resume_continues_from_the_same_step(service_settings, session_factory, worker_proc) -> None:
+def test_pause_then_resume_continues_from_the_same_step(
+    service_settings, session_factory, worker_proc
+) -> None:
     total = 250
     job_id = make_job(service_settings, session_factory, train=long_run(total))
     _wait_for_step(session_factory, job_id, 15, worker_proc)
@@ -70,8 +75,11 @@ def test_pause_then_resume_continues_from_the_same_step(service_settings, sessio
 def test_sigkill_mid_run_resumes_from_last_checkpoint(service_settings, session_factory, worker_proc) -> None:
     total, every = 250, 10
     job_id = make_job(service_settings, session_factory, train=long_run(total, checkpoint_every=every))
-    wait_until(lambda: any(c.step >= 2 * every for c in checkpoint_rows(session_factory, job_id)), timeout=120,
-               message=lambda: f"a checkpoint at step >= {2 * every}\n{worker_proc.output()}")
+    wait_until(
+        lambda: any(c.step >= 2 * every for c in checkpoint_rows(session_factory, job_id)),
+        timeout=120,
+        message=lambda: f"a checkpoint at step >= {2 * every}\n{worker_proc.output()}",
+    )
     worker_proc.kill(signal.SIGKILL)
     killed = get_job(session_factory, job_id)
     assert killed.status == "running" and killed.lease_owner is not None and killed.step < total
@@ -84,8 +92,10 @@ def test_sigkill_mid_run_resumes_from_last_checkpoint(service_settings, session_
     messages = event_messages(session_factory, job_id)
     assert any(m.startswith("worker lost; re-queued") for m in messages), messages
     # The suffix appears when the killed worker had logged steps past that checkpoint (timing-dependent).
-    resumed = re.compile(rf"Resuming from the checkpoint at step {last_ckpt}"
-                         r"( \(\d+ metric rows after it will be logged again\))?")
+    resumed = re.compile(
+        rf"Resuming from the checkpoint at step {last_ckpt}"
+        r"( \(\d+ metric rows after it will be logged again\))?"
+    )
     assert any(resumed.fullmatch(m) for m in messages), messages
 
 
@@ -101,7 +111,9 @@ def test_lost_worker_after_max_attempts_fails_the_job(service_settings, session_
     assert job.lease_owner is None
 
 
-def test_sigterm_checkpoints_and_requeues_the_running_job(service_settings, session_factory, worker_proc) -> None:
+def test_sigterm_checkpoints_and_requeues_the_running_job(
+    service_settings, session_factory, worker_proc
+) -> None:
     total = 250
     job_id = make_job(service_settings, session_factory, train=long_run(total))
     _wait_for_step(session_factory, job_id, 15, worker_proc)

@@ -25,8 +25,9 @@ from tests.worker.helpers import (
 from trainer.checkpoint import load_checkpoint
 
 
-def test_job_runs_to_succeeded_with_metrics_and_checkpoints(service_settings, session_factory, worker_proc,
-                                                            tmp_path: Path) -> None:
+def test_job_runs_to_succeeded_with_metrics_and_checkpoints(
+    service_settings, session_factory, worker_proc, tmp_path: Path
+) -> None:
     job_id = make_job(service_settings, session_factory, train=SMALL_RUN)
     job = wait_for_status(session_factory, job_id, "succeeded", diagnostics=worker_proc.output)
 
@@ -63,8 +64,11 @@ def test_replayed_messages_are_dropped(service_settings, session_factory, worker
     from worker.runner import run_job
 
     job_id = make_job(service_settings, session_factory, train=long_run(250))
-    wait_until(lambda: get_job(session_factory, job_id).step >= 5, timeout=120,
-               message=lambda: f"the job to start training\n{worker_proc.output()}")
+    wait_until(
+        lambda: get_job(session_factory, job_id).step >= 5,
+        timeout=120,
+        message=lambda: f"the job to start training\n{worker_proc.output()}",
+    )
     # a replay handled by another worker while this one runs the job: nothing happens
     assert run_job(job_id, service_settings) is None
     running = get_job(session_factory, job_id)
@@ -88,17 +92,23 @@ def test_lost_message_is_resent_by_the_reaper(service_settings, session_factory,
     # The API committed the job but its message never reached the broker.
     job_id = make_job(service_settings, session_factory, train=SMALL_RUN, enqueue=False)
     with session_factory() as session:
-        session.execute(update(Job).where(Job.id == job_id).values(updated_at=utcnow() - timedelta(minutes=5)))
+        session.execute(
+            update(Job).where(Job.id == job_id).values(updated_at=utcnow() - timedelta(minutes=5))
+        )
         session.commit()
     job = wait_for_status(session_factory, job_id, "succeeded", timeout=120, diagnostics=worker_proc.output)
     assert job.attempts == 1
 
 
-def test_failures_end_the_job_not_the_worker(service_settings, session_factory, worker_proc,
-                                             tmp_path: Path) -> None:
+def test_failures_end_the_job_not_the_worker(
+    service_settings, session_factory, worker_proc, tmp_path: Path
+) -> None:
     # NaN loss: an absurd learning rate without gradient clipping
-    diverging = make_job(service_settings, session_factory,
-                         train={**SMALL_RUN, "learning_rate": 1e6, "grad_clip": 0.0, "warmup_steps": 0})
+    diverging = make_job(
+        service_settings,
+        session_factory,
+        train={**SMALL_RUN, "learning_rate": 1e6, "grad_clip": 0.0, "warmup_steps": 0},
+    )
     # data found unusable late: far too short for one window of ctx+1 tokens
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("To be, or not to be.\n")
@@ -140,14 +150,21 @@ def test_exceptions_map_to_user_facing_error_codes() -> None:
     assert internal.code == "internal_error" and "job id" in internal.message
 
 
-def test_continue_training_starts_from_the_parent_model(service_settings, session_factory, worker_proc) -> None:
+def test_continue_training_starts_from_the_parent_model(
+    service_settings, session_factory, worker_proc
+) -> None:
     parent_id = make_job(service_settings, session_factory, train=long_run(150))
     parent = wait_for_status(session_factory, parent_id, "succeeded", diagnostics=worker_proc.output)
-    child_id = make_job(service_settings, session_factory, train=SMALL_RUN, base_model_id=parent.fine_tuned_model)
+    child_id = make_job(
+        service_settings, session_factory, train=SMALL_RUN, base_model_id=parent.fine_tuned_model
+    )
     child = wait_for_status(session_factory, child_id, "succeeded", diagnostics=worker_proc.output)
 
     assert child.fine_tuned_model == final_model_id(child)
-    assert child.fine_tuned_model.startswith("ft:llama-tiny:") and child.fine_tuned_model != parent.fine_tuned_model
+    assert (
+        child.fine_tuned_model.startswith("ft:llama-tiny:")
+        and child.fine_tuned_model != parent.fine_tuned_model
+    )
     parent_rows, child_rows = metric_rows(session_factory, parent_id), metric_rows(session_factory, child_id)
     assert_clean_series(child_rows, total_steps=50)
     # the child starts from the parent's weights, not from scratch (fresh init is ~ln(258) = 5.55)

@@ -55,8 +55,11 @@ def _pid_alive(pid: int) -> bool:
 def serve(tmp_path: Path):  # type: ignore[no-untyped-def]
     data_dir = tmp_path / "data"
     port = free_port()
-    process = ServiceProcess(cmd=fromscratch_cmd("serve", "--data-dir", str(data_dir), "--port", str(port)),
-                             env=_clean_env(), log_path=tmp_path / "serve.log").start()
+    process = ServiceProcess(
+        cmd=fromscratch_cmd("serve", "--data-dir", str(data_dir), "--port", str(port)),
+        env=_clean_env(),
+        log_path=tmp_path / "serve.log",
+    ).start()
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_http_ok(f"{url}/healthz", process, timeout=120)
@@ -78,15 +81,27 @@ def test_serve_embedded_end_to_end(serve) -> None:  # type: ignore[no-untyped-de
     with httpx.Client(base_url=url, headers=auth, timeout=60) as client:
         assert client.get("/healthz").status_code == 200
         with open(SHAKESPEARE, "rb") as fh:
-            r = client.post("/v1/files", files={"file": (SHAKESPEARE.name, fh, "text/plain")},
-                            data={"purpose": "fine-tune"})
+            r = client.post(
+                "/v1/files",
+                files={"file": (SHAKESPEARE.name, fh, "text/plain")},
+                data={"purpose": "fine-tune"},
+            )
         assert r.status_code == 200, f"{r.text}\n{process.output()}"
         file_id = r.json()["id"]
-        r = client.post("/v1/fine_tuning/jobs", json={
-            "model": "llama-tiny", "training_file": file_id,
-            "hyperparameters": {"max_steps": 30, "batch_size": 4, "checkpoint_every": 10, "eval_every": 10,
-                                "eval_batches": 2},
-        })
+        r = client.post(
+            "/v1/fine_tuning/jobs",
+            json={
+                "model": "llama-tiny",
+                "training_file": file_id,
+                "hyperparameters": {
+                    "max_steps": 30,
+                    "batch_size": 4,
+                    "checkpoint_every": 10,
+                    "eval_every": 10,
+                    "eval_batches": 2,
+                },
+            },
+        )
         assert r.status_code == 200, f"{r.text}\n{process.output()}"
         job_id = r.json()["id"]
 
@@ -94,30 +109,44 @@ def test_serve_embedded_end_to_end(serve) -> None:  # type: ignore[no-untyped-de
             job = client.get(f"/v1/fine_tuning/jobs/{job_id}").json()
             return job if job["status"] in TERMINAL else None
 
-        job = wait_until(finished, timeout=240, interval=0.5, message=lambda: f"the job to finish\n{process.output()}")
+        job = wait_until(
+            finished, timeout=240, interval=0.5, message=lambda: f"the job to finish\n{process.output()}"
+        )
         assert job["status"] == "succeeded", job
         assert job["fine_tuned_model"]
         assert job["trained_tokens"] == 30 * 4 * 128
 
         # a second key made beside the running server, through the same settings
-        made = subprocess.run(fromscratch_cmd("keys", "create", "--name", "x"), cwd=REPO_ROOT, timeout=120,
-                              env=_clean_env(FROMSCRATCH_DATA_DIR=str(data_dir)), capture_output=True, text=True)
+        made = subprocess.run(
+            fromscratch_cmd("keys", "create", "--name", "x"),
+            cwd=REPO_ROOT,
+            timeout=120,
+            env=_clean_env(FROMSCRATCH_DATA_DIR=str(data_dir)),
+            capture_output=True,
+            text=True,
+        )
         assert made.returncode == 0, made.stderr
         second = made.stdout.strip().splitlines()[-1]
         assert second.startswith("fsk-") and second != key
         r = client.get("/v1/fine_tuning/jobs", headers={"Authorization": f"Bearer {second}"})
         assert r.status_code == 200 and r.json()["data"] == []  # a new owner sees none of the first's jobs
-        assert client.get("/v1/fine_tuning/jobs", headers={"Authorization": "Bearer fsk-wrong"}).status_code == 401
+        assert (
+            client.get("/v1/fine_tuning/jobs", headers={"Authorization": "Bearer fsk-wrong"}).status_code
+            == 401
+        )
 
 
 def test_serve_restarts_a_dead_worker_and_stops_cleanly(serve) -> None:  # type: ignore[no-untyped-def]
     process, url, _ = serve
-    worker = wait_until(lambda: next(iter(_children(process.pid)), None), timeout=60,
-                        message="the worker subprocess")
+    worker = wait_until(
+        lambda: next(iter(_children(process.pid)), None), timeout=60, message="the worker subprocess"
+    )
     os.kill(worker, signal.SIGKILL)
-    replacement = wait_until(lambda: next((p for p in _children(process.pid) if p != worker and _pid_alive(p)),
-                                          None),
-                             timeout=60, message=lambda: f"a restarted worker\n{process.output()}")
+    replacement = wait_until(
+        lambda: next((p for p in _children(process.pid) if p != worker and _pid_alive(p)), None),
+        timeout=60,
+        message=lambda: f"a restarted worker\n{process.output()}",
+    )
     assert "restarting it" in process.output()
 
     assert process.stop(timeout=90) == 0, process.output()

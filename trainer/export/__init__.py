@@ -40,23 +40,36 @@ def export(ckpt_dir: Path | str, fmt: str, out: Path | str, dtype: str = "f32") 
     return export_model(ckpt.model_config, ckpt.model_state, ckpt.tokenizer, fmt, out, dtype, name=name)
 
 
-def export_model(model_cfg: ModelConfig, state_dict: Mapping[str, torch.Tensor], tokenizer: Any, fmt: str,
-                 out: Path | str, dtype: str = "f32", *, name: str | None = None) -> Path:
+def export_model(
+    model_cfg: ModelConfig,
+    state_dict: Mapping[str, torch.Tensor],
+    tokenizer: Any,
+    fmt: str,
+    out: Path | str,
+    dtype: str = "f32",
+    *,
+    name: str | None = None,
+) -> Path:
     """Export in-memory weights (a `Llama` state dict, tied output optional) and their tokenizer."""
     _check_choice(fmt, dtype)
     out = Path(out)
     if tokenizer.vocab_size != model_cfg.vocab_size:
-        raise ExportError(f"tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is "
-                          f"{model_cfg.vocab_size}; export the tokenizer the model was trained with")
+        raise ExportError(
+            f"tokenizer has {tokenizer.vocab_size} ids but the model's vocab_size is "
+            f"{model_cfg.vocab_size}; export the tokenizer the model was trained with"
+        )
     state = checked_state(model_cfg, state_dict)
     name = name or out.stem or "fromscratch"
     if fmt == "gguf":
         from trainer.export.gguf import write_gguf
+
         return write_gguf(model_cfg, state, tokenizer, out, dtype, name)
     if fmt == "hf":
         from trainer.export.hf import write_hf
+
         return write_hf(model_cfg, state, tokenizer, out, dtype)
     from trainer.export.onnx import write_onnx
+
     return write_onnx(model_cfg, state, out, dtype)
 
 
@@ -127,8 +140,10 @@ def write_atomically(out: Path, write: Callable[[Path], None], *, folder: bool =
             known = {p.name for p in tmp.iterdir()}
             stray = sorted(p.name for p in out.iterdir() if p.name not in known)
             if stray:
-                raise ExportError(f"{out} already exists and holds other files ({', '.join(stray[:5])}); "
-                                  "choose an empty or new folder for --out")
+                raise ExportError(
+                    f"{out} already exists and holds other files ({', '.join(stray[:5])}); "
+                    "choose an empty or new folder for --out"
+                )
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             _remove(old)
             os.replace(out, old)

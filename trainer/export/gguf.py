@@ -116,12 +116,16 @@ def gguf_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, 
     return arrays
 
 
-def write_gguf(cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Any, out: Path, dtype: str,
-               name: str) -> Path:
+def write_gguf(
+    cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Any, out: Path, dtype: str, name: str
+) -> Path:
     import gguf  # lazy: only this export needs it
 
-    file_types = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+    file_types = {
+        "f32": gguf.LlamaFileType.ALL_F32,
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }
     tokens, token_types, merges = gguf_vocab(tokenizer)
     tensors = gguf_tensors(cfg, state)
 

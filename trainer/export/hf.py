@@ -102,13 +102,16 @@ def write_hf(cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Any, o
         raise ExportError(
             f"the Hugging Face export cannot express partial rotary embeddings (rope_dims={cfg.n_rot} < "
             f"head dim {cfg.head_dim}): transformers' Llama rotates the whole head. Export as gguf or onnx, "
-            "or train with rope_dims unset")
+            "or train with rope_dims unset"
+        )
     if dtype == "q8_0":
         raise ExportError("the Hugging Face export supports dtype f32 or f16, not q8_0 (use gguf for q8_0)")
     from safetensors.torch import save_file
 
     torch_dtype = {"f32": "float32", "f16": "float16"}[dtype]
-    tensors = {k: v.to(getattr(torch, torch_dtype)).contiguous() for k, v in hf_state_dict(cfg, state).items()}
+    tensors = {
+        k: v.to(getattr(torch, torch_dtype)).contiguous() for k, v in hf_state_dict(cfg, state).items()
+    }
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS_TOKEN,
@@ -121,8 +124,11 @@ def write_hf(cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Any, o
         # Literal "<s>" in text stays text, as in our tokenizer (it never yields BOS from text).
         "split_special_tokens": True,
     }
-    generation_config = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
-                         "pad_token_id": tokenizer.eos_id}
+    generation_config = {
+        "bos_token_id": tokenizer.bos_id,
+        "eos_token_id": tokenizer.eos_id,
+        "pad_token_id": tokenizer.eos_id,
+    }
 
     def write(tmp: Path) -> None:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -130,8 +136,10 @@ def write_hf(cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Any, o
         _dump(tmp / "generation_config.json", generation_config)
         (tmp / "tokenizer.json").write_text(hf_tokenizer_json(tokenizer))
         _dump(tmp / "tokenizer_config.json", tokenizer_config)
-        _dump(tmp / "special_tokens_map.json", {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN,
-                                                "pad_token": EOS_TOKEN})
+        _dump(
+            tmp / "special_tokens_map.json",
+            {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN},
+        )
 
     return write_atomically(out, write, folder=True)
 

@@ -36,10 +36,14 @@ def write_onnx(cfg: ModelConfig, state: dict[str, torch.Tensor], out: Path, dtyp
         raise ExportError(f"the ONNX export supports dtype f32 only, got {dtype!r} (use gguf for f16/q8_0)")
     from trainer.model import Llama
 
-    n_bytes = sum(t.numel() for k, t in state.items() if not (cfg.tie_embeddings and k == "output.weight")) * 4
+    n_bytes = (
+        sum(t.numel() for k, t in state.items() if not (cfg.tie_embeddings and k == "output.weight")) * 4
+    )
     if n_bytes > MAX_SINGLE_FILE_BYTES:
-        raise ExportError(f"the model's weights ({n_bytes / 2**30:.1f} GiB) exceed what one ONNX file can hold "
-                          "(2 GiB); export as gguf or hf instead")
+        raise ExportError(
+            f"the model's weights ({n_bytes / 2**30:.1f} GiB) exceed what one ONNX file can hold "
+            "(2 GiB); export as gguf or hf instead"
+        )
     model = Llama(cfg)
     model.load_state_dict(state, strict=True)
     wrapper = _LogitsOnly(model).eval()
@@ -57,9 +61,17 @@ def write_onnx(cfg: ModelConfig, state: dict[str, torch.Tensor], out: Path, dtyp
         try:
             with warnings.catch_warnings(), torch.no_grad():
                 warnings.simplefilter("ignore")  # exporter deprecation chatter
-                torch.onnx.export(wrapper, (example,), str(tmp), input_names=["input_ids"],
-                                  output_names=["logits"], dynamic_shapes={"input_ids": {0: batch, 1: seq}},
-                                  dynamo=True, external_data=False, verbose=False)
+                torch.onnx.export(
+                    wrapper,
+                    (example,),
+                    str(tmp),
+                    input_names=["input_ids"],
+                    output_names=["logits"],
+                    dynamic_shapes={"input_ids": {0: batch, 1: seq}},
+                    dynamo=True,
+                    external_data=False,
+                    verbose=False,
+                )
         finally:
             registration_log.setLevel(level)
 
