@@ -30,20 +30,17 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from core.models import Event, Job, utcnow
+from core.status import ACTIVE, CLAIMABLE, TERMINAL, JobStatus
 
-VALIDATING_FILES = "validating_files"
-QUEUED = "queued"
-RUNNING = "running"
-PAUSED = "paused"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-CANCELLED = "cancelled"
-
-STATUSES: tuple[str, ...] = (VALIDATING_FILES, QUEUED, RUNNING, PAUSED, SUCCEEDED, FAILED, CANCELLED)
-TERMINAL: frozenset[str] = frozenset({SUCCEEDED, FAILED, CANCELLED})
-CLAIMABLE: frozenset[str] = frozenset({VALIDATING_FILES, QUEUED})
-# statuses in which the job is being worked on (a lease must be held)
-ACTIVE: frozenset[str] = frozenset({VALIDATING_FILES, RUNNING})
+# Transitional aliases (JobStatus members); callers move to JobStatus directly.
+VALIDATING_FILES = JobStatus.VALIDATING_FILES
+QUEUED = JobStatus.QUEUED
+RUNNING = JobStatus.RUNNING
+PAUSED = JobStatus.PAUSED
+SUCCEEDED = JobStatus.SUCCEEDED
+FAILED = JobStatus.FAILED
+CANCELLED = JobStatus.CANCELLED
+STATUSES: tuple[str, ...] = tuple(JobStatus)
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     # validating -> running directly when the worker that validated goes on to train
