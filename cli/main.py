@@ -12,13 +12,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trainer.cli", "train a llama from scratch on a text/JSONL file"),
     "sample": ("trainer.cli", "generate text from a checkpoint"),
     "export": ("trainer.cli", "export a checkpoint as GGUF, Hugging Face or ONNX"),
-    "serve": ("api.cli", "run the API, dashboard and one worker (embedded SQLite defaults)"),
-    "migrate": ("api.cli", "apply database migrations (alembic upgrade head)"),
-    "keys": ("api.cli", "manage API keys"),
+    "serve": ("cli.serve", "run the API, dashboard and one worker (embedded SQLite defaults)"),
+    "migrate": ("cli.migrate", "apply database migrations (alembic upgrade head)"),
+    "keys": ("cli.keys", "manage API keys"),
     "worker": ("worker.cli", "run a Celery training worker"),
-    "files": ("api.client_cli", "upload and list training files on a server"),
-    "jobs": ("api.client_cli", "create, follow and control training jobs on a server"),
-    "models": ("api.client_cli", "list and download trained models from a server"),
+    "files": ("client.commands", "upload and list training files on a server"),
+    "jobs": ("client.commands", "create, follow and control training jobs on a server"),
+    "models": ("client.commands", "list and download trained models from a server"),
 }
 
 

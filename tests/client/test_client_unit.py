@@ -1,5 +1,6 @@
-"""api.client without a server: the SSE parser, the streamed multipart body, error envelopes,
-Content-Disposition names; and the CLI's hyperparameter options generated from trainer.config."""
+"""client.http without a server: the SSE stream (read with httpx-sse), the streamed multipart body,
+error envelopes, Content-Disposition names; and the CLI's hyperparameter options generated from
+trainer.config."""
 
 from __future__ import annotations
 
@@ -12,47 +13,70 @@ import httpx
 import pytest
 from python_multipart.multipart import MultipartParser, parse_options_header  # FastAPI's own parser
 
-from api.client import APIError, SSEParser, _multipart_body, content_disposition_filename
-from api.client_cli import hyperparameter_specs, hyperparameters_from_args, register
+from client.commands import register
+from client.http import APIError, Client, _multipart_body, content_disposition_filename
+from client.hyperparameter_options import hyperparameter_specs, hyperparameters_from_args
 from trainer.config import MODEL_FIELDS, TrainConfig
 
 
-def feed_all(parser: SSEParser, chunks: list[str]) -> list[Any]:
-    out = []
-    for chunk in chunks:
-        out.extend(parser.feed(chunk))
-    return out
+def stream_events(chunks: list[bytes], last_event_id: str | None = None) -> tuple[list[Any], httpx.Request]:
+    """Client.stream over a fake server that sends the body in these chunks; the events and the
+    request the client made."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=iter(chunks))
+
+    with Client("http://x", "fsk-test", transport=httpx.MockTransport(handler)) as client:
+        events = list(client.stream("job-1", last_event_id))
+    return events, seen[0]
 
 
-def test_sse_parser_handles_split_chunks_crlf_comments_and_multiline_data() -> None:
+def test_sse_stream_handles_split_chunks_crlf_comments_and_multiline_data() -> None:
     text = (
-        'retry: 2000\r\n\r\n: keep-alive\r\n\r\nevent: metrics\r\nid: 3.0\r\ndata: {"step": 3}\r\n\r\n'
-        "event: status\nid: 3.1\ndata: line one\ndata: line two\n\ndata: plain\n\n"
+        b'retry: 2000\r\n\r\n: keep-alive\r\n\r\nevent: metrics\r\nid: 3.0\r\ndata: {"step": 3}\r\n\r\n'
+        b": keep-alive\n\nevent: status\nid: 3.1\ndata: line one\ndata: line two\n\ndata: plain\n\n"
     )
     # every split position must give the same events (chunk boundaries fall anywhere, CRLF included)
     expected = None
     for cut in range(1, len(text)):
-        parser = SSEParser()
-        events = feed_all(parser, [text[:cut], text[cut:]])
+        events, _ = stream_events([text[:cut], text[cut:]])
         got = [(e.event, e.data, e.id) for e in events]
         if expected is None:
             expected = got
         assert got == expected, f"split at {cut}"
+    # an event without an id carries the last one (the id a reconnect sends as Last-Event-ID)
     assert expected == [
         ("metrics", '{"step": 3}', "3.0"),
         ("status", "line one\nline two", "3.1"),
-        ("message", "plain", None),
+        ("message", "plain", "3.1"),
     ]
-    parser = SSEParser()
-    feed_all(parser, [text])
-    assert parser.last_event_id == "3.1"  # an event without id keeps the last one
 
 
-def test_sse_parser_keeps_an_incomplete_event_until_its_blank_line() -> None:
-    parser = SSEParser()
-    assert parser.feed('event: metrics\ndata: {"step": 1}\n') == []
-    [event] = parser.feed("\n")
+def test_sse_stream_keeps_an_incomplete_event_until_its_blank_line() -> None:
+    [event], _ = stream_events([b'event: metrics\ndata: {"step": 1}\n', b"\n"])
     assert event.json() == {"step": 1}
+    unfinished, _ = stream_events([b'event: metrics\ndata: {"step": 1}\n'])
+    assert unfinished == []
+
+
+def test_sse_stream_sends_the_last_event_id_when_reconnecting() -> None:
+    _, request = stream_events([b""], last_event_id="7.2")
+    assert request.headers["Last-Event-ID"] == "7.2"
+    assert request.headers["Accept"] == "text/event-stream"
+    assert request.url.path == "/v1/fine_tuning/jobs/job-1/stream"
+    _, first = stream_events([b""])
+    assert "Last-Event-ID" not in first.headers
+
+
+def test_a_response_that_is_not_an_event_stream_is_an_api_error() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/html"}, content=b"<html></html>")
+
+    with Client("http://x", "fsk-test", transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(APIError, match="event stream"):
+            list(client.stream("job-1"))
 
 
 def test_multipart_body_is_streamed_in_chunks_and_parses_as_form_data() -> None:

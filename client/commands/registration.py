@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import argparse
 
-from api.client_cli.files import cmd_files_list, cmd_files_upload
-from api.client_cli.hyperparameter_options import add_hyperparameter_options
-from api.client_cli.jobs import (
+from client.commands.files import cmd_files_list, cmd_files_upload
+from client.commands.jobs import (
     cmd_jobs_action,
     cmd_jobs_create,
     cmd_jobs_follow,
     cmd_jobs_list,
     cmd_jobs_show,
 )
-from api.client_cli.models import FORMATS, cmd_models_download, cmd_models_list
-from api.client_cli.runner import Handler, run_command
+from client.commands.models import FORMATS, cmd_models_download, cmd_models_list
+from client.commands.runner import Handler, run_command
+from client.hyperparameter_options import add_hyperparameter_options
 from trainer.config import PRESETS
 
 

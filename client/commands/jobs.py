@@ -1,5 +1,5 @@
 """`fromscratch jobs create|list|show|follow|cancel|pause|resume`: training jobs on the server
-(the live display of `follow` is in api.client_cli.follow)."""
+(the live display of `follow` is in client.commands.follow)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import argparse
 import sys
 from typing import Any
 
-from api.client_cli.follow import TERMINAL, follow_job
-from api.client_cli.hyperparameter_options import hyperparameters_from_args
-from api.client_cli.output import (
+from client.commands.follow import follow_job
+from client.commands.output import (
     add_id_column,
     format_duration,
     format_number,
@@ -18,7 +17,9 @@ from api.client_cli.output import (
     make_console,
     print_json,
 )
-from api.client_cli.runner import EXIT_OK, UsageError, connect
+from client.commands.runner import EXIT_OK, UsageError, connect
+from client.hyperparameter_options import hyperparameters_from_args
+from core.status import TERMINAL
 
 
 def cmd_jobs_create(args: argparse.Namespace) -> int:

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from api.client_cli.output import add_id_column, format_size, format_time, make_console, print_json
-from api.client_cli.runner import EXIT_OK, UsageError, connect
+from client.commands.output import add_id_column, format_size, format_time, make_console, print_json
+from client.commands.runner import EXIT_OK, UsageError, connect
 
 
 def cmd_files_upload(args: argparse.Namespace) -> int:

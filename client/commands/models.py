@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from api.client_cli.output import add_id_column, format_size, format_time, make_console, print_json
-from api.client_cli.runner import EXIT_OK, connect
+from client.commands.output import add_id_column, format_size, format_time, make_console, print_json
+from client.commands.runner import EXIT_OK, connect
 
 FORMATS = ("gguf", "hf", "onnx", "checkpoint")
 
@@ -77,6 +77,7 @@ def cmd_models_download(args: argparse.Namespace) -> int:
                 on_start=on_start,
                 progress=lambda n: bar.advance(task, n),
             )
+            assert tmp is not None and final is not None  # download_model calls on_start first
             fh.close()
             os.replace(tmp, final)  # the file appears whole or not at all
         finally:

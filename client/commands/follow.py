@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from api.client_cli.output import format_duration, format_number, make_console, print_json
-from api.client_cli.runner import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
+from client.commands.output import format_duration, format_number, make_console, print_json
+from client.commands.runner import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
+from core.status import TERMINAL, JobStatus
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+if TYPE_CHECKING:
+    from client.http import Client
+
+# `jobs follow`'s exit code by the job's final status (any other: EXIT_ERROR)
+EXIT_CODES = {JobStatus.SUCCEEDED: EXIT_OK, JobStatus.CANCELLED: EXIT_CANCELLED}
 
 
 class _FollowState:
@@ -99,12 +104,12 @@ class _FollowState:
         return f"{self.step}.0" if self.step > 0 and not self.plain_stream else None
 
 
-def follow_job(client: Any, job_id: str, json_summary: bool = False, poll_seconds: float = 2.0) -> int:
+def follow_job(client: Client, job_id: str, json_summary: bool = False, poll_seconds: float = 2.0) -> int:
     """Show a live progress bar until the job is terminal: SSE first, polling /metrics when the
     stream drops (reconnecting with Last-Event-ID now and then). Returns the exit code."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from api.client import APIError
+    from client.http import APIError
 
     state = _FollowState(client.get_job(job_id))
     console = make_console(stderr=True)
@@ -179,7 +184,7 @@ def follow_job(client: Any, job_id: str, json_summary: bool = False, poll_second
         print_json(job)
     else:
         make_console().print(_summary_table(job, state))
-    return {"succeeded": EXIT_OK, "cancelled": EXIT_CANCELLED}.get(job.get("status", ""), EXIT_ERROR)
+    return EXIT_CODES.get(job.get("status", ""), EXIT_ERROR)
 
 
 def _summary_table(job: dict[str, Any], state: _FollowState) -> Any:

@@ -7,7 +7,10 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from client.http import Client
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -18,9 +21,9 @@ class UsageError(Exception):
     """A mistake in how the command was called (exit code 2)."""
 
 
-def connect(args: argparse.Namespace) -> Any:
-    """An api.client.Client for `--server`/`--api-key` (or their environment variables)."""
-    from api.client import DEFAULT_SERVER, Client
+def connect(args: argparse.Namespace) -> Client:
+    """A client.http.Client for `--server`/`--api-key` (or their environment variables)."""
+    from client.http import DEFAULT_SERVER, Client
 
     server = getattr(args, "server", None) or os.environ.get("FROMSCRATCH_SERVER") or DEFAULT_SERVER
     api_key = getattr(args, "api_key", None) or os.environ.get("FROMSCRATCH_API_KEY")
@@ -34,7 +37,7 @@ def connect(args: argparse.Namespace) -> Any:
 
 def run_command(handler: Handler) -> Handler:
     """Wrap a command: API errors become one line on stderr and exit 1; usage errors exit 2."""
-    from api.client import APIError
+    from client.http import APIError
 
     def run(args: argparse.Namespace) -> int:
         try:

@@ -1,6 +1,6 @@
 """A small HTTP client for the fromscratch public API (what the `fromscratch files|jobs|models`
 commands use). It wraps httpx with the Bearer header, turns the `{"error": {...}}` envelope into
-`APIError`, streams uploads and downloads, and parses the job's Server-Sent Events stream.
+`APIError`, streams uploads and downloads, and reads the job's Server-Sent Events (with httpx-sse).
 
 Only the public /v1 API is used, so anything this client does a script can do with curl.
 """
@@ -12,14 +12,13 @@ import mimetypes
 import os
 import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import httpx
+from httpx_sse import EventSource, ServerSentEvent
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 UPLOAD_CHUNK = 1 << 20  # 1 MiB: the body is streamed, never read whole
 
 ProgressFn = Callable[[int], None]  # called with the number of bytes just sent/received
@@ -77,83 +76,6 @@ class APIError(Exception):
         reason = response.reason_phrase or "error"
         hint = " (is the API key right? set --api-key or FROMSCRATCH_API_KEY)" if status == 401 else ""
         return cls(f"server answered {status} {reason}{hint}", status_code=status)
-
-
-@dataclass
-class SSEEvent:
-    """One Server-Sent Event: `event` defaults to "message" as in the HTML spec."""
-
-    event: str = "message"
-    data: str = ""
-    id: str | None = None
-    retry: int | None = None
-
-    def json(self) -> Any:
-        return json.loads(self.data) if self.data else None
-
-
-@dataclass
-class SSEParser:
-    """Incremental text/event-stream parser (WHATWG rules: `field: value` lines, blank line
-    dispatches, `data` lines joined with newlines, comments start with `:`)."""
-
-    _buf: str = ""
-    _event: str = ""
-    _data: list[str] = field(default_factory=list)
-    _id: str | None = None
-    _retry: int | None = None
-    last_event_id: str | None = None
-
-    def feed(self, text: str) -> list[SSEEvent]:
-        self._buf += text
-        out: list[SSEEvent] = []
-        while True:
-            cut = _line_end(self._buf)
-            if cut is None:
-                return out
-            line, rest = cut
-            self._buf = rest
-            event = self._line(line)
-            if event is not None:
-                out.append(event)
-
-    def _line(self, line: str) -> SSEEvent | None:
-        if line == "":
-            if not self._data and not self._event and self._id is None:
-                return None
-            ev = SSEEvent(
-                event=self._event or "message", data="\n".join(self._data), id=self._id, retry=self._retry
-            )
-            if self._id is not None:
-                self.last_event_id = self._id
-            self._event, self._data, self._id, self._retry = "", [], None, None
-            return ev
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        if value.startswith(" "):
-            value = value[1:]
-        if name == "data":
-            self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name == "id" and "\0" not in value:
-            self._id = value
-        elif name == "retry" and value.isdigit():
-            self._retry = int(value)
-        return None
-
-
-def _line_end(buf: str) -> tuple[str, str] | None:
-    """Split off the first complete line (CRLF, LF or CR endings); None when none is complete."""
-    for i, ch in enumerate(buf):
-        if ch == "\n":
-            return buf[:i], buf[i + 1 :]
-        if ch == "\r":
-            if i + 1 == len(buf):
-                return None  # maybe the CR of a CRLF split across chunks
-            return buf[:i], buf[i + 2 :] if buf[i + 1] == "\n" else buf[i + 1 :]
-    return None
 
 
 def _multipart_body(
@@ -309,8 +231,9 @@ class Client:
 
     def stream(
         self, job_id: str, last_event_id: str | None = None, read_timeout: float = 60.0
-    ) -> Iterator[SSEEvent]:
-        """Yield the job's SSE events until the server closes the stream. A gap longer than
+    ) -> Iterator[ServerSentEvent]:
+        """Yield the job's SSE events until the server closes the stream. An event's `id` is the
+        stream's last event id so far (what a reconnect sends as Last-Event-ID). A gap longer than
         `read_timeout` with not even a keep-alive comment raises APIError (the caller reconnects
         with the last event id it saw)."""
         headers = {"Accept": "text/event-stream"}
@@ -323,11 +246,13 @@ class Client:
             headers=headers,
             timeout=httpx.Timeout(read_timeout, connect=10.0),
         )
-        parser = SSEParser()
         try:
-            for text in response.iter_text():
-                yield from parser.feed(text)
-        except httpx.HTTPError as e:
+            for event in EventSource(response).iter_sse():
+                # httpx-sse also dispatches blocks with no data (a bare `retry:`, or a keep-alive
+                # once an id was seen); the SSE spec dispatches no event for those.
+                if event.data:
+                    yield event
+        except httpx.HTTPError as e:  # includes httpx_sse.SSEError (not an event stream)
             raise APIError(f"the event stream dropped: {e}") from e
         finally:
             response.close()

@@ -1,0 +1,77 @@
+"""`fromscratch keys create|list|revoke`: API keys, straight in the database the settings name
+(so they work with or without a running server)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cli.server_settings import add_data_dir_option, load_settings, migrate_database, session_factory
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    keys = subparsers.add_parser("keys", help="manage API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION")
+    create = keys_sub.add_parser("create", help="create a key; prints the secret alone on the last line")
+    create.add_argument("--name", required=True, help="a label for the key")
+    create.add_argument(
+        "--owner",
+        default=None,
+        help="owner id (keys of one owner see the same files, jobs and models; default: a new owner)",
+    )
+    create.set_defaults(func=run_keys_create)
+    lst = keys_sub.add_parser("list", help="list keys (never their secrets)")
+    lst.set_defaults(func=run_keys_list)
+    revoke = keys_sub.add_parser("revoke", help="revoke a key by its id")
+    revoke.add_argument("key_id")
+    revoke.set_defaults(func=run_keys_revoke)
+    for action in (create, lst, revoke):
+        add_data_dir_option(action)
+    keys.set_defaults(func=lambda args: keys.print_help() or 2)
+
+
+def run_keys_create(args: argparse.Namespace) -> int:
+    settings = load_settings(args)
+    if settings.is_sqlite:
+        migrate_database(settings)  # the embedded database may not exist yet; idempotent
+    from core.keys import create_key
+
+    with session_factory(settings)() as session:
+        key, secret = create_key(session, args.name, owner_id=args.owner)
+        session.commit()
+        print(
+            f"created key {key.id} named {key.name!r} for owner {key.owner_id}; the secret is shown only once:",
+            file=sys.stderr,
+        )
+    print(secret)
+    return 0
+
+
+def run_keys_list(args: argparse.Namespace) -> int:
+    settings = load_settings(args)
+    from sqlalchemy import select
+
+    from core.models import ApiKey
+
+    with session_factory(settings)() as session:
+        keys = session.execute(select(ApiKey).order_by(ApiKey.created_at)).scalars().all()
+        print(f"{'id':<30} {'name':<20} {'owner':<30} {'created':<20} revoked")
+        for k in keys:
+            revoked = k.revoked_at.strftime("%Y-%m-%d %H:%M") if k.revoked_at else ""
+            print(
+                f"{k.id:<30} {k.name[:20]:<20} {k.owner_id[:30]:<30} {k.created_at:%Y-%m-%d %H:%M}     {revoked}"
+            )
+    return 0
+
+
+def run_keys_revoke(args: argparse.Namespace) -> int:
+    settings = load_settings(args)
+    from core.keys import revoke_key
+
+    with session_factory(settings)() as session:
+        if not revoke_key(session, args.key_id):
+            print(f"no key {args.key_id}; `fromscratch keys list` shows the ids", file=sys.stderr)
+            return 1
+        session.commit()
+    print(f"revoked {args.key_id}")
+    return 0

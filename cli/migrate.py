@@ -1,0 +1,30 @@
+"""`fromscratch migrate`: bring the database to the latest schema (alembic upgrade head)."""
+
+from __future__ import annotations
+
+import argparse
+
+from cli.server_settings import add_data_dir_option, load_settings, migrate_database
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
+    add_data_dir_option(p)
+    p.set_defaults(func=run_migrate)
+
+
+def run_migrate(args: argparse.Namespace) -> int:
+    settings = load_settings(args)
+    migrate_database(settings)
+    print(f"database is at the latest schema: {redact_url(settings.database_url)}")
+    return 0
+
+
+def redact_url(url: str) -> str:
+    """The database URL without its password, for printing."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url

@@ -1,0 +1,135 @@
+"""`fromscratch serve`: the API, the dashboard and one supervised worker from one command (the
+embedded install; DESCRIPTION, its --help text, tells the whole story)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from cli.server_settings import add_data_dir_option, load_settings, migrate_database, session_factory
+from cli.worker_supervisor import WorkerSupervisor
+
+if TYPE_CHECKING:
+    from core.settings import Settings
+
+DESCRIPTION = """Server-side subcommands: `fromscratch serve`, `fromscratch migrate`, `fromscratch keys ...`.
+
+All of them read the same settings (`FROMSCRATCH_*`; `--data-dir` sets `FROMSCRATCH_DATA_DIR`), so
+`FROMSCRATCH_DATA_DIR=d fromscratch keys create --name x` works beside `fromscratch serve --data-dir d`.
+
+`fromscratch serve` is the embedded install: SQLite database and kombu's `sqla+sqlite` broker in the
+data dir (unless FROMSCRATCH_DATABASE_URL / FROMSCRATCH_BROKER_URL say otherwise), migrations run at
+start, an API key created and printed on the first start, one `fromscratch worker` subprocess
+supervised (restarted with backoff if it dies) and the API (uvicorn, `api.main:create_app`) in this
+process. Ctrl-C / SIGTERM stops the API, then asks the worker to stop (a running job checkpoints and
+goes back to the queue; it resumes on the next start) and waits for it.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run the API, dashboard and one worker (embedded SQLite defaults)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    add_data_dir_option(
+        p,
+        "where the database, broker, blobs and scratch live "
+        "(sets FROMSCRATCH_DATA_DIR; default ~/.fromscratch)",
+    )
+    p.add_argument("--no-worker", action="store_true", help="run the API only (workers run elsewhere)")
+    p.add_argument("--log-level", default="info", help="uvicorn and worker log level (default info)")
+    p.set_defaults(func=run_serve)
+
+
+def _ensure_first_key(settings: Settings) -> str | None:
+    """Create a key when the database has none (the first start); returns its secret."""
+    from sqlalchemy import func, select
+
+    from core.keys import create_key
+    from core.models import ApiKey
+
+    with session_factory(settings)() as session:
+        if session.scalar(select(func.count()).select_from(ApiKey)):
+            return None
+        _, secret = create_key(session, "default")
+        session.commit()
+        return secret
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    settings = load_settings(args)
+    migrate_database(settings)
+    secret = _ensure_first_key(settings)
+
+    shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    if ":" in shown_host:
+        shown_host = f"[{shown_host}]"
+    base = f"http://{shown_host}:{args.port}"
+    lines = [
+        "fromscratch serve",
+        f"  dashboard:  {base}/",
+        f"  API:        {base}/v1   (OpenAI-compatible; docs at {base}/docs)",
+        f"  data dir:   {settings.data_dir}",
+    ]
+    if secret:
+        lines += ["  API key (created on first start; shown only this once, keep it):", f"    {secret}"]
+    else:
+        lines += ["  API keys: existing keys work; `fromscratch keys create --name NAME` makes another"]
+    print("\n".join(lines), flush=True)
+
+    supervisor = None
+    if not args.no_worker:
+        cmd = [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "worker",
+            "--queues",
+            "cpu,gpu",
+            "--loglevel",
+            args.log_level,
+        ]
+        supervisor = WorkerSupervisor(cmd, dict(os.environ))
+        supervisor.start()
+
+    import uvicorn
+
+    stop_requested: list[int] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        # uvicorn installs its own handlers while serving and re-raises a captured signal after it
+        # returns; this handler then just notes it, so the worker is stopped cleanly below.
+        stop_requested.append(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        config = uvicorn.Config(
+            "api.main:create_app",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            # open SSE streams must not hold the shutdown up for ever
+            timeout_graceful_shutdown=5,
+        )
+        uvicorn.Server(config).run()
+    finally:
+        if supervisor is not None:
+            print(
+                "fromscratch serve: stopping the worker (a running job checkpoints and is re-queued)",
+                file=sys.stderr,
+                flush=True,
+            )
+            supervisor.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("fromscratch serve: stopped", file=sys.stderr, flush=True)
+    return 0
