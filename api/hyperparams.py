@@ -1,59 +1,38 @@
 """A job request's hyperparameters -> (ModelConfig, TrainConfig), validated by trainer.config itself,
 so `fromscratch train` and `POST /v1/fine_tuning/jobs` accept and reject exactly the same values.
 
-Accepted names
---------------
-- OpenAI's `n_epochs`, `batch_size`, `learning_rate_multiplier`; each may be `"auto"`
-  (n_epochs auto = train for `max_steps` (default 1000); batch_size auto = 16;
-  learning_rate_multiplier auto = 1.0, which multiplies `learning_rate`).
-- Every architecture field of `ModelConfig` (`n_layer`, `n_head`, `n_kv_head`, `n_embd`, `ctx`,
-  `rope_dims`, `rope_theta`, `ffn_dim`, `multiple_of`, `norm_eps`, `tie_embeddings`), overriding the
-  preset named by `model`.
-- Every training field of `TrainConfig`, named as the trainer CLI's options with underscores
-  (`max_steps`, `learning_rate`, `warmup_steps`, `schedule`, `eval_every`, `checkpoint_every`,
-  `tokenizer`, `vocab_size`, `dtype`, `device`, ...), except `seed` (the request's top-level `seed`)
-  and `extra`.
+What a job accepts is trainer.schema.job_hyperparameters() (served as JSON Schema at
+GET /v1/fine_tuning/hyperparameters): every architecture field of ModelConfig (overriding the preset
+named by `model`), every training field of TrainConfig except `seed` (the request's top-level
+`seed`), and OpenAI's `learning_rate_multiplier`. OpenAI's "auto" is accepted where the schema says
+so (`n_epochs`, `batch_size`, `learning_rate_multiplier`) and means the default.
 
 When continuing training from an earlier model (`model` = a model id), the architecture and the
-tokenizer come from that model: architecture fields, `tokenizer` and `vocab_size` are rejected.
+tokenizer come from that model: architecture fields, `tokenizer` and `vocab_size` are refused.
 
-`error.param` choice
---------------------
-An invalid hyperparameter is reported with `param` = the bare field name (`"n_embd"`, `"ctx"`,
-`"learning_rate"`, or the unknown name itself), exactly `ConfigError.param` of trainer.config. This is
-what OpenAI's API does for hyperparameters (e.g. `"param": "n_epochs"`), it is the same whether the
-hyperparameters came top-level or under `method.supervised.hyperparameters`, and it is the name a
-user types on the CLI (with dashes). Top-level request fields use their own names (`model`,
-`training_file`, `seed`, ...).
+An invalid hyperparameter is reported with `param` = the bare field name (`"n_embd"`, or the unknown
+name itself), as OpenAI's API does (`"param": "n_epochs"`), whether the hyperparameters came top-level
+or under `method.supervised.hyperparameters`; it is also the name a user types on the CLI (with dashes).
 """
 
 from __future__ import annotations
 
-import math
-import types
-import typing
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from trainer import schema
 from trainer.config import (
-    MODEL_FIELDS,
+    DEFAULT_PRESET,
     PRESETS,
-    TRAIN_FIELDS,
     ConfigError,
     ModelConfig,
     TrainConfig,
     model_config_from_preset,
 )
+from trainer.config_errors import quote
 
-OPENAI_FIELDS = ("n_epochs", "batch_size", "learning_rate_multiplier")
-NOT_HYPERPARAMETERS = {"seed": "use the request's top-level `seed`", "extra": "reserved"}
+NOT_HYPERPARAMETERS = {"seed": "use the request's top-level `seed`"}
 TOKENIZER_FIELDS = ("tokenizer", "vocab_size")
-TRAIN_HP_FIELDS = tuple(f for f in TRAIN_FIELDS if f not in NOT_HYPERPARAMETERS)
-ALL_FIELDS = tuple(dict.fromkeys((*OPENAI_FIELDS, *MODEL_FIELDS, *TRAIN_HP_FIELDS)))
-DEFAULT_BATCH_SIZE = TrainConfig.__dataclass_fields__["batch_size"].default
-DEFAULT_LEARNING_RATE = TrainConfig.__dataclass_fields__["learning_rate"].default
-
-_HINTS: dict[str, Any] = {**typing.get_type_hints(TrainConfig), **typing.get_type_hints(ModelConfig)}
 
 
 class HyperparameterError(ValueError):
@@ -72,90 +51,62 @@ class Resolved:
     hyperparameters: dict[str, Any]  # what the job shows: OpenAI's three resolved + what was given
 
 
-def _type_ok(value: Any, hint: Any) -> tuple[bool, Any]:
-    """Check a JSON value against a dataclass field type; returns (ok, coerced value)."""
-    origin = typing.get_origin(hint)
-    if origin is typing.Union or origin is types.UnionType:
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return True, None
-        for arg in args:
-            if arg is type(None):
-                continue
-            ok, v = _type_ok(value, arg)
-            if ok:
-                return True, v
-        return False, value
-    if origin is Literal:
-        return value in typing.get_args(hint), value
-    if hint is bool:
-        return isinstance(value, bool), value
-    if hint is int:
-        if isinstance(value, bool):
-            return False, value
-        if isinstance(value, int):
-            return True, value
-        if isinstance(value, float) and value.is_integer():
-            return True, int(value)
-        return False, value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return False, value
-        if not math.isfinite(value):
-            return False, value
-        return True, float(value)
-    if hint is str:
-        return isinstance(value, str), value
-    return True, value
-
-
-def _describe(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
-    if origin is not None:
-        parts = [_describe(a) for a in typing.get_args(hint) if a is not type(None)]
-        text = " or ".join(parts)
-        return text + (" or null" if type(None) in typing.get_args(hint) else "")
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(hint, str(hint))
-
-
-def _check_field(name: str, value: Any) -> Any:
-    hint = _HINTS[name]
-    ok, coerced = _type_ok(value, hint)
-    if not ok:
-        raise HyperparameterError(f"hyperparameter {name} must be {_describe(hint)}, got {value!r}", name)
-    return coerced
-
-
-def _auto_or(name: str, value: Any, kind: type) -> Any:
-    """OpenAI's fields: "auto", or a positive number of `kind`."""
-    if value is None or value == "auto":
-        return "auto"
-    if kind is int:
-        ok = (
-            isinstance(value, int)
-            and not isinstance(value, bool)
-            or isinstance(value, float)
-            and value.is_integer()
-        )
-        value = int(value) if ok else value
-    else:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        value = float(value) if ok else value
-    if not ok:
-        raise HyperparameterError(
-            f'hyperparameter {name} must be "auto" or a {"positive integer" if kind is int else "positive number"}, got {value!r}',
-            name,
-        )
-    if value <= 0:
-        raise HyperparameterError(f"hyperparameter {name} must be positive, got {value}", name)
-    return value
-
-
-def _config_error(e: ConfigError, prefix: str = "") -> HyperparameterError:
+def _config_error(e: ConfigError) -> HyperparameterError:
     details = "; ".join(f"{name}: {msg}" for name, msg in e.problems)
-    return HyperparameterError(f"Invalid hyperparameters: {prefix}{details}", e.param)
+    return HyperparameterError(f"Invalid hyperparameters: {details}", e.param)
+
+
+def _check_names(raw: dict[str, Any], accepted: dict[str, schema.Hyperparameter], continuing: bool) -> None:
+    for name in raw:
+        if name in NOT_HYPERPARAMETERS:
+            raise HyperparameterError(f"{name} is not a hyperparameter: {NOT_HYPERPARAMETERS[name]}", name)
+        if name not in accepted:
+            shown = quote(name)
+            raise HyperparameterError(
+                f"Unknown hyperparameter {shown}. Accepted: {', '.join(accepted)}", name
+            )
+        if continuing and (accepted[name].section == "model" or name in TOKENIZER_FIELDS):
+            raise HyperparameterError(
+                f"hyperparameter {name} cannot be set when continuing training from an existing model: "
+                "the architecture and tokenizer come from that model. Start from a preset to change it.",
+                name,
+            )
+
+
+def _model_config(over: dict[str, Any], preset: str | None, parent: dict[str, Any] | None) -> ModelConfig:
+    if parent is not None:
+        try:
+            return ModelConfig.from_dict(parent)
+        except ConfigError as e:  # a stored config we cannot read: not the user's fault
+            raise HyperparameterError(f"the parent model's configuration is unreadable: {e}", "model") from e
+    name = preset or DEFAULT_PRESET
+    if name not in PRESETS:
+        raise HyperparameterError(
+            f"Unknown model {quote(name)}: use a preset ({', '.join(PRESETS)}) or the id of a model "
+            "you trained",
+            "model",
+        )
+    try:
+        return model_config_from_preset(name, **over)
+    except ConfigError as e:
+        raise _config_error(e) from e
+
+
+def _train_config(
+    over: dict[str, Any], parent: dict[str, Any] | None, multiplier: float, seed: int
+) -> TrainConfig:
+    values = dict(over)
+    for name in TOKENIZER_FIELDS if parent else ():
+        if name in parent:  # type: ignore[operator]
+            values[name] = parent[name]  # type: ignore[index]
+    base_lr = values.get("learning_rate", TrainConfig.model_fields["learning_rate"].default)
+    if isinstance(base_lr, int | float) and not isinstance(base_lr, bool):
+        values["learning_rate"] = base_lr * multiplier
+    values["seed"] = seed
+    try:
+        return TrainConfig(**values)
+    except ConfigError as e:
+        raise _config_error(e) from e
 
 
 def resolve(
@@ -168,90 +119,37 @@ def resolve(
 ) -> Resolved:
     """Validate `raw` for a new job from `preset`, or continuing a model whose configs are given.
 
-    Raises HyperparameterError (message + param) for the first problem of the first kind found:
-    unknown names, then types, then every ConfigError problem (all listed in the message)."""
+    Raises HyperparameterError (message + param): unknown or forbidden names first, then every
+    problem of the model config, then of the training config (all listed in the message)."""
     if raw is not None and not isinstance(raw, dict):
         raise HyperparameterError("hyperparameters must be a JSON object", "hyperparameters")
+    accepted = {h.name: h for h in schema.job_hyperparameters()}
     raw = dict(raw or {})
-    for name in raw:
-        if name in NOT_HYPERPARAMETERS:
-            raise HyperparameterError(f"{name} is not a hyperparameter: {NOT_HYPERPARAMETERS[name]}", name)
-        if name not in ALL_FIELDS:
-            raise HyperparameterError(
-                f"Unknown hyperparameter {name!r}. Accepted: {', '.join(ALL_FIELDS)}", name
-            )
-    continuing = parent_model_config is not None
-    if continuing:
-        for name in raw:
-            if name in MODEL_FIELDS or name in TOKENIZER_FIELDS:
-                raise HyperparameterError(
-                    f"hyperparameter {name} cannot be set when continuing training from an existing model: "
-                    "the architecture and tokenizer come from that model. Start from a preset to change it.",
-                    name,
-                )
-
-    n_epochs = _auto_or("n_epochs", raw.get("n_epochs"), int)
-    batch_size = _auto_or("batch_size", raw.get("batch_size"), int)
-    lr_mult = _auto_or("learning_rate_multiplier", raw.get("learning_rate_multiplier"), float)
-
-    model_over: dict[str, Any] = {}
-    train_over: dict[str, Any] = {}
-    for name, value in raw.items():
-        if name in OPENAI_FIELDS:
-            continue
-        coerced = _check_field(name, value)
-        (model_over if name in MODEL_FIELDS else train_over)[name] = coerced
-
-    # model
-    if continuing:
-        assert parent_model_config is not None
-        try:
-            model_cfg = ModelConfig.from_dict(parent_model_config)
-        except (ConfigError, TypeError) as e:  # a stored config we cannot read: not the user's fault
-            raise HyperparameterError(f"the parent model's configuration is unreadable: {e}", "model") from e
-    else:
-        name = preset or "llama-tiny"
-        if name not in PRESETS:
-            raise HyperparameterError(
-                f"Unknown model {name!r}: use a preset ({', '.join(PRESETS)}) or the id of a model you trained",
-                "model",
-            )
-        try:
-            model_cfg = model_config_from_preset(name, **model_over)
-        except ConfigError as e:
-            raise _config_error(e) from e
-
-    # training
-    train_values: dict[str, Any] = dict(train_over)
-    if continuing and parent_train_config:
-        for name in TOKENIZER_FIELDS:
-            if name in parent_train_config:
-                train_values[name] = parent_train_config[name]
-    if n_epochs != "auto":
-        train_values["n_epochs"] = n_epochs
-    if batch_size != "auto":
-        train_values["batch_size"] = batch_size
-    base_lr = train_values.get("learning_rate", DEFAULT_LEARNING_RATE)
-    multiplier = 1.0 if lr_mult == "auto" else lr_mult
-    if isinstance(base_lr, int | float):
-        train_values["learning_rate"] = base_lr * multiplier
-    train_values["seed"] = seed
+    _check_names(raw, accepted, continuing=parent_model_config is not None)
+    # OpenAI's "auto" means the default; a null means the same for every field
+    given = {k: v for k, v in raw.items() if v is not None and not (v == "auto" and accepted[k].accepts_auto)}
     try:
-        train_cfg = TrainConfig(**train_values)
+        multiplier = schema.check_value(
+            accepted[schema.LEARNING_RATE_MULTIPLIER], given.pop(schema.LEARNING_RATE_MULTIPLIER, 1.0)
+        )
     except ConfigError as e:
         raise _config_error(e) from e
-    if not continuing:
+    model_over = {k: v for k, v in given.items() if accepted[k].section == "model"}
+    train_over = {k: v for k, v in given.items() if accepted[k].section == "train"}
+    model_cfg = _model_config(model_over, preset, parent_model_config)
+    train_cfg = _train_config(train_over, parent_train_config, multiplier, seed)
+    if parent_model_config is None:
         # the model's vocabulary follows the tokenizer (the trainer sets it again from the real tokenizer)
         model_cfg.vocab_size = train_cfg.resolved_vocab_size
 
     shown: dict[str, Any] = {
-        "n_epochs": n_epochs,
+        "n_epochs": train_cfg.n_epochs if "n_epochs" in given else "auto",
         "batch_size": train_cfg.batch_size,
         "learning_rate_multiplier": multiplier,
     }
     for name in raw:
-        if name not in OPENAI_FIELDS:
-            shown[name] = model_over.get(name, train_over.get(name))
+        if name not in shown:
+            shown[name] = raw[name]
     return Resolved(model_cfg, train_cfg, shown)
 
 

@@ -1,52 +1,25 @@
 """`fromscratch train | sample | export`: thin adapters over trainer.loop/sampling/export.
 
-The training options are generated from the TrainConfig dataclass (`x_y` -> `--x-y`), so the CLI
-and the API share names and defaults by construction. Options default to "not given" and the
-dataclass fills in its own defaults; that also lets `--resume` keep the interrupted run's settings
-and override only the options given on the command line.
+The model and training options are generated from trainer.config's declarations by trainer.schema
+(`x_y` -> `--x-y`), so the CLI and the API share names, defaults and bounds by construction. Options
+default to "not given" and the config fills in its own defaults; that also lets `--resume` keep the
+interrupted run's settings and override only the options given on the command line.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import typing
 from pathlib import Path
 from typing import Any
 
-from trainer.config import (
-    DEFAULT_PRESET,
-    FIELD_HELP,
-    MODEL_FIELDS,
-    PRESETS,
-    TRAIN_FIELDS,
-    ConfigError,
-    ModelConfig,
-    TrainConfig,
-    field_type,
-    model_config_from_preset,
-)
-
-_UNSET: Any = argparse.SUPPRESS  # option absent from the namespace unless given
+from trainer import schema
+from trainer.config import DEFAULT_PRESET, PRESETS, ConfigError, TrainConfig, model_config_from_preset
 
 
 def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def _arg_spec(tp: Any) -> dict[str, Any]:
-    """argparse kwargs for a dataclass field type: int/float/str, X | None, Literal[...], bool."""
-    kind, choices = field_type(tp)
-    if kind is bool:
-        return {"action": "store_true"}
-    if choices:
-        return {"choices": list(choices), "metavar": "|".join(choices)}
-    return {"type": kind, "metavar": kind.__name__.upper()}
-
-
-def _default_text(value: Any) -> str:
-    return "unset" if value is None else str(value)
 
 
 def _add_train_parser(subparsers: Any) -> None:
@@ -92,30 +65,8 @@ def _add_train_parser(subparsers: Any) -> None:
         metavar="NAME",
         help=f"architecture preset: {', '.join(PRESETS)} (default: {DEFAULT_PRESET})",
     )
-    hints = typing.get_type_hints(ModelConfig)
-    preset_defaults = ModelConfig(**PRESETS[DEFAULT_PRESET])
-    for name in MODEL_FIELDS:
-        default = getattr(preset_defaults, name)
-        model.add_argument(
-            _option(name),
-            dest=name,
-            default=_UNSET,
-            **_arg_spec(hints[name]),
-            help=f"{FIELD_HELP.get(name, name)} (default: preset; {DEFAULT_PRESET}: "
-            f"{_default_text(default)})",
-        )
-
-    tg = p.add_argument_group("training (names and defaults shared with the API's hyperparameters)")
-    hints = typing.get_type_hints(TrainConfig)
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    for name in TRAIN_FIELDS:
-        tg.add_argument(
-            _option(name),
-            dest=name,
-            default=_UNSET,
-            **_arg_spec(hints[name]),
-            help=f"{FIELD_HELP.get(name, name)} (default: {_default_text(defaults[name])})",
-        )
+    training = p.add_argument_group("training (names and defaults shared with the API's hyperparameters)")
+    schema.add_options({"model": model, "train": training}, schema.cli_options())
     p.set_defaults(func=cmd_train, _parser=p)
 
 
@@ -144,8 +95,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     parser: argparse.ArgumentParser = args._parser
     given = vars(args)
-    train_values = {n: given[n] for n in TRAIN_FIELDS if n in given}
-    model_values = {n: given[n] for n in MODEL_FIELDS if n in given}
+    options = schema.cli_options()
+    train_values = {h.name: given[h.name] for h in options if h.section == "train" and h.name in given}
+    model_values = {h.name: given[h.name] for h in options if h.section == "model" and h.name in given}
     resume_from = latest_checkpoint(args.out) if args.resume else None
     try:
         model_cfg = model_config_from_preset(args.preset, **model_values)

@@ -170,13 +170,13 @@ def test_train_options_mirror_train_config():
     import argparse
 
     from trainer.cli import register
-    from trainer.config import TRAIN_FIELDS
+    from trainer.config import TrainConfig
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     train_parser = parser._subparsers._group_actions[0].choices["train"]  # noqa: SLF001
     options = {s for a in train_parser._actions for s in a.option_strings}  # noqa: SLF001
-    assert {"--" + f.replace("_", "-") for f in TRAIN_FIELDS} <= options
+    assert {"--" + f.replace("_", "-") for f in TrainConfig.model_fields} <= options
 
 
 def test_export_calls_trainer_export(tmp_path, shakespeare, monkeypatch, capsys):

@@ -182,10 +182,22 @@ def test_time_limit_stops_with_checkpoint(tmp_path, tiny_model, tiny_train, shak
 
 
 def test_nan_loss_raises_training_diverged(
-    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer, monkeypatch
 ):
-    cfg = tiny_train(max_steps=20, learning_rate=1e30, warmup_steps=0, schedule="constant", grad_clip=0.0)
-    with pytest.raises(TrainingDiverged, match="diverged at step"):
+    # A loss that turns NaN from the 4th forward pass on (as an overflowing run's would).
+    import torch.nn.functional as F
+
+    real_cross_entropy = F.cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real_cross_entropy(*args, **kwargs)
+        return loss * float("nan") if calls["n"] >= 4 else loss
+
+    monkeypatch.setattr(F, "cross_entropy", poisoned)
+    cfg = tiny_train(max_steps=20, eval_every=0, warmup_steps=0, schedule="constant")
+    with pytest.raises(TrainingDiverged, match="diverged at step 4"):
         train(tiny_model(), cfg, shakespeare_data, tmp_path, tokenizer=byte_tokenizer)
 
 
