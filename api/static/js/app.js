@@ -1,7 +1,10 @@
 // Hash routes: #/jobs[?after=ID], #/jobs/<id>, #/new, #/signin. Each view is mounted into <main>
-// and returns {destroy()} so its timers, streams and charts stop when the route changes.
+// and returns {destroy()} so its timers, streams and charts stop when the route changes. Signed-in
+// views get the statuses the API serves (fetched once after sign-in, see served.js).
 
 import { clearKey, getKey, onUnauthorized } from "./api.js";
+import { forgetServed, loadStatuses } from "./served.js";
+import { el } from "./util.js";
 import { mountJob } from "./views/job.js";
 import { mountJobs } from "./views/jobs.js";
 import { mountNewJob } from "./views/newjob.js";
@@ -11,6 +14,7 @@ const main = document.getElementById("main");
 const nav = document.getElementById("nav");
 let current = null;
 let notice = null;
+let routing = 0; // which route() call is the latest: an older one still waiting on the API gives up
 
 function parse(hash) {
   const [path, qs] = (hash.replace(/^#/, "") || "/jobs").split("?");
@@ -18,7 +22,8 @@ function parse(hash) {
   return { parts, params: new URLSearchParams(qs || "") };
 }
 
-function route() {
+async function route() {
+  const seq = ++routing;
   if (current) { current.destroy(); current = null; }
   main.replaceChildren();
   const { parts, params } = parse(location.hash);
@@ -34,21 +39,38 @@ function route() {
     const active = a.dataset.route === (parts[0] === "new" ? "new" : "jobs") && !(parts[0] === "jobs" && parts[1]);
     if (active) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
-  if (parts[0] === "new") current = mountNewJob(main);
-  else if (parts[0] === "jobs" && parts[1]) current = mountJob(main, { id: parts[1] });
-  else current = mountJobs(main, { after: params.get("after") || undefined });
   document.title = "fromscratch";
+  let statuses;
+  try {
+    statuses = await loadStatuses();
+  } catch (e) {
+    // a 401 has already sent the user to the sign-in page (onUnauthorized)
+    if (seq === routing && e.status !== 401) showUnreachable(e);
+    return;
+  }
+  if (seq !== routing) return;
+  if (parts[0] === "new") current = mountNewJob(main);
+  else if (parts[0] === "jobs" && parts[1]) current = mountJob(main, { id: parts[1], statuses });
+  else current = mountJobs(main, { after: params.get("after") || undefined, statuses });
+}
+
+function showUnreachable(error) {
+  const retry = el("button", { type: "button", class: "secondary", onclick: () => route() }, "Try again");
+  main.append(el("div", { class: "error-banner", role: "alert" },
+    `Could not read the job statuses from the API: ${error.message}. `, retry));
 }
 
 onUnauthorized(() => {
   if (!getKey()) return;
   clearKey();
+  forgetServed();
   notice = "Your API key was refused (401 Unauthorized): it may have been revoked. Sign in again.";
   route();
 });
 
 document.getElementById("sign-out").addEventListener("click", () => {
   clearKey();
+  forgetServed();
   notice = "Signed out.";
   location.hash = "#/signin";
 });

@@ -29,7 +29,7 @@ export function clear(node, ...children) {
   return node;
 }
 
-export const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+// Display text only: which statuses are terminal, claimable or active is the API's answer (served.js).
 export const STATUS_LABEL = {
   validating_files: "validating", queued: "queued", running: "running", paused: "paused",
   succeeded: "succeeded", failed: "failed", cancelled: "cancelled",

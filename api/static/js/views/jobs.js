@@ -1,13 +1,14 @@
 // Jobs list: newest first, cursor-paginated with `after`, refreshed every few seconds while any job
-// on the page is still live.
+// on the page is still live (not in the API's terminal set).
 
 import { api, query } from "../api.js";
-import { badge, clear, el, fmtDuration, fmtInt, fmtLoss, fmtTime, progressBar, TERMINAL } from "../util.js";
+import { badge, clear, el, fmtDuration, fmtInt, fmtLoss, fmtTime, progressBar } from "../util.js";
 
 const PAGE_SIZE = 20;
 const REFRESH_MS = 3000;
 
-export function mountJobs(root, { after } = {}) {
+export function mountJobs(root, { after, statuses }) {
+  const live = (job) => !statuses.terminal.has(job.status);
   const abort = new AbortController();
   let timer = null;
   const list = el("ul", { class: "job-list", "aria-live": "polite", "aria-busy": "true" });
@@ -46,7 +47,7 @@ export function mountJobs(root, { after } = {}) {
       const page = await api(`/fine_tuning/jobs${query({ limit: PAGE_SIZE, after })}`, { signal: abort.signal });
       lastPage = page;
       render(page);
-      if (page.data.some((j) => !TERMINAL.has(j.status))) timer = setTimeout(load, REFRESH_MS);
+      if (page.data.some(live)) timer = setTimeout(load, REFRESH_MS);
     } catch (e) {
       if (e.name === "AbortError") return;
       status.textContent = `Could not load jobs: ${e.message}`;
@@ -66,17 +67,16 @@ export function mountJobs(root, { after } = {}) {
     }
     status.textContent = "";
     status.className = "muted";
-    clear(list, page.data.map(jobCard));
+    clear(list, page.data.map((job) => jobCard(job, live(job))));
   }
 
   load();
   return { destroy() { abort.abort(); clearTimeout(timer); } };
 }
 
-function jobCard(job) {
+function jobCard(job, live) {
   const p = job.progress || {};
   const step = p.step ?? 0, total = p.total_steps ?? 0;
-  const live = !TERMINAL.has(job.status);
   return el("li", { class: "job-card", dataset: { jobId: job.id, status: job.status } },
     el("div", { class: "job-card-head" },
       el("a", { class: "job-link mono", href: `#/jobs/${encodeURIComponent(job.id)}` }, job.id),

@@ -1,0 +1,20 @@
+// The job page's API calls in one place, so each concern asks for "the job" or "its metrics" and
+// none of them spells a URL.
+
+import { api, query } from "../../api.js";
+
+export const HISTORY_POINTS = 1000; // the history is downsampled to this many points on the server
+
+export function jobEndpoints(id, signal) {
+  const base = `/fine_tuning/jobs/${encodeURIComponent(id)}`;
+  return {
+    job: () => api(base, { signal }),
+    /** One page of metrics: {max_points} for the history, {after_step, limit} to catch up. */
+    metrics: (params) => api(`${base}/metrics${query(params)}`, { signal }),
+    checkpoints: () => api(`${base}/checkpoints${query({ limit: 100 })}`, { signal }),
+    events: () => api(`${base}/events${query({ limit: 100 })}`, { signal }),
+    /** POST cancel | pause | resume; answers the job. */
+    control: (action) => api(`${base}/${action}`, { method: "POST", signal }),
+    generate: (model, body) => api(`/models/${encodeURIComponent(model)}/generate`, { method: "POST", body, signal }),
+  };
+}

@@ -1,0 +1,40 @@
+// The job page's head: id, status badge, live/polling indicator, model line, and the error banner
+// (the job's own error, or why the page could not load it).
+
+import { badge, clear, el, fmtTime } from "../../util.js";
+
+const MODE_TEXT = { stream: "● live", polling: "● polling", done: "", loading: "loading…" };
+
+export function jobHeader(id, controls) {
+  const statusSlot = el("span", { class: "status-slot" });
+  const liveMode = el("span", { class: "live-mode small muted", id: "live-mode", dataset: { mode: "loading" } }, "");
+  const modelLine = el("p", { class: "muted model-line" });
+  const errorBox = el("div", { class: "error-banner", role: "alert", hidden: true });
+  const node = el("div", { class: "page-head job-head" },
+    el("div", {}, el("a", { href: "#/jobs", class: "back small" }, "← All jobs"),
+      el("div", { class: "title-row" }, el("h1", { class: "mono job-title" }, id), statusSlot, liveMode), modelLine),
+    controls);
+
+  return {
+    node,
+    errorBox,
+    showJob(job) {
+      clear(statusSlot, badge(job.status));
+      clear(modelLine, `${job.model || ""}`,
+        job.fine_tuned_model ? el("span", {}, " → ", el("code", { id: "fine-tuned-model" }, job.fine_tuned_model)) : null,
+        ` · created ${fmtTime(job.created_at)}`, job.finished_at ? ` · finished ${fmtTime(job.finished_at)}` : "");
+      if (job.error && job.error.message) {
+        errorBox.hidden = false;
+        clear(errorBox, el("strong", {}, "Failed: "), job.error.message, job.error.code ? ` (${job.error.code})` : "");
+      } else errorBox.hidden = true;
+    },
+    setMode(mode) {
+      liveMode.dataset.mode = mode;
+      liveMode.textContent = MODE_TEXT[mode] ?? mode;
+    },
+    showLoadError(message) {
+      errorBox.hidden = false;
+      errorBox.textContent = message;
+    },
+  };
+}

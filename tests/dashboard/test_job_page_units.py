@@ -1,0 +1,98 @@
+"""The job page's live-data state machine (views/job/live.js) in a real Chromium against a stubbed
+API: where the stream resumes, and the polling fallback when the stream is down."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.dashboard.stub_api import StubApi, error, sign_in_with_stub
+
+JOB_ID = "ftjob-stub"
+TOTAL = 10
+PER_PAGE = 3  # points the stub gives per metrics request
+
+
+def test_stream_resumes_after_the_last_step_drawn(new_page: Any, static_url: str) -> None:
+    page, log = new_page()
+    page.goto(static_url + "/")
+    result = page.evaluate("""async () => {
+        const { LiveFeed } = await import('/js/views/job/live.js');
+        const metrics = { lastStep: -1 };
+        const feed = new LiveFeed({ id: 'x', metrics });
+        const out = [feed.resumeFrom()];          // nothing drawn yet: from the start
+        metrics.lastStep = 12;
+        out.push(feed.resumeFrom());             // after the history: step 12
+        feed.lastEventId = '12.3';
+        out.push(feed.resumeFrom());             // the stream's own id
+        metrics.lastStep = 20;
+        out.push(feed.resumeFrom());             // a poll drew up to 20 since
+        return out;
+    }""")
+    assert result == [None, "12.0", "12.3", "20.3"]
+    assert log.errors() == []
+
+
+class StubJob:
+    """A job that reaches step TOTAL, PER_PAGE steps per metrics request, then succeeds."""
+
+    def __init__(self) -> None:
+        self.served = 0  # the last step handed out
+
+    def points(self, after: int) -> list[dict[str, Any]]:
+        steps = range(after + 1, min(after + PER_PAGE, TOTAL) + 1)
+        self.served = max(self.served, *steps) if steps else self.served
+        return [
+            {
+                "step": s,
+                "train_loss": 5.0 - s / 10,
+                "lr": 1e-3,
+                "val_loss": None,
+                "created_at": 1_700_000_000 + s,
+            }
+            for s in steps
+        ]
+
+    def metrics(self, query: dict[str, str], _: Any) -> tuple[int, Any]:
+        after = int(query.get("after_step", 0))
+        return 200, {"object": "list", "data": self.points(after), "has_more": False}
+
+    def job(self, _query: dict[str, str], _body: Any) -> tuple[int, Any]:
+        done = self.served >= TOTAL
+        return 200, {
+            "id": JOB_ID,
+            "object": "fine_tuning.job",
+            "model": "llama-tiny",
+            "status": "succeeded" if done else "running",
+            "created_at": 1_700_000_000,
+            "progress": {"step": self.served, "total_steps": TOTAL},
+        }
+
+
+def test_polls_while_the_stream_is_down_until_the_job_ends(new_page: Any, static_url: str) -> None:
+    page, log = new_page()
+    api = StubApi(page)
+    job = StubJob()
+    base = f"/fine_tuning/jobs/{JOB_ID}"
+    api.on("GET", base, job.job)
+    api.on("GET", f"{base}/metrics", job.metrics)
+    api.on("GET", f"{base}/stream", error(503, "stream unavailable"))
+    api.on(
+        "GET", f"{base}/checkpoints", lambda q, b: (200, {"object": "list", "data": [], "has_more": False})
+    )
+    api.on("GET", f"{base}/events", lambda q, b: (200, {"object": "list", "data": [], "has_more": False}))
+    sign_in_with_stub(page, static_url, f"#/jobs/{JOB_ID}")
+    page.wait_for_selector("#live-mode", state="attached")
+    page.evaluate("""() => {
+        const mode = document.getElementById('live-mode');
+        window.__modes = [mode.dataset.mode];
+        new MutationObserver(() => window.__modes.push(mode.dataset.mode))
+            .observe(mode, { attributes: true, attributeFilter: ['data-mode'] });
+    }""")
+    page.wait_for_selector(".status-slot .badge[data-status=succeeded]", timeout=30_000)
+    page.wait_for_selector("#live-mode[data-mode=done]", state="attached")
+    modes = page.evaluate("window.__modes")
+    assert "polling" in modes and modes[-1] == "done", modes
+    assert page.get_attribute("#loss-chart", "data-points-train-loss") == str(TOTAL)
+    assert page.inner_text("#stat-step") == f"{TOTAL} / {TOTAL}"
+    assert api.calls[f"GET {base}/stream"] >= 1
+    assert log.errors(allow=("503 (Service Unavailable)",)) == [], log.messages
