@@ -1,6 +1,7 @@
 """The dashboard end to end in headless Chromium against a live server with a real worker: sign in,
 upload, start a llama-tiny job, watch the chart gain points, see `succeeded`, download the GGUF.
-The job page's screenshot is saved as tests/artifacts/job_page.png (look at it)."""
+The job page's screenshot is saved as tests/artifacts/job_page.png, the new-job form's as
+tests/artifacts/new_job_form.png (look at them)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import httpx
 
 from tests.dashboard.conftest import ARTIFACTS
+from tests.dashboard.helpers import new_job_form_defaults
 from tests.fixtures.service import SHAKESPEARE
 
 STEPS = 60
@@ -119,7 +121,8 @@ def test_train_watch_and_download_in_the_browser(
     box = page.locator("#loss-chart").bounding_box()
     page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)
     page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
-    page.wait_for_selector("#toast:not(.show)", state="attached")  # the "succeeded" note fades out
+    # the "succeeded" note fades out (its opacity transition too) before the screenshot
+    page.wait_for_function("getComputedStyle(document.getElementById('toast')).opacity === '0'")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "job_page.png"), full_page=True)
 
@@ -175,3 +178,29 @@ def test_bad_key_and_field_errors_are_shown(new_page: Any, live_server: Any) -> 
     assert page.is_visible("#api-key") and page.locator("#nav").is_hidden()
     assert page.evaluate("localStorage.getItem('fromscratch.apiKey')") is None
     assert log.errors(allow=PROVOKED) == [], log.messages
+
+
+def test_new_job_form_shows_the_served_schema_defaults(new_page: Any, live_server: Any) -> None:
+    page, log = new_page()
+    sign_in(page, live_server.url, live_server.api_key)
+    shown = new_job_form_defaults(page)
+    schema = httpx.get(
+        f"{live_server.url}/v1/fine_tuning/hyperparameters", headers=live_server.headers()
+    ).json()
+    properties = schema["properties"]
+    assert sorted(shown) == sorted(properties)  # every field (grouped: architecture, training, advanced)
+    architecture = schema["x-presets"][schema["x-default-preset"]]
+    for name, prop in properties.items():
+        default = architecture.get(name, prop["default"]) if prop["x-section"] == "model" else prop["default"]
+        if default is None:
+            assert shown[name] == prop["x-null-means"], name
+        elif prop["x-kind"] in ("int", "float"):
+            assert float(shown[name]) == default, name  # JS and Python spell some floats differently
+        else:
+            assert shown[name] == default, name
+    assert page.locator("#model option").all_inner_texts() == list(schema["x-presets"])
+
+    page.click("summary:has-text('Advanced hyperparameters')")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "new_job_form.png"), full_page=True)
+    assert log.errors() == [], log.messages

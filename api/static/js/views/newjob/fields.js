@@ -1,0 +1,103 @@
+// The hyperparameter fields, rendered from the served schema: architecture (following the chosen
+// preset unless edited), training, and the advanced ones folded away. Each shows the value a job
+// gets when it is left alone; only the fields changed from that value are sent.
+
+import { el } from "../../util.js";
+import { defaultPreset, defaultValue, schemaFields } from "./schema.js";
+
+export const fieldId = (name) => `hp-${name}`;
+
+/** The control of one field: a select (choice), a checkbox (bool) or a text box (numbers, "auto"). */
+function control(f) {
+  const attrs = { id: fieldId(f.name), name: f.name, "aria-describedby": `help-${f.name} err-${f.name}` };
+  if (f.kind === "choice") {
+    const empty = f.default === null ? el("option", { value: "" }, f.nullMeans || "default") : null;
+    return el("select", attrs, empty, f.choices.map((c) => el("option", { value: c }, c)));
+  }
+  if (f.kind === "bool") return el("input", { ...attrs, type: "checkbox" });
+  return el("input", { ...attrs, type: "text", inputmode: f.kind === "int" ? "numeric" : "decimal",
+    autocomplete: "off", spellcheck: "false" });
+}
+
+/** The typed value of a control: null when left empty (the default applies). */
+function parse(f, input) {
+  if (f.kind === "bool") return input.checked;
+  if (f.kind === "choice") return input.value === "" ? null : input.value;
+  const text = input.value.trim();
+  if (text === "") return null;
+  if (text === "auto" && f.acceptsAuto) return "auto";
+  const n = Number(text);
+  return Number.isFinite(n) ? n : text; // the API names what is wrong with a non-number
+}
+
+const shown = (value) => (value === null || value === undefined ? "" : String(value));
+
+/** schema: the served JSON Schema; errors: FieldErrors. */
+export function hyperparameterFields({ schema, errors }) {
+  const fields = schemaFields(schema);
+  const inputs = new Map(); // name -> control
+  let preset = defaultPreset(schema);
+
+  function fieldNode(f) {
+    const input = control(f);
+    inputs.set(f.name, input);
+    // the help text as a tooltip and as the control's description; a long placeholder may be cut off
+    const text = [f.help, f.nullMeans && `Left empty: ${f.nullMeans}.`].filter(Boolean).join("\n");
+    const help = el("span", { id: `help-${f.name}`, hidden: true }, text);
+    const wrap = el("div", { class: f.kind === "bool" ? "field field-check" : "field", title: text || null,
+      dataset: { field: f.name, kind: f.kind } });
+    if (f.kind === "bool") wrap.append(input, el("label", { for: input.id }, f.label));
+    else wrap.append(el("label", { for: input.id }, f.label, el("span", { class: "param-name" }, f.name)), input);
+    wrap.append(help, errors.slot(f.name, input));
+    return wrap;
+  }
+
+  /** Show the field's default (for the current preset); an empty default shows what it means. */
+  function showDefault(f) {
+    const input = inputs.get(f.name);
+    const d = defaultValue(schema, f, preset);
+    if (f.kind === "bool") input.checked = !!d;
+    else if (f.kind === "choice") input.value = shown(d);
+    else {
+      input.value = shown(d);
+      input.placeholder = d === null || d === undefined ? f.nullMeans || "default" : "";
+    }
+    input.dataset.default = shown(d);
+  }
+
+  const untouched = (f) => {
+    const input = inputs.get(f.name);
+    return f.kind === "bool" ? input.checked === (input.dataset.default === "true") : input.value === input.dataset.default;
+  };
+
+  const nodes = (pick) => fields.filter(pick).map(fieldNode);
+  const architecture = el("fieldset", { class: "grid", id: "hp-architecture" },
+    el("legend", {}, "Architecture (from the preset)"), nodes((f) => f.architecture && !f.advanced));
+  const training = el("fieldset", { class: "grid", id: "hp-training" },
+    el("legend", {}, "Training"), nodes((f) => !f.architecture && !f.advanced));
+  const advanced = el("details", { class: "advanced", id: "hp-advanced" },
+    el("summary", {}, "Advanced hyperparameters"), el("div", { class: "grid" }, nodes((f) => f.advanced)));
+  fields.forEach(showDefault);
+
+  return {
+    architecture,
+    training,
+    advanced,
+    /** The architecture follows the preset, except the fields the user has edited. */
+    setPreset(name) {
+      const follow = fields.filter((f) => f.architecture && untouched(f));
+      preset = name;
+      follow.forEach(showDefault);
+    },
+    /** {name: value} of the fields whose value differs from the default a job would get. */
+    changed() {
+      const out = {};
+      for (const f of fields) {
+        const value = parse(f, inputs.get(f.name));
+        if (value === null || value === (defaultValue(schema, f, preset) ?? null)) continue;
+        out[f.name] = value;
+      }
+      return out;
+    },
+  };
+}

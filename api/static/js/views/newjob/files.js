@@ -1,0 +1,86 @@
+// The form's data: upload a training file (with a progress bar), or pick an uploaded one; an
+// optional validation file.
+
+import { api, uploadFile } from "../../api.js";
+import { clear, el, fmtBytes, fmtTime, progressBar, setProgress } from "../../util.js";
+
+const ACCEPT = ".txt,.jsonl,.json,.md,text/plain,application/jsonl";
+
+const labelled = (id, text, name) => el("label", { for: id }, text, el("span", { class: "param-name" }, name));
+
+/** errors: FieldErrors; signal aborts uploads and listings when the page goes away. */
+export function dataFieldset({ errors, signal }) {
+  const trainingFile = el("select", { id: "training_file", name: "training_file", "aria-describedby": "err-training_file" },
+    el("option", { value: "" }, "— choose an uploaded file —"));
+  const validationFile = el("select", { id: "validation_file", name: "validation_file", "aria-describedby": "err-validation_file" },
+    el("option", { value: "" }, "none (hold out the end of the training file)"));
+  const upload = el("input", { id: "upload", type: "file", accept: ACCEPT });
+  const bar = progressBar(0, 1, "Upload progress");
+  const text = el("span", { class: "small", role: "status" }, "");
+  const progress = el("div", { class: "upload-progress", hidden: true }, bar, text);
+  const node = el("fieldset", {},
+    el("legend", {}, "Data"),
+    el("div", { class: "field" }, el("label", { for: "upload" }, "Upload a training file (UTF-8 text or JSONL)"),
+      upload, progress),
+    el("div", { class: "field" }, labelled("training_file", "Training file", "training_file"),
+      trainingFile, errors.slot("training_file", trainingFile)),
+    el("div", { class: "field" }, labelled("validation_file", "Validation file", "validation_file"),
+      validationFile, errors.slot("validation_file", validationFile)));
+
+  /** Fill both selects with the uploaded files, newest first; then select `selectId` if given. */
+  async function load(selectId) {
+    try {
+      const page = await api("/files", { signal });
+      const files = (page.data || []).slice().sort((a, b) => (b.created_at || 0) - (a.created_at || 0));
+      for (const sel of [trainingFile, validationFile]) {
+        const keep = sel.value;
+        clear(sel, sel.firstChild);
+        for (const f of files) {
+          sel.append(el("option", { value: f.id },
+            `${f.filename || f.id} · ${fmtBytes(f.bytes)} · ${fmtTime(f.created_at)} (${f.id})`));
+        }
+        sel.value = keep;
+      }
+      if (selectId) trainingFile.value = selectId;
+    } catch (e) {
+      if (e.name !== "AbortError") errors.show("training_file", `Could not list files: ${e.message}`);
+    }
+  }
+
+  upload.addEventListener("change", async () => {
+    const file = upload.files && upload.files[0];
+    if (!file) return;
+    errors.set("training_file", "");
+    progress.hidden = false;
+    progress.classList.remove("done");
+    setProgress(bar, 0, file.size);
+    text.textContent = `Uploading ${file.name}: 0 of ${fmtBytes(file.size)}`;
+    try {
+      const obj = await uploadFile(file, {
+        signal,
+        onProgress: (loaded, total) => {
+          setProgress(bar, loaded, total);
+          text.textContent = `Uploading ${file.name}: ${fmtBytes(loaded)} of ${fmtBytes(total)}`;
+        },
+      });
+      setProgress(bar, 1, 1);
+      progress.classList.add("done");
+      text.textContent = `Uploaded ${obj.filename || file.name} (${fmtBytes(obj.bytes)}) as ${obj.id}`;
+      await load(obj.id);
+      trainingFile.value = obj.id;
+    } catch (e) {
+      if (e.name === "AbortError") return;
+      text.textContent = "Upload failed.";
+      errors.show("training_file", e.message);
+    } finally {
+      upload.value = "";
+    }
+  });
+
+  return {
+    node,
+    load,
+    trainingFile: () => trainingFile.value,
+    validationFile: () => validationFile.value,
+  };
+}
