@@ -1,6 +1,10 @@
 """The training loop: `train(model_cfg, train_cfg, data, out_dir, callbacks)`.
 
-Reproducibility rules this file keeps (they make a resumed run bitwise equal to an uninterrupted
+`trainer.run_setup.start_run` builds the run (a `trainer.run.TrainRun`), `trainer.train_step`
+computes each optimizer step and the validation loss; this module steps, logs, evaluates,
+checkpoints and checks for stop requests in between.
+
+Reproducibility rules these modules keep (they make a resumed run bitwise equal to an uninterrupted
 one on CPU):
 - every batch comes from the data sampler, whose position is checkpointed; a step draws all
   batch_size * grad_accum windows at once and splits them into micro-batches, so the data (and the
@@ -14,33 +18,23 @@ one on CPU):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import math
-import random
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
-from trainer.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    load_optimizer_state,
-    rotate_checkpoints,
-    save_checkpoint,
-    set_rng_state,
-)
-from trainer.config import ConfigError, ModelConfig, TrainConfig
-from trainer.model import Llama
-from trainer.optim import lr_at, make_optimizer, set_lr
+from trainer.config import ModelConfig, TrainConfig
+from trainer.metrics_file import MetricsFile
+from trainer.optim import lr_at, set_lr
+from trainer.run import TrainRun
+from trainer.run_setup import start_run
+from trainer.train_step import OptimizerStep, evaluate
 
 StopReason = Literal["completed", "stop", "pause", "time_limit"]
-NEWLINE_ID = 10  # byte 10 is id 10 in both the byte and the BPE tokenizer
 
 
 class Callbacks:
@@ -90,81 +84,6 @@ class TrainResult:
     last_val_loss: float | None
 
 
-def resolve_device(cfg: TrainConfig) -> torch.device:
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError([("device", "cuda was asked for but no CUDA device is available; use auto or cpu")])
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.device)
-
-
-def resolve_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
-    """auto: bf16 on a CUDA device that supports it, else fp32 (bf16 on CPU only when asked)."""
-    if cfg.dtype == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
-
-
-def total_steps_for(cfg: TrainConfig, sampler: Any) -> int:
-    """max_steps, else enough whole batches to visit every window n_epochs times (the last batch of
-    an epoch runs into the next, as the sampler does), else 1000."""
-    if cfg.max_steps is not None:
-        return cfg.max_steps
-    if cfg.n_epochs is not None:
-        return max(1, sampler.steps_for_epochs(cfg.n_epochs))
-    return 1000
-
-
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
-    make_sampler: Callable[[], Any],
-    n_batches: int,
-    device: torch.device,
-    autocast: Callable[[], contextlib.AbstractContextManager],
-) -> float:
-    """Mean loss over the first n_batches of a freshly seeded sampler (the same batches every call)."""
-    was_training = model.training
-    model.eval()
-    sampler = make_sampler()
-    total = torch.zeros((), device=device, dtype=torch.float64)
-    for _ in range(n_batches):
-        x, y = sampler.next_batch()
-        with autocast():
-            _, loss = model(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
-        total += loss.double()
-    model.train(was_training)
-    return float(total / n_batches)
-
-
-class _Metrics:
-    """metrics.jsonl writer. On resume, drops lines past the resumed step (logged after the last
-    checkpoint of the interrupted run) so the file reads as one run."""
-
-    def __init__(self, path: Path, keep_upto: int | None):
-        if keep_upto is not None and path.exists():
-            kept = []
-            for line in path.read_text().splitlines():
-                try:
-                    if json.loads(line).get("step", 0) <= keep_upto:
-                        kept.append(line)
-                except ValueError:
-                    continue  # a torn last line from a crash
-            path.write_text("".join(k + "\n" for k in kept))
-        elif keep_upto is None:
-            path.write_text("")
-        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-
-    def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps(record) + "\n")
-        self._f.flush()
-
-    def close(self) -> None:
-        self._f.close()
-
-
 def train(
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
@@ -184,272 +103,165 @@ def train(
     config from `train_cfg` (so max_steps can be raised). `resume=True` with no checkpoint in
     out_dir starts a fresh run; a fresh run refuses an out_dir that already holds checkpoints.
     """
-    from trainer.data import BatchSampler, TokenData, prepare_data  # lazy: keeps `import trainer.loop` light
-
-    cfg = train_cfg
     callbacks = callbacks or Callbacks()
-    if cfg.optimizer == "lbfgs" and cfg.dtype == "float16":
-        raise ConfigError(
-            [("dtype", "float16 needs a gradient scaler, which L-BFGS cannot use; use bfloat16 or float32")]
-        )
-    device = resolve_device(cfg)
-    dtype = resolve_dtype(cfg, device)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_dir = out_dir / "checkpoints"
-
-    # ---- what we start from
-    resume_path: Path | None = None
-    if resume is True:
-        resume_path = latest_checkpoint(out_dir)
-    elif resume:
-        resume_path = Path(resume)
-    if resume_path is None and latest_checkpoint(out_dir) is not None:
-        raise FileExistsError(
-            f"{out_dir} already holds checkpoints of a run; resume it (--resume) "
-            "or choose another output folder"
-        )
-    resumed = load_checkpoint(resume_path) if resume_path is not None else None
-    init = load_checkpoint(init_from) if init_from is not None and resumed is None else None
-    source = resumed or init
-    if source is not None:
-        tokenizer, model_cfg = source.tokenizer, source.model_config
-
-    # ---- data (errors here come before any training)
-    if isinstance(train_path, TokenData):
-        if tokenizer is None:
-            raise ValueError("train() with prepared TokenData needs the tokenizer that produced it")
-        data = train_path
-    else:
-        if tokenizer is None:
-            from trainer.dataformat import iter_documents
-            from trainer.tokenizers import train_tokenizer
-
-            tokenizer = train_tokenizer(
-                cfg.tokenizer, cfg.resolved_vocab_size, iter_documents(Path(train_path))
-            )
-        data = prepare_data(
-            Path(train_path),
-            tokenizer,
-            validation_path=validation_path,
-            val_fraction=cfg.val_fraction,
-            cache_dir=out_dir / "cache",
-        )
-    if model_cfg.vocab_size != tokenizer.vocab_size:
-        model_cfg = dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size)
-    B, K, ctx = cfg.batch_size, cfg.grad_accum, model_cfg.ctx
-    sampler = BatchSampler(
-        data.train,
-        ctx,
-        B * K,
-        seed=cfg.seed,
-        samples_after_nl=cfg.samples_after_nl,
-        newline_id=NEWLINE_ID,
-        epochs=cfg.n_epochs,
+    run = start_run(
+        model_cfg,
+        train_cfg,
+        train_path,
+        Path(out_dir),
+        tokenizer=tokenizer,
+        validation_path=validation_path,
+        resume=resume,
+        init_from=init_from,
     )
-    make_val_sampler = None
-    if data.val is not None and len(data.val) > 0 and cfg.eval_every > 0:
-
-        def make_val_sampler() -> Any:
-            return BatchSampler(data.val, ctx, B, seed=cfg.seed + 1, name="validation data")
-
-        make_val_sampler()  # too short for one window -> DataError now, not at the first evaluation
-    total_steps = total_steps_for(cfg, sampler)
-
-    # ---- model, optimizer, precision
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed % 2**32)
-    torch.manual_seed(cfg.seed)
-    model = Llama(model_cfg)
-    if source is not None:
-        model.load_state_dict(source.model_state, strict=True)
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls
-    model.to(device)
-    model.activation_checkpointing = cfg.activation_checkpointing
-    optimizer = make_optimizer(model, cfg, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    start_step, tokens_seen, best_val = 0, 0, math.inf
-    if resumed is not None:
-        st = resumed.state
-        start_step, tokens_seen = int(st["step"]), int(st["tokens_seen"])
-        best_val = st.get("best_val_loss") if st.get("best_val_loss") is not None else math.inf
-        if st.get("optimizer_meta"):
-            load_optimizer_state(optimizer, model, resumed.path, st["optimizer_meta"])
-            scaler_state = st["optimizer_meta"].get("extra", {}).get("scaler")
-            if scaler_state and scaler.is_enabled():
-                scaler.load_state_dict(scaler_state)
-        if st.get("sampler") is not None:
-            sampler.load_state_dict(st["sampler"])
-        set_rng_state(st["rng"])
-    fwd = torch.compile(model) if cfg.compile else model
-
-    def autocast() -> contextlib.AbstractContextManager:
-        if dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=dtype)
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf  # inf: measure the norm, scale by 1.0
-
-    def forward_backward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Accumulate gradients of the batch mean loss over K micro-batches; returns that loss."""
-        loss_sum = torch.zeros((), device=device)
-        for xm, ym in zip(x.chunk(K), y.chunk(K), strict=True):
-            with autocast():
-                _, loss = fwd(xm, ym)
-            loss = loss / K
-            scaler.scale(loss).backward()
-            loss_sum += loss.detach()
-        return loss_sum
-
-    def adamw_step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loss = forward_backward(x, y)
-        scaler.unscale_(optimizer)  # no-op when the scaler is disabled
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        return loss, grad_norm
-
-    def lbfgs_step(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        norms: list[torch.Tensor] = []
-
-        def closure() -> torch.Tensor:
-            optimizer.zero_grad(set_to_none=False)
-            loss = forward_backward(x, y)
-            if not norms:
-                norms.append(torch.nn.utils.clip_grad_norm_(params, math.inf))
-            return loss
-
-        loss = optimizer.step(closure)
-        optimizer.zero_grad(set_to_none=True)
-        return torch.as_tensor(loss), norms[0]
-
-    do_step = lbfgs_step if cfg.optimizer == "lbfgs" else adamw_step
-    tokens_per_step = B * K * ctx
-
-    def checkpoint_state(step: int) -> dict[str, Any]:
-        return {
-            "step": step,
-            "tokens_seen": tokens_seen,
-            "best_val_loss": None if math.isinf(best_val) else best_val,
-            "sampler": sampler.state_dict(),
-            "total_steps": total_steps,
-        }
-
-    def save(path: Path, step: int) -> Path:
-        extra = {"scaler": scaler.state_dict()} if scaler.is_enabled() else {}
-        return save_checkpoint(
-            path,
-            model=model,
-            model_config=model_cfg,
-            train_config=cfg,
-            tokenizer=tokenizer,
-            state=checkpoint_state(step),
-            optimizer=optimizer,
-            extra_meta=extra,
-        )
-
-    def save_step_checkpoint(step: int) -> Path:
-        path = save(ckpt_dir / f"step-{step:08d}", step)
-        rotate_checkpoints(ckpt_dir, cfg.keep_checkpoints)
-        callbacks.on_checkpoint(step, path)
-        return path
-
-    # ---- the loop
-    metrics = _Metrics(out_dir / "metrics.jsonl", start_step if resumed is not None else None)
-    callbacks.on_start(
-        {
-            "total_steps": total_steps,
-            "start_step": start_step,
-            "n_params": model.num_params(),
-            "tokens_per_step": tokens_per_step,
-            "device": str(device),
-            "dtype": str(dtype).removeprefix("torch."),
-        }
+    metrics = MetricsFile(
+        run.out_dir / "metrics.jsonl", keep_upto=run.step if run.resume_path is not None else None
     )
-    step = start_step
-    stop_reason: StopReason = "completed"
-    last_train: float | None = None
-    last_val: float | None = None
-    last_ckpt_step = start_step if resumed is not None else None
-    t0 = time.perf_counter()
-    log_t, log_tokens, excluded = t0, tokens_seen, 0.0  # excluded: eval/checkpoint time, not training
-    model.train()
+    callbacks.on_start(run.start_info())
     try:
-        while step < total_steps:
-            request = callbacks.should_stop()
-            if request in ("stop", "pause"):
-                stop_reason = request
-                break
-            if cfg.time_limit is not None and time.perf_counter() - t0 >= cfg.time_limit:
-                stop_reason = "time_limit"
-                break
-            lr = lr_at(step, cfg, total_steps)
-            set_lr(optimizer, lr)
-            x, y = sampler.next_batch()
-            loss_t, norm_t = do_step(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
-            step += 1
-            tokens_seen += tokens_per_step
-
-            if step % cfg.log_every == 0 or step == total_steps:
-                last_train = loss_t.item()  # the one device sync per logged step
-                if not math.isfinite(last_train):
-                    raise TrainingDiverged(step, last_train)
-                grad_norm = float(norm_t)
-                now = time.perf_counter()
-                tps = (tokens_seen - log_tokens) / max(now - log_t - excluded, 1e-9)
-                log_t, log_tokens, excluded = now, tokens_seen, 0.0
-                metrics.write(
-                    {
-                        "step": step,
-                        "train_loss": last_train,
-                        "lr": lr,
-                        "grad_norm": grad_norm,
-                        "tokens_per_s": tps,
-                        "tokens_seen": tokens_seen,
-                        "time": time.time(),
-                    }
-                )
-                callbacks.on_step(step, last_train, lr, grad_norm, tps, tokens_seen)
-
-            t_extra = time.perf_counter()
-            if make_val_sampler is not None and (step % cfg.eval_every == 0 or step == total_steps):
-                last_val = evaluate(fwd, make_val_sampler, cfg.eval_batches, device, autocast)
-                metrics.write(
-                    {
-                        "step": step,
-                        "val_loss": last_val,
-                        "val_ppl": math.exp(min(last_val, 700.0)),
-                        "time": time.time(),
-                    }
-                )
-                callbacks.on_eval(step, last_val)
-                if last_val < best_val:
-                    best_val = last_val
-                    save(out_dir / "best", step)
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total_steps:
-                save_step_checkpoint(step)
-                last_ckpt_step = step
-            excluded += time.perf_counter() - t_extra
-
-        if stop_reason == "completed":
-            final: Path | None = save(out_dir / "final", step)
-        elif last_ckpt_step == step and (ckpt_dir / f"step-{step:08d}" / "state.json").exists():
-            final = ckpt_dir / f"step-{step:08d}"
-        elif last_ckpt_step == step and resume_path is not None:
-            final = resume_path  # stopped before taking a step after resuming
-        else:
-            final = save_step_checkpoint(step)
+        stop_reason = _train_steps(run, metrics, callbacks)
+        final = _final_checkpoint(run, stop_reason, callbacks)
     finally:
         metrics.close()
     return TrainResult(
-        step=step,
-        tokens_seen=tokens_seen,
+        step=run.step,
+        tokens_seen=run.tokens_seen,
         stop_reason=stop_reason,
         final_checkpoint=final,
-        best_val_loss=None if math.isinf(best_val) else best_val,
-        last_train_loss=last_train,
-        last_val_loss=last_val,
+        best_val_loss=run.best_val_loss,
+        last_train_loss=run.last_train_loss,
+        last_val_loss=run.last_val_loss,
     )
+
+
+def _train_steps(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> StopReason:
+    """Take optimizer steps until total_steps or a stop request; returns why it ended."""
+    cfg = run.cfg
+    optimizer_step = OptimizerStep(run)
+    clock = _Clock(run.tokens_seen)
+    run.model.train()
+    while run.step < run.total_steps:
+        stop = _stop_requested(run, callbacks, clock)
+        if stop is not None:
+            return stop
+        lr = lr_at(run.step, cfg, run.total_steps)
+        set_lr(run.optimizer, lr)
+        x, y = run.sampler.next_batch()
+        loss, grad_norm = optimizer_step(
+            x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True)
+        )
+        run.step += 1
+        run.tokens_seen += run.tokens_per_step
+
+        if _due(run, cfg.log_every):
+            _log_step(run, metrics, callbacks, clock, lr, loss, grad_norm)
+        with clock.not_training():
+            if run.make_val_sampler is not None and _due(run, cfg.eval_every):
+                _evaluate(run, metrics, callbacks)
+            if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0 and run.step < run.total_steps:
+                callbacks.on_checkpoint(run.step, run.save_step_checkpoint())
+    return "completed"
+
+
+def _due(run: TrainRun, every: int) -> bool:
+    """Every `every` steps, and on the last step."""
+    return run.step % every == 0 or run.step == run.total_steps
+
+
+def _stop_requested(run: TrainRun, callbacks: Callbacks, clock: _Clock) -> StopReason | None:
+    """A stop/pause asked for through the callbacks, or the time limit reached (checked between steps)."""
+    request = callbacks.should_stop()
+    if request == "stop" or request == "pause":
+        return request
+    if run.cfg.time_limit is not None and clock.elapsed() >= run.cfg.time_limit:
+        return "time_limit"
+    return None
+
+
+def _log_step(
+    run: TrainRun,
+    metrics: MetricsFile,
+    callbacks: Callbacks,
+    clock: _Clock,
+    lr: float,
+    loss: torch.Tensor,
+    grad_norm: torch.Tensor,
+) -> None:
+    """Report the step's loss (the one device sync per logged step); a NaN/inf loss ends the run."""
+    train_loss = run.last_train_loss = loss.item()
+    if not math.isfinite(train_loss):
+        raise TrainingDiverged(run.step, train_loss)
+    norm = float(grad_norm)
+    tokens_per_s = clock.tokens_per_s(run.tokens_seen)
+    metrics.write(
+        {
+            "step": run.step,
+            "train_loss": train_loss,
+            "lr": lr,
+            "grad_norm": norm,
+            "tokens_per_s": tokens_per_s,
+            "tokens_seen": run.tokens_seen,
+            "time": time.time(),
+        }
+    )
+    callbacks.on_step(run.step, train_loss, lr, norm, tokens_per_s, run.tokens_seen)
+
+
+def _evaluate(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> None:
+    """Validation loss of this step; a new best is saved to best/."""
+    assert run.make_val_sampler is not None
+    val_loss = run.last_val_loss = evaluate(
+        run.fwd, run.make_val_sampler, run.cfg.eval_batches, run.device, run.autocast
+    )
+    metrics.write(
+        {
+            "step": run.step,
+            "val_loss": val_loss,
+            "val_ppl": math.exp(min(val_loss, 700.0)),
+            "time": time.time(),
+        }
+    )
+    callbacks.on_eval(run.step, val_loss)
+    if val_loss < run.best_val:
+        run.best_val = val_loss
+        run.save(run.out_dir / "best")
+
+
+def _final_checkpoint(run: TrainRun, stop_reason: StopReason, callbacks: Callbacks) -> Path:
+    """final/ when completed; otherwise a step checkpoint of the current step (written now unless
+    one is already on disk), so a stopped or paused run can resume from where it ended."""
+    if stop_reason == "completed":
+        return run.save(run.out_dir / "final")
+    if run.last_checkpoint_step == run.step:
+        if (run.step_checkpoint_path() / "state.json").exists():
+            return run.step_checkpoint_path()
+        if run.resume_path is not None:
+            return run.resume_path  # stopped before taking a step after resuming
+    path = run.save_step_checkpoint()
+    callbacks.on_checkpoint(run.step, path)
+    return path
+
+
+class _Clock:
+    """Training time since the first step (for the time limit), and tokens/s between log points
+    that leaves out the time spent evaluating and checkpointing."""
+
+    def __init__(self, tokens_seen: int):
+        self.start = time.perf_counter()
+        self.last_log, self.last_log_tokens, self.excluded = self.start, tokens_seen, 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def tokens_per_s(self, tokens_seen: int) -> float:
+        """Training throughput since the previous call."""
+        now = time.perf_counter()
+        tps = (tokens_seen - self.last_log_tokens) / max(now - self.last_log - self.excluded, 1e-9)
+        self.last_log, self.last_log_tokens, self.excluded = now, tokens_seen, 0.0
+        return tps
+
+    @contextlib.contextmanager
+    def not_training(self) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self.excluded += time.perf_counter() - started

@@ -1,0 +1,110 @@
+"""`TrainRun`: one training run's parts and progress, and how it writes its checkpoints.
+
+`trainer.run_setup.start_run` builds it; `trainer.loop.train` advances it step by step. The
+progress fields (step, tokens_seen, best_val) are what a checkpoint's state.json records, so a
+resumed run continues exactly where the checkpoint was taken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.checkpoint import rotate_checkpoints, save_checkpoint
+from trainer.config import ModelConfig, TrainConfig
+from trainer.model import Llama
+
+if TYPE_CHECKING:
+    from trainer.data import BatchSampler
+
+
+@dataclass
+class TrainRun:
+    cfg: TrainConfig
+    model_cfg: ModelConfig
+    tokenizer: Any  # trainer.tokenizers.Tokenizer
+    out_dir: Path
+    device: torch.device
+    dtype: torch.dtype
+    model: Llama
+    fwd: torch.nn.Module  # what the steps call: the model, or its torch.compile wrapper
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    sampler: BatchSampler
+    make_val_sampler: Callable[[], BatchSampler] | None  # None: no evaluation
+    total_steps: int
+    resume_path: Path | None  # the checkpoint this run resumed from (None: a fresh start)
+    # progress, saved in every checkpoint
+    step: int = 0
+    tokens_seen: int = 0
+    best_val: float = math.inf
+    # progress, reported in the TrainResult
+    last_train_loss: float | None = None
+    last_val_loss: float | None = None
+    last_checkpoint_step: int | None = None  # the step of the newest step checkpoint on disk
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.cfg.batch_size * self.cfg.grad_accum * self.model_cfg.ctx
+
+    @property
+    def best_val_loss(self) -> float | None:
+        return None if math.isinf(self.best_val) else self.best_val
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out_dir / "checkpoints"
+
+    def step_checkpoint_path(self) -> Path:
+        return self.checkpoint_dir / f"step-{self.step:08d}"
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The mixed-precision context of forward passes (none in float32)."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def start_info(self) -> dict[str, Any]:
+        """What Callbacks.on_start receives."""
+        return {
+            "total_steps": self.total_steps,
+            "start_step": self.step,
+            "n_params": self.model.num_params(),
+            "tokens_per_step": self.tokens_per_step,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: Path) -> Path:
+        """A complete checkpoint folder of the current step at `path` (final/, best/ or a step)."""
+        extra = {"scaler": self.scaler.state_dict()} if self.scaler.is_enabled() else {}
+        return save_checkpoint(
+            path,
+            model=self.model,
+            model_config=self.model_cfg,
+            train_config=self.cfg,
+            tokenizer=self.tokenizer,
+            state={
+                "step": self.step,
+                "tokens_seen": self.tokens_seen,
+                "best_val_loss": self.best_val_loss,
+                "sampler": self.sampler.state_dict(),
+                "total_steps": self.total_steps,
+            },
+            optimizer=self.optimizer,
+            extra_meta=extra,
+        )
+
+    def save_step_checkpoint(self) -> Path:
+        """checkpoints/step-XXXXXXXX of the current step; keeps the newest `keep_checkpoints`."""
+        path = self.save(self.step_checkpoint_path())
+        rotate_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
+        self.last_checkpoint_step = self.step
+        return path

@@ -1,0 +1,230 @@
+"""Everything before the first training step: `start_run` turns train()'s arguments into a `TrainRun`.
+
+The order matters for reproducibility: the global RNGs are seeded right before the model is built
+(its initial weights come from them), and a resumed run then restores the RNG states, optimizer,
+gradient scaler and sampler position from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import torch
+
+from trainer.checkpoint import (
+    Checkpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    load_optimizer_state,
+    set_rng_state,
+)
+from trainer.config import ConfigError, ModelConfig, TrainConfig
+from trainer.model import Llama
+from trainer.optim import make_optimizer
+from trainer.run import TrainRun
+
+if TYPE_CHECKING:  # trainer.data is imported lazily: it keeps `import trainer.loop` light
+    from trainer.data import BatchSampler, TokenData
+
+NEWLINE_ID = 10  # byte 10 is id 10 in both the byte and the BPE tokenizer
+
+
+def start_run(
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    train_path: Any,
+    out_dir: Path,
+    *,
+    tokenizer: Any,
+    validation_path: Any,
+    resume: bool | Path,
+    init_from: Path | None,
+) -> TrainRun:
+    """Check the config, pick the starting point, prepare the data, build model and optimizer,
+    and restore a resumed run's state. Data errors are raised here, before any training."""
+    if cfg.optimizer == "lbfgs" and cfg.dtype == "float16":
+        raise ConfigError(
+            [("dtype", "float16 needs a gradient scaler, which L-BFGS cannot use; use bfloat16 or float32")]
+        )
+    device = resolve_device(cfg)
+    dtype = resolve_dtype(cfg, device)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    resume_path = resume_checkpoint_path(out_dir, resume)
+    resumed = load_checkpoint(resume_path) if resume_path is not None else None
+    init = load_checkpoint(init_from) if init_from is not None and resumed is None else None
+    source = resumed or init
+    if source is not None:  # the checkpoint's model and tokenizer win over the arguments
+        tokenizer, model_cfg = source.tokenizer, source.model_config
+
+    data, tokenizer = load_data(cfg, train_path, tokenizer, validation_path, out_dir)
+    if model_cfg.vocab_size != tokenizer.vocab_size:
+        model_cfg = model_cfg.model_copy(update={"vocab_size": tokenizer.vocab_size})
+    sampler = train_sampler(cfg, model_cfg.ctx, data)
+    make_val_sampler = val_sampler_factory(cfg, model_cfg.ctx, data)
+    total_steps = total_steps_for(cfg, sampler)
+
+    model = build_model(cfg, model_cfg, source, device)
+    optimizer = make_optimizer(model, cfg, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    run = TrainRun(
+        cfg=cfg,
+        model_cfg=model_cfg,
+        tokenizer=tokenizer,
+        out_dir=out_dir,
+        device=device,
+        dtype=dtype,
+        model=model,
+        fwd=model,
+        optimizer=optimizer,
+        scaler=scaler,
+        sampler=sampler,
+        make_val_sampler=make_val_sampler,
+        total_steps=total_steps,
+        resume_path=resume_path,
+    )
+    if resumed is not None:
+        restore_progress(run, resumed)
+    if cfg.compile:
+        run.fwd = cast(torch.nn.Module, torch.compile(model))  # an OptimizedModule, typed as a callable
+    return run
+
+
+def resolve_device(cfg: TrainConfig) -> torch.device:
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError([("device", "cuda was asked for but no CUDA device is available; use auto or cpu")])
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def resolve_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
+    """auto: bf16 on a CUDA device that supports it, else fp32 (bf16 on CPU only when asked)."""
+    if cfg.dtype == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
+
+
+def resume_checkpoint_path(out_dir: Path, resume: bool | Path) -> Path | None:
+    """The checkpoint to resume from: the newest in out_dir (resume=True; None when there is none)
+    or the given folder. A fresh run refuses an out_dir that already holds checkpoints."""
+    resume_path: Path | None = None
+    if resume is True:
+        resume_path = latest_checkpoint(out_dir)
+    elif resume:
+        resume_path = Path(resume)
+    if resume_path is None and latest_checkpoint(out_dir) is not None:
+        raise FileExistsError(
+            f"{out_dir} already holds checkpoints of a run; resume it (--resume) "
+            "or choose another output folder"
+        )
+    return resume_path
+
+
+def load_data(
+    cfg: TrainConfig, train_path: Any, tokenizer: Any, validation_path: Any, out_dir: Path
+) -> tuple[TokenData, Any]:
+    """(tokens, tokenizer): prepared TokenData as given (with its tokenizer), or a text/JSONL file
+    tokenized (training a tokenizer on it first when none is given), cached under out_dir/cache."""
+    from trainer.data import TokenData, prepare_data
+
+    if isinstance(train_path, TokenData):
+        if tokenizer is None:
+            raise ValueError("train() with prepared TokenData needs the tokenizer that produced it")
+        return train_path, tokenizer
+    if tokenizer is None:
+        from trainer.dataformat import iter_documents
+        from trainer.tokenizers import train_tokenizer
+
+        tokenizer = train_tokenizer(cfg.tokenizer, cfg.resolved_vocab_size, iter_documents(Path(train_path)))
+    data = prepare_data(
+        Path(train_path),
+        tokenizer,
+        validation_path=validation_path,
+        val_fraction=cfg.val_fraction,
+        cache_dir=out_dir / "cache",
+    )
+    return data, tokenizer
+
+
+def train_sampler(cfg: TrainConfig, ctx: int, data: TokenData) -> BatchSampler:
+    """Draws all batch_size * grad_accum windows of a step at once (see trainer.loop's docstring)."""
+    from trainer.data import BatchSampler
+
+    return BatchSampler(
+        data.train,
+        ctx,
+        cfg.batch_size * cfg.grad_accum,
+        seed=cfg.seed,
+        samples_after_nl=cfg.samples_after_nl,
+        newline_id=NEWLINE_ID,
+        epochs=cfg.n_epochs,
+    )
+
+
+def val_sampler_factory(cfg: TrainConfig, ctx: int, data: TokenData) -> Callable[[], BatchSampler] | None:
+    """A maker of identically seeded validation samplers (each evaluation sees the same batches),
+    or None when there is no validation data or evaluation is off."""
+    from trainer.data import BatchSampler
+
+    val = data.val
+    if val is None or len(val) == 0 or cfg.eval_every <= 0:
+        return None
+
+    def make_val_sampler() -> BatchSampler:
+        return BatchSampler(val, ctx, cfg.batch_size, seed=cfg.seed + 1, name="validation data")
+
+    make_val_sampler()  # too short for one window -> DataError now, not at the first evaluation
+    return make_val_sampler
+
+
+def total_steps_for(cfg: TrainConfig, sampler: BatchSampler) -> int:
+    """max_steps, else enough whole batches to visit every window n_epochs times (the last batch of
+    an epoch runs into the next, as the sampler does), else 1000."""
+    if cfg.max_steps is not None:
+        return cfg.max_steps
+    if cfg.n_epochs is not None:
+        return max(1, sampler.steps_for_epochs(cfg.n_epochs))
+    return 1000
+
+
+def build_model(
+    cfg: TrainConfig, model_cfg: ModelConfig, source: Checkpoint | None, device: torch.device
+) -> Llama:
+    """A freshly seeded Llama, with the weights of `source` (resume or init_from) when given."""
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed % 2**32)
+    torch.manual_seed(cfg.seed)
+    model = Llama(model_cfg)
+    if source is not None:
+        model.load_state_dict(source.model_state, strict=True)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls
+    model.to(device)
+    model.activation_checkpointing = cfg.activation_checkpointing
+    return model
+
+
+def restore_progress(run: TrainRun, resumed: Checkpoint) -> None:
+    """Continue where `resumed` stopped: step, tokens, best val loss, optimizer and scaler state,
+    sampler position and the RNG states."""
+    st = resumed.state
+    run.step, run.tokens_seen = int(st["step"]), int(st["tokens_seen"])
+    best_val_loss = st.get("best_val_loss")
+    run.best_val = float(best_val_loss) if best_val_loss is not None else math.inf
+    run.last_checkpoint_step = run.step
+    if st.get("optimizer_meta"):
+        load_optimizer_state(run.optimizer, run.model, resumed.path, st["optimizer_meta"])
+        scaler_state = st["optimizer_meta"].get("extra", {}).get("scaler")
+        if scaler_state and run.scaler.is_enabled():
+            run.scaler.load_state_dict(scaler_state)
+    if st.get("sampler") is not None:
+        run.sampler.load_state_dict(st["sampler"])
+    set_rng_state(st["rng"])
