@@ -118,7 +118,7 @@ class KVCache:
     """Per-layer key/value buffers for incremental decoding: (B, n_kv_head, ctx, head_dim)."""
 
     def __init__(self, cfg: ModelConfig, batch: int, device: torch.device, dtype: torch.dtype):
-        shape = (batch, cfg.n_kv_head, cfg.ctx, cfg.head_dim)
+        shape = (batch, cfg.kv_heads, cfg.ctx, cfg.head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
         self.pos = 0  # number of positions already filled
@@ -127,11 +127,11 @@ class KVCache:
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+        self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
         # llama: separate q/k/v (GQA: k and v have n_kv_head heads), no biases.
         self.wq = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.n_embd, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
 
     def forward(
@@ -181,14 +181,9 @@ class Attention(nn.Module):
             if torch.is_autocast_enabled(x.device.type)
             else contextlib.nullcontext()
         ):  # autocast would cast a float32 attention back down
-            if cache is None or T > 1 and cache.pos == 0:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-            elif T == 1:
-                y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)  # one new query sees everything
-            else:  # a chunk appended after a prefix: causal mask offset by the prefix length
-                S = k.shape[2]
-                mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+            # A whole sequence or a prefill is causal; one new query (decoding) sees every key.
+            causal = cache is None or T > 1
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         # (B, H, T, hd) -> (B, T, H*hd) in the matmul dtype: transpose and cast in one copy
         y = y.transpose(1, 2).to(cdt, memory_format=torch.contiguous_format).view(B, T, H * hd)
         return self.wo(y)
@@ -229,6 +224,9 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
+    rope_cos: torch.Tensor  # (ctx, n_rot) buffers from rope_cache, registered in __init__
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -260,9 +258,12 @@ class Llama(nn.Module):
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T) token ids. With targets (B, T): returns (logits, mean cross-entropy).
-        With a cache: positions continue from cache.pos and the cache advances by T."""
+        With a cache: positions continue from cache.pos and the cache advances by T; the first call
+        (the prefill) may pass many tokens, later calls one each (as trainer.sampling does)."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
+        if start > 0 and T > 1:  # SDPA's is_causal mask would not be offset by the cached prefix
+            raise ValueError("with a KV cache, feed the prompt in one call, then one token per call")
         if start + T > self.cfg.ctx:
             raise ValueError(f"sequence of {start + T} tokens exceeds the context length ctx={self.cfg.ctx}")
         cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
