@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import io
-from dataclasses import fields
 from typing import Any
 
 import httpx
@@ -15,8 +14,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header  # 
 
 from client.commands import register
 from client.http import APIError, Client, _multipart_body, content_disposition_filename
-from client.hyperparameter_options import hyperparameter_specs, hyperparameters_from_args
-from trainer.config import MODEL_FIELDS, TrainConfig
+from client.hyperparameter_options import hyperparameters_from_args
 
 
 def stream_events(chunks: list[bytes], last_event_id: str | None = None) -> tuple[list[Any], httpx.Request]:
@@ -183,16 +181,6 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fromscratch")
     register(parser.add_subparsers(dest="command"))
     return parser
-
-
-def test_every_trainer_option_is_a_jobs_create_option_named_like_the_trainer_cli() -> None:
-    names = {spec["name"] for spec in hyperparameter_specs()}
-    expected = {f.name for f in fields(TrainConfig)} - {"extra", "seed"} | set(MODEL_FIELDS)
-    assert names == expected
-    specs = {spec["name"]: spec for spec in hyperparameter_specs()}
-    assert specs["batch_size"]["default_text"] == str(TrainConfig().batch_size)
-    assert specs["learning_rate"]["default_text"] == str(TrainConfig().learning_rate)
-    assert specs["schedule"]["choices"] == ("cosine", "cosine-restarts", "constant")
 
 
 def test_jobs_create_sends_only_the_options_given() -> None:
