@@ -1,13 +1,17 @@
 """The one error shape of the API and the handlers that guarantee it.
 
 Every error the service answers — a route's `APIError`, FastAPI's `HTTPException`, Starlette's 404
-for an unknown path and 405 for a wrong method, a request-validation 422, an unhandled exception —
-is JSON in OpenAI's envelope:
+for an unknown path and 405 for a wrong method, a request that fails its typed model, an unhandled
+exception — is JSON in OpenAI's envelope:
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "training_file", "code": "..."}}
 
 never HTML and never a stack trace. `type` follows OpenAI: `invalid_request_error` for 4xx caused by
 the request (401 included, with code `invalid_api_key`), `server_error` for 5xx.
+
+A request that fails validation (its body, query or header against the route's types) is a 400,
+as OpenAI answers, never FastAPI's 422: `param` is the field's dotted path (`seed`, `method.type`),
+an unknown field is "Unrecognized request argument supplied: X" with code `unknown_parameter`.
 
 We never answer 409 for a request that can never succeed (the openai SDK retries 408/409/429/5xx):
 a state conflict such as cancelling a finished job is a 400.
@@ -16,11 +20,13 @@ a state conflict such as cancelling a finished job is a 400.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("fromscratch.api")
@@ -58,6 +64,29 @@ class APIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error (4xx) or server_error (5xx)")
+    param: str | None = Field(description="the request field at fault, dotted when nested (method.type)")
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """The body of every error answer."""
+
+    error: ErrorDetail
+
+
+# For the OpenAPI document: every 4xx/5xx is this envelope (this also replaces FastAPI's 422 entry).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {
+        "model": ErrorResponse,
+        "description": "The request cannot succeed as sent (400 names the field)",
+    },
+    "5XX": {"model": ErrorResponse, "description": "The service could not answer (the message says why)"},
+}
+
+
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
@@ -78,10 +107,6 @@ def error_response(
 def not_found(what: str, id: str, param: str | None = None) -> APIError:
     """404 for an id that does not exist *or belongs to another owner* (we do not tell them apart)."""
     return APIError(404, f"No such {what}: {id!r}", param=param, code=f"{what.replace(' ', '_')}_not_found")
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = "invalid_request") -> APIError:
-    return APIError(400, message, param=param, code=code)
 
 
 # ------------------------------------------------------------------------------------------ handlers
@@ -110,25 +135,50 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+_LOCATIONS = ("body", "query", "path", "header", "cookie", "form")
+_SHOWN_INPUT_CHARS = 80
+
+
 def _loc_param(loc: tuple[Any, ...] | list[Any]) -> str | None:
-    """FastAPI locations look like ("body", "hyperparameters", "n_epochs") or ("query", "limit")."""
+    """FastAPI locations look like ("body", "method", "type") or ("query", "limit")."""
     parts = [str(p) for p in loc]
-    if parts and parts[0] in ("body", "query", "path", "header", "cookie", "form"):
+    if parts and parts[0] in _LOCATIONS:
         parts = parts[1:]
     return ".".join(parts) or None
 
 
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN_INPUT_CHARS else text[: _SHOWN_INPUT_CHARS - 3] + "..."
+
+
+def _describe_validation_error(err: Mapping[str, Any]) -> tuple[str | None, str, str]:
+    """(param, message, code) of one pydantic error, in OpenAI's words where OpenAI has some."""
+    kind = str(err.get("type", ""))
+    loc = tuple(err.get("loc", ()))
+    if kind == "json_invalid":  # loc is ("body", <character offset>)
+        detail = (err.get("ctx") or {}).get("error", "invalid JSON")
+        return None, f"The request body is not valid JSON: {detail}", "validation_error"
+    param = _loc_param(loc)
+    if kind == "extra_forbidden":
+        return param, f"Unrecognized request argument supplied: {param}", "unknown_parameter"
+    # JSON clients send null for "not given": a null where a value is needed reads as missing
+    if kind == "missing" or ("input" in err and err["input"] is None and kind.endswith("_type")):
+        return param, f"Missing required parameter: {param or 'the request body'}", "validation_error"
+    message = str(err.get("msg", "invalid value"))
+    if "input" in err:
+        message += f" (got {_shown(err['input'])})"
+    return param, f"{param}: {message}" if param else message, "validation_error"
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = exc.errors()
-    messages = []
-    for err in errors[:5]:
-        param = _loc_param(err.get("loc", ()))
-        msg = str(err.get("msg", "invalid value"))
-        messages.append(f"{param}: {msg}" if param else msg)
-    first = _loc_param(errors[0].get("loc", ())) if errors else None
-    message = "Invalid request: " + "; ".join(messages) if messages else "Invalid request"
-    return error_response(422, message, param=first, code="validation_error")
+    described = [_describe_validation_error(err) for err in exc.errors()] or [
+        (None, "Invalid request", "validation_error")
+    ]
+    param, _, code = described[0]
+    message = "; ".join(text for _, text, _ in described[:5])
+    return error_response(400, message, param=param, code=code)
 
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:

@@ -21,7 +21,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -29,10 +29,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.errors import APIError
 from api.queries import ModelRef
+from core.blobstore import BlobStore
 from core.models import Export
 
-FORMATS = ("gguf", "hf", "onnx", "checkpoint")
-DTYPES = ("f32", "f16", "q8_0")
+ExportFormat = Literal["gguf", "hf", "onnx", "checkpoint"]
+ExportDtype = Literal["f32", "f16", "q8_0"]
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -76,22 +77,14 @@ def tar_folder(folder: Path, out: Path, arcname: str) -> Path:
 
 
 def prepare_download(
-    ref: ModelRef, fmt: str, dtype: str, *, store: Any, factory: sessionmaker[Session], work_dir: Path
+    ref: ModelRef,
+    fmt: ExportFormat,
+    dtype: ExportDtype,
+    *,
+    store: BlobStore,
+    factory: sessionmaker[Session],
+    work_dir: Path,
 ) -> Download:
-    if fmt not in FORMATS:
-        raise APIError(
-            400,
-            f"format must be one of {', '.join(FORMATS)}, got {fmt!r}",
-            param="format",
-            code="invalid_format",
-        )
-    if dtype not in DTYPES:
-        raise APIError(
-            400,
-            f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}",
-            param="dtype",
-            code="invalid_dtype",
-        )
     if ref.checkpoint is None:
         raise APIError(
             404, f"Model {ref.id!r} has no stored weights to download.", param="model", code="model_not_found"
@@ -112,7 +105,15 @@ def prepare_download(
 
 
 def _produce(
-    ref: ModelRef, fmt: str, dtype: str, key: str, name: str, *, store: Any, session: Session, work_dir: Path
+    ref: ModelRef,
+    fmt: str,
+    dtype: str,
+    key: str,
+    name: str,
+    *,
+    store: BlobStore,
+    session: Session,
+    work_dir: Path,
 ) -> Export:
     from trainer.export import ExportError, export
 
@@ -154,7 +155,7 @@ def _produce(
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def delete_exports(session: Session, store: Any, model_id: str) -> int:
+def delete_exports(session: Session, store: BlobStore, model_id: str) -> int:
     rows = session.scalars(select(Export).where(Export.model_id == model_id)).all()
     for row in rows:
         blob_id = row.blob_id

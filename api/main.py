@@ -21,9 +21,9 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import Histogram
 
-from api.errors import install_error_handlers
+from api.errors import ERROR_RESPONSES, install_error_handlers
 from api.generation import ModelCache
-from api.routes import checkpoints, events, files, health, jobs, models
+from api.routes import checkpoints, events, files, health, hyperparameters, jobs, models
 from core.settings import Settings, get_settings
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -99,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url="/docs",
         redoc_url=None,
+        responses=ERROR_RESPONSES,
     )
     app.state.settings = settings
     app.state.engine = engine
@@ -111,7 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     install_error_handlers(app)
     app.add_middleware(LatencyMiddleware, histogram=latency)
-    for module in (health, files, jobs, events, checkpoints, models):
+    for module in (health, files, jobs, hyperparameters, events, checkpoints, models):
         app.include_router(module.router)
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="dashboard")

@@ -13,18 +13,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Annotated
 
-from sqlalchemy import Select, and_, or_, select
+from fastapi import Query
+from sqlalchemy import ColumnElement, Select, and_, or_, select
 from sqlalchemy.orm import Session
 
 from api.errors import APIError, not_found
 from core.models import Checkpoint, DeletedModel, File, Job
+from core.status import JobStatus
 
-SUCCEEDED = "succeeded"
 
-
-def live_files(owner_id: str) -> Select[tuple[File]]:
+def live_files(owner_id: str) -> Select[File]:
     """The owner's files that have not been deleted."""
     return select(File).where(File.owner_id == owner_id, File.deleted_at.is_(None))
 
@@ -76,7 +76,9 @@ def find_model(session: Session, owner_id: str, model_id: str) -> ModelRef | Non
     if is_deleted(session, owner_id, model_id):
         return None
     job = session.scalar(
-        select(Job).where(Job.fine_tuned_model == model_id, Job.owner_id == owner_id, Job.status == SUCCEEDED)
+        select(Job).where(
+            Job.fine_tuned_model == model_id, Job.owner_id == owner_id, Job.status == JobStatus.SUCCEEDED
+        )
     )
     if job is not None:
         ckpt = session.scalar(select(Checkpoint).where(Checkpoint.model_id == model_id)) or final_checkpoint(
@@ -102,15 +104,12 @@ def owned_model(session: Session, owner_id: str, model_id: str) -> ModelRef:
 
 
 # ------------------------------------------------------------------------------------- pagination
-def check_limit(limit: int, maximum: int) -> int:
-    if limit < 1 or limit > maximum:
-        raise APIError(
-            400, f"limit must be between 1 and {maximum}, got {limit}", param="limit", code="invalid_limit"
-        )
-    return limit
+AfterId = Annotated[
+    str | None, Query(max_length=256, description="the id of the last item of the previous page")
+]
 
 
-def newest_first_after(model: Any, cursor_row: Any) -> Any:
+def newest_first_after(model: type[File] | type[Job], cursor_row: File | Job) -> ColumnElement[bool]:
     """Keyset condition for (created_at DESC, id DESC) pages that start after `cursor_row`."""
     return or_(
         model.created_at < cursor_row.created_at,

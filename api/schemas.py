@@ -1,4 +1,4 @@
-"""Response (and request) models of the public API, shaped like OpenAI's so the `openai` SDK parses
+"""Response models of the public API (requests: api/request_models.py), shaped like OpenAI's so the `openai` SDK parses
 them, plus our extensions beside OpenAI's fields (`progress`, `config`, file `format`/`sha256`,
 model `kind`/`job_id`/`step`). Times are unix seconds, as in OpenAI's API.
 
@@ -11,16 +11,16 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from core.models import Checkpoint as CheckpointRow
 from core.models import Event as EventRow
 from core.models import File as FileRow
 from core.models import Job as JobRow
 from core.models import Metric as MetricRow
+from core.status import ACTIVE, JobStatus
 
 T = TypeVar("T")
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 
 def unix(dt: datetime | None) -> int | None:
@@ -121,7 +121,7 @@ class FineTuningJob(BaseModel):
     model: str
     fine_tuned_model: str | None
     organization_id: str
-    status: str
+    status: JobStatus
     hyperparameters: dict[str, Any]
     training_file: str
     validation_file: str | None
@@ -156,7 +156,7 @@ def tokens_per_step(job: JobRow) -> int | None:
 
 
 def eta_seconds(job: JobRow) -> float | None:
-    if job.status not in ("running", "validating_files") or not job.total_steps or not job.tokens_per_s:
+    if job.status not in ACTIVE or not job.total_steps or not job.tokens_per_s:
         return None
     per_step = tokens_per_step(job)
     if not per_step or job.tokens_per_s <= 0:
@@ -168,7 +168,7 @@ def eta_seconds(job: JobRow) -> float | None:
 def to_job(job: JobRow) -> FineTuningJob:
     eta = eta_seconds(job)
     error = None
-    if job.status == "failed" or job.error_code:
+    if job.status == JobStatus.FAILED or job.error_code:
         error = JobError(
             code=job.error_code or "failed",
             message=job.error_message or "The job failed.",
@@ -182,11 +182,13 @@ def to_job(job: JobRow) -> FineTuningJob:
         model=job.model,
         fine_tuned_model=job.fine_tuned_model,
         organization_id=job.owner_id,
-        status=job.status,
+        status=JobStatus(job.status),
         hyperparameters=hp,
         training_file=job.training_file,
         validation_file=job.validation_file,
-        trained_tokens=job.trained_tokens if job.status == "succeeded" or job.trained_tokens else None,
+        trained_tokens=job.trained_tokens
+        if job.status == JobStatus.SUCCEEDED or job.trained_tokens
+        else None,
         error=error,
         seed=job.seed,
         suffix=job.suffix,
@@ -207,36 +209,6 @@ def to_job(job: JobRow) -> FineTuningJob:
         started_at=unix(job.started_at),
         base_model=job.base_model_id,
     )
-
-
-class JobCreate(BaseModel):
-    """POST /v1/fine_tuning/jobs. Types are loose on purpose: the route validates every field itself
-    so that a wrong value is a 400 naming the field (`error.param`), as OpenAI answers."""
-
-    model_config = ConfigDict(
-        extra="allow",
-        json_schema_extra={
-            "examples": [
-                {
-                    "model": "llama-tiny",
-                    "training_file": "file-abc123",
-                    "hyperparameters": {"max_steps": 200, "n_embd": 64, "learning_rate": 0.001},
-                }
-            ]
-        },
-    )
-
-    model: Any = Field(
-        None, description="a preset (llama-tiny, llama-15m, ...) or the id of a model you trained"
-    )
-    training_file: Any = None
-    validation_file: Any = None
-    hyperparameters: Any = None
-    method: Any = None
-    seed: Any = None
-    suffix: Any = None
-    metadata: Any = None
-    integrations: Any = None
 
 
 # ------------------------------------------------------------------------------------------ events
@@ -292,7 +264,7 @@ def to_metric_event(job_id: str, m: MetricRow, total_steps: int | None) -> JobEv
 
 
 def to_event(e: EventRow) -> JobEvent:
-    kind = "metrics" if e.type == "metrics" else "message"
+    kind: Literal["message", "metrics"] = "metrics" if e.type == "metrics" else "message"
     return JobEvent(
         id=e.id, created_at=unix(e.created_at) or 0, level=e.level, message=e.message, type=kind, data=e.data
     )
@@ -353,15 +325,6 @@ class Model(BaseModel):
     root: str | None = Field(None, description="the preset the model's architecture comes from")
     parent: str | None = Field(None, description="the model this one continued training from")
     formats: list[str] = Field(default_factory=lambda: ["gguf", "hf", "onnx", "checkpoint"])
-
-
-class GenerateRequest(BaseModel):
-    prompt: str = ""
-    max_tokens: int = Field(100, ge=1, le=4096)
-    temperature: float = Field(0.8, ge=0.0, le=10.0)
-    top_k: int | None = Field(None, ge=1)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = None
 
 
 class GenerateResponse(BaseModel):

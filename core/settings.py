@@ -80,6 +80,12 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def work_path(self) -> Path:
+        """`work_dir` as derived (`_derive` always sets it; the field is optional only as input)."""
+        assert self.work_dir is not None
+        return self.work_dir
+
+    @property
     def queues(self) -> list[str]:
         return [q.strip() for q in self.worker_queues.split(",") if q.strip()]
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy import and_, or_, select
 
 from api.deps import CurrentKey, SessionDep
-from api.queries import bad_cursor, check_limit, owned_job
+from api.queries import AfterId, bad_cursor, owned_job
 from api.schemas import CheckpointObject, ListEnvelope, to_checkpoint
 from core.models import Checkpoint, DeletedModel
 
@@ -26,10 +26,9 @@ def list_checkpoints(
     job_id: str,
     session: SessionDep,
     key: CurrentKey,
-    after: str | None = None,
-    limit: Annotated[int, Query()] = 10,
+    after: AfterId = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="page size")] = 10,
 ) -> ListEnvelope[CheckpointObject]:
-    check_limit(limit, 1000)
     job = owned_job(session, key.owner_id, job_id)
     deleted = select(DeletedModel.model_id).where(DeletedModel.owner_id == key.owner_id)
     q = select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.model_id.not_in(deleted))

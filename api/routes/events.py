@@ -46,13 +46,11 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from sqlalchemy import and_, case, func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import CurrentKey, SessionDep, StreamKey
-from api.errors import APIError
-from api.queries import bad_cursor, check_limit, owned_job
+from api.queries import AfterId, bad_cursor, owned_job
 from api.schemas import (
-    TERMINAL,
     JobEvent,
     ListEnvelope,
     job_hex,
@@ -63,6 +61,7 @@ from api.schemas import (
     unix,
 )
 from core.models import Event, Job, Metric
+from core.status import TERMINAL
 
 router = APIRouter(prefix="/v1/fine_tuning", tags=["fine-tuning"])
 
@@ -71,6 +70,8 @@ POLL_SECONDS = 0.25
 HEARTBEAT_SECONDS = 15.0
 STREAM_BATCH = 500
 _METRIC_EVENT_RE = re.compile(r"^ftevent-([0-9a-f]+)-s(\d+)$")
+EVENT_ID_PATTERN = r"^(-1|\d+)\.\d+$"  # "<highest metric step sent>.<highest event seq sent>"
+EVENT_ID_HELP = "resume after this event id of the stream (<step>.<seq>, as the stream sent it)"
 
 
 # ------------------------------------------------------------------------------------------ events
@@ -98,10 +99,9 @@ def list_events(
     job_id: str,
     session: SessionDep,
     key: CurrentKey,
-    after: str | None = None,
-    limit: Annotated[int, Query()] = 20,
+    after: AfterId = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="page size")] = 20,
 ) -> ListEnvelope[JobEvent]:
-    check_limit(limit, 1000)
     job = owned_job(session, key.owner_id, job_id)
     mq = select(Metric).where(Metric.job_id == job.id)
     eq = select(Event).where(Event.job_id == job.id)
@@ -177,21 +177,16 @@ def list_metrics(
     session: SessionDep,
     key: CurrentKey,
     after_step: Annotated[int | None, Query(description="only steps greater than this")] = None,
-    limit: Annotated[int | None, Query(description="window size (default 1000 without max_points)")] = None,
-    max_points: Annotated[int | None, Query(description="downsample to at most this many points")] = None,
+    limit: Annotated[
+        int | None, Query(ge=1, le=100_000, description="window size (default 1000 without max_points)")
+    ] = None,
+    max_points: Annotated[
+        int | None, Query(ge=1, le=100_000, description="downsample to at most this many points")
+    ] = None,
 ) -> dict[str, Any]:
     job = owned_job(session, key.owner_id, job_id)
-    if limit is not None:
-        check_limit(limit, 100_000)
-    elif max_points is None:
+    if limit is None and max_points is None:
         limit = 1000
-    if max_points is not None and not 1 <= max_points <= 100_000:
-        raise APIError(
-            400,
-            f"max_points must be between 1 and 100000, got {max_points}",
-            param="max_points",
-            code="invalid_max_points",
-        )
     rows, has_more = select_metrics(session, job.id, after_step, limit, max_points)
     data = [metric_point(m) for m in rows]
     return {
@@ -213,16 +208,10 @@ class StreamCursor:
         return f"{self.step}.{self.seq}"
 
     @classmethod
-    def parse(cls, text: str) -> StreamCursor:
-        m = re.fullmatch(r"(-1|\d+)\.(\d+)", text.strip())
-        if not m:
-            raise APIError(
-                400,
-                f"Last-Event-ID {text!r} is not an id this stream sent (format <step>.<seq>)",
-                param="Last-Event-ID",
-                code="invalid_last_event_id",
-            )
-        return cls(int(m.group(1)), int(m.group(2)))
+    def parse(cls, event_id: str) -> StreamCursor:
+        """From an id this stream sent (the route's pattern has checked its shape)."""
+        step, seq = event_id.split(".")
+        return cls(int(step), int(seq))
 
 
 def _sse(event: str, data: Any, id: str | None = None) -> str:
@@ -234,7 +223,7 @@ def _sse(event: str, data: Any, id: str | None = None) -> str:
 
 
 def _poll(
-    factory: Any, job_id: str, cursor: StreamCursor
+    factory: sessionmaker[Session], job_id: str, cursor: StreamCursor
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[Event]]:
     """One poll: the job (read first, so a terminal status implies its last metrics are visible
     too), then newer metrics and lifecycle rows."""
@@ -341,8 +330,12 @@ async def stream_job(
     request: Request,
     session: SessionDep,
     key: StreamKey,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
-    last_event_id_query: Annotated[str | None, Query(alias="last_event_id")] = None,
+    last_event_id: Annotated[
+        str | None, Header(alias="Last-Event-ID", pattern=EVENT_ID_PATTERN, description=EVENT_ID_HELP)
+    ] = None,
+    last_event_id_query: Annotated[
+        str | None, Query(alias="last_event_id", pattern=EVENT_ID_PATTERN, description=EVENT_ID_HELP)
+    ] = None,
 ) -> StreamingResponse:
     job = await run_in_threadpool(owned_job, session, key.owner_id, job_id)
     resume_from = last_event_id or last_event_id_query

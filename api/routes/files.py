@@ -1,13 +1,15 @@
 """/v1/files: upload (multipart `file` + `purpose=fine-tune`), list, get, content, delete.
 
 Upload path, never holding the file in memory:
-1. the multipart body is parsed as it streams in; the `file` part is written straight to a named
-   temporary file under `work_dir/uploads` (1 MiB pieces), and the body is cut off with a 400
-   (param "file") as soon as it passes `max_upload_bytes`;
+1. the multipart body is parsed as it streams in (api/uploads.py): the `file` part is written
+   straight to a named temporary file under `work_dir/uploads`, and the body is cut off with a 400
+   (param "file") as soon as it passes `max_upload_bytes`; the form fields are checked against
+   `FileUploadFields` (`purpose`);
 2. the temp file is validated with trainer.dataformat.validate_file (empty, binary, broken JSONL:
    400 naming the line, param "file") — nothing has been stored yet;
 3. it is copied into the blob store in 1 MiB chunks (size + sha256 recorded) and the File row is
-   committed with the blob's completion, so a failed upload leaves no rows and no blobs.
+   committed with the blob's completion, so a failed upload leaves no rows, no blobs and no
+   temporary file.
 
 DELETE is refused (400) while a job that has not finished uses the file. A file a finished job
 refers to keeps its row (the job's `training_file` must stay a valid reference) but its bytes are
@@ -17,144 +19,93 @@ freed (blob_id None) and it is marked `deleted_at`, which every route treats as 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
 from sqlalchemy import and_, or_, select
-from starlette.datastructures import Headers, UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
-from api.errors import APIError
-from api.queries import bad_cursor, check_limit, live_files, newest_first_after, owned_file
-from api.schemas import TERMINAL, Deleted, FileObject, ListEnvelope, to_file
+from api.errors import APIError, not_found
+from api.queries import AfterId, bad_cursor, live_files, newest_first_after, owned_file
+from api.request_models import FileUploadFields
+from api.schemas import Deleted, FileObject, ListEnvelope, to_file
+from api.uploads import MULTIPART_SLACK, Upload, received_upload, too_large
+from core.blobstore import BlobStore
 from core.models import File, Job, utcnow
+from core.status import TERMINAL
 
 router = APIRouter(prefix="/v1", tags=["files"])
 
-PURPOSES = ("fine-tune",)
 CHUNK = 1 << 20
-MULTIPART_SLACK = 64 * 1024  # headers and boundaries around the file part
+# The body is read by api/uploads.py, not by FastAPI: describe it for the OpenAPI document.
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", *FileUploadFields.model_json_schema().get("required", [])],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "the training data: UTF-8 text, or JSONL records",
+                        },
+                        **FileUploadFields.model_json_schema()["properties"],
+                    },
+                }
+            }
+        },
+    }
+}
 
 
-def _safe_suffix(filename: str) -> str:
-    """Keep a short alphanumeric extension (format detection looks at `.jsonl`)."""
-    suffix = Path(filename).suffix.lower()
-    return suffix if re.fullmatch(r"\.[a-z0-9]{1,10}", suffix) else ""
+def _form_fields(upload: Upload) -> FileUploadFields:
+    if upload.path is None:
+        raise APIError(
+            400,
+            "Missing the `file` part: send the training data as a multipart file field named `file`.",
+            param="file",
+            code="missing_file",
+        )
+    try:
+        return FileUploadFields.model_validate(upload.fields)
+    except ValidationError as e:  # answered like any other request that fails its model
+        raise RequestValidationError(e.errors(include_url=False)) from e
 
 
-class _UploadParser(MultiPartParser):
-    """Starlette's streaming multipart parser, with file parts written to a named temporary file
-    in `upload_dir` (instead of a SpooledTemporaryFile) so the validator can open it by path."""
-
-    def __init__(self, headers: Headers, stream: Any, upload_dir: Path) -> None:
-        super().__init__(headers, stream, max_files=1, max_fields=16, max_part_size=64 * 1024)
-        self.upload_dir = upload_dir
-        self.paths: list[Path] = []
-
-    def on_headers_finished(self) -> None:
-        super().on_headers_finished()
-        upload = self._current_part.file
-        if upload is not None:
-            upload.file.close()  # the SpooledTemporaryFile the base class made (still empty)
-            fd, name = tempfile.mkstemp(
-                dir=self.upload_dir, prefix="upload-", suffix=_safe_suffix(upload.filename or "")
-            )
-            os.close(fd)
-            fh = open(name, "w+b")  # noqa: SIM115 - closed by upload_file
-            self.paths.append(Path(name))
-            self._files_to_close_on_error.append(fh)  # type: ignore[arg-type]
-            upload.file = fh
-
-
-def _too_large(limit: int) -> APIError:
-    return APIError(
-        400,
-        f"The file is larger than the upload limit of {limit} bytes (setting FROMSCRATCH_MAX_UPLOAD_BYTES).",
-        param="file",
-        code="file_too_large",
-    )
-
-
-@router.post("/files", response_model=FileObject, summary="Upload a training file")
+@router.post("/files", response_model=FileObject, summary="Upload a training file", openapi_extra=UPLOAD_BODY)
 async def upload_file(
     request: Request, key: CurrentKey, settings: SettingsDep, store: BlobStoreDep
 ) -> FileObject:
     limit = settings.max_upload_bytes
-    content_type = request.headers.get("content-type", "")
-    if not content_type.startswith("multipart/form-data"):
-        raise APIError(
-            400,
-            "Upload files as multipart/form-data with a `file` part and `purpose=fine-tune`.",
-            param="file",
-            code="invalid_content_type",
-        )
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + MULTIPART_SLACK:
-        raise _too_large(limit)
-
-    async def limited() -> Any:
-        seen = 0
-        async for chunk in request.stream():
-            seen += len(chunk)
-            if seen > limit + MULTIPART_SLACK:
-                raise _too_large(limit)
-            yield chunk
-
-    upload_dir = Path(settings.work_dir) / "uploads"
-    upload_dir.mkdir(parents=True, exist_ok=True)
-    parser = _UploadParser(request.headers, limited(), upload_dir)
-    try:
-        try:
-            form = await parser.parse()
-        except MultiPartException as e:
-            raise APIError(
-                400, f"Invalid multipart body: {e.message}", param="file", code="invalid_multipart"
-            ) from e
-        purpose = form.get("purpose")
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            raise APIError(
-                400,
-                "Missing the `file` part: send the training data as a multipart file field named `file`.",
-                param="file",
-                code="missing_file",
-            )
-        if not isinstance(purpose, str) or not purpose:
-            raise APIError(
-                400, "Missing `purpose`: send purpose=fine-tune.", param="purpose", code="missing_purpose"
-            )
-        if purpose not in PURPOSES:
-            raise APIError(
-                400, f"purpose must be 'fine-tune', got {purpose!r}.", param="purpose", code="invalid_purpose"
-            )
-        upload.file.flush()
-        path = Path(upload.file.name)  # type: ignore[union-attr]
-        filename = (upload.filename or path.name)[:500]
+        raise too_large(limit)
+    upload_dir = settings.work_path / "uploads"
+    async with received_upload(request, upload_dir, limit) as upload:
+        fields = _form_fields(upload)
+        assert upload.path is not None
+        filename = (upload.filename or upload.path.name)[:500]
         return await run_in_threadpool(
-            _validate_and_store, request, key.owner_id, path, filename, purpose, limit, store
+            _validate_and_store, request, key.owner_id, upload.path, filename, fields.purpose, limit, store
         )
-    finally:
-        for f in parser._files_to_close_on_error:
-            with contextlib.suppress(Exception):
-                f.close()
-        for p in parser.paths:
-            p.unlink(missing_ok=True)
 
 
 def _validate_and_store(
-    request: Request, owner_id: str, path: Path, filename: str, purpose: str, limit: int, store: Any
+    request: Request, owner_id: str, path: Path, filename: str, purpose: str, limit: int, store: BlobStore
 ) -> FileObject:
     from trainer.dataformat import DataError, validate_file
 
     if path.stat().st_size > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     try:
         summary = validate_file(path, max_bytes=limit)
     except DataError as e:
@@ -193,12 +144,11 @@ def _validate_and_store(
 def list_files(
     session: SessionDep,
     key: CurrentKey,
-    after: str | None = None,
-    limit: Annotated[int, Query()] = 100,
-    purpose: str | None = None,
-    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
+    after: AfterId = None,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="page size")] = 100,
+    purpose: Annotated[str | None, Query(max_length=64, description="only files of this purpose")] = None,
+    order: Annotated[Literal["asc", "desc"], Query(description="by creation time")] = "desc",
 ) -> ListEnvelope[FileObject]:
-    check_limit(limit, 10000)
     q = live_files(key.owner_id)
     if purpose:
         q = q.where(File.purpose == purpose)
@@ -239,6 +189,8 @@ def file_content(
     file_id: str, session: SessionDep, key: CurrentKey, store: BlobStoreDep
 ) -> StreamingResponse:
     f = owned_file(session, key.owner_id, file_id)
+    if f.blob_id is None:  # only deleted files have no bytes, and owned_file skips those
+        raise not_found("file", file_id)
     chunks = store.open(f.blob_id)
     media = "application/jsonl" if f.format == "jsonl" else "text/plain; charset=utf-8"
     return StreamingResponse(
@@ -278,11 +230,10 @@ def delete_file(file_id: str, session: SessionDep, key: CurrentKey, store: BlobS
         # Finished jobs still name this file: keep the row (marked deleted), free the bytes.
         f.deleted_at = utcnow()
         f.blob_id = None
-        session.flush()
-        store.delete(old_blob, session)
     else:
         session.delete(f)
-        session.flush()
+    session.flush()
+    if old_blob is not None:
         store.delete(old_blob, session)
     session.commit()
     return Deleted(id=file_id, object="file")

@@ -24,17 +24,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session, sessionmaker
 
 from api.errors import error_response
-from core.jobstates import STATUSES
 from core.models import Job
+from core.status import CLAIMABLE, JobStatus
 
 log = logging.getLogger("fromscratch.api")
 router = APIRouter(tags=["health"])
 
 
 class JobsCollector(Collector):
-    def __init__(self, session_factory: Any) -> None:
+    def __init__(self, session_factory: sessionmaker[Session]) -> None:
         self.session_factory = session_factory
 
     def collect(self) -> Iterator[Any]:
@@ -44,11 +45,11 @@ class JobsCollector(Collector):
                 counts = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
                 waiting = s.execute(
                     select(Job.queue, func.count())
-                    .where(Job.status.in_(("validating_files", "queued")), Job.lease_owner.is_(None))
+                    .where(Job.status.in_(CLAIMABLE), Job.lease_owner.is_(None))
                     .group_by(Job.queue)
                 ).all()
                 running = s.execute(
-                    select(Job.id, Job.queue, Job.tokens_per_s).where(Job.status == "running")
+                    select(Job.id, Job.queue, Job.tokens_per_s).where(Job.status == JobStatus.RUNNING)
                 ).all()
         except Exception:  # noqa: BLE001 - a scrape must not fail because the database is down
             log.warning("metrics scrape: database query failed", exc_info=True)
@@ -58,8 +59,8 @@ class JobsCollector(Collector):
         up.add_metric([], 1)
         yield up
         jobs = GaugeMetricFamily("fromscratch_jobs", "Jobs by status", labels=["status"])
-        for status in STATUSES:
-            jobs.add_metric([status], float(counts.get(status, 0)))
+        for status in JobStatus:
+            jobs.add_metric([status.value], float(counts.get(status, 0)))
         yield jobs
         depth = GaugeMetricFamily("fromscratch_queue_depth", "Jobs waiting for a worker", labels=["queue"])
         waiting_by_queue = dict(waiting)
@@ -83,7 +84,7 @@ class JobsCollector(Collector):
         )
 
 
-def make_registry(session_factory: Any) -> tuple[CollectorRegistry, Histogram]:
+def make_registry(session_factory: sessionmaker[Session]) -> tuple[CollectorRegistry, Histogram]:
     registry = CollectorRegistry(auto_describe=False)
     latency = Histogram(
         "fromscratch_http_request_duration_seconds",

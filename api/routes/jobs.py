@@ -16,8 +16,8 @@ the job's status does not allow (cancelling a finished job, resuming a running o
 from __future__ import annotations
 
 import logging
-import re
 import secrets
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -27,28 +27,32 @@ from sqlalchemy.orm import Session
 
 from api.deps import CurrentKey, SessionDep, SettingsDep
 from api.errors import APIError
-from api.hyperparams import HyperparameterError, check_context, resolve
-from api.queries import bad_cursor, check_limit, find_model, live_files, newest_first_after, owned_job
-from api.schemas import FineTuningJob, JobCreate, ListEnvelope, to_job
+from api.hyperparams import HyperparameterError, Resolved, check_context, resolve
+from api.queries import (
+    AfterId,
+    ModelRef,
+    bad_cursor,
+    find_model,
+    live_files,
+    newest_first_after,
+    owned_job,
+)
+from api.request_models import MAX_SEED, JobCreate
+from api.schemas import FineTuningJob, ListEnvelope, to_job
 from core import jobstates
-from core.models import Event, File, Job
+from core.models import ApiKey, Event, File, Job
+from core.status import JobStatus
 from trainer.config import PRESETS, TrainConfig, model_config_from_preset
 
 log = logging.getLogger("fromscratch.api")
 router = APIRouter(prefix="/v1/fine_tuning", tags=["fine-tuning"])
-
-KNOWN_FIELDS = set(JobCreate.model_fields)
-SUFFIX_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-MAX_SEED = 2**31 - 1
 
 
 def _bad(message: str, param: str, code: str = "invalid_request") -> APIError:
     return APIError(400, message, param=param, code=code)
 
 
-def _owned_training_file(session: Session, owner_id: str, file_id: Any, param: str) -> File:
-    if not isinstance(file_id, str) or not file_id:
-        raise _bad(f"{param} must be the id of a file you uploaded (POST /v1/files)", param)
+def _owned_training_file(session: Session, owner_id: str, file_id: str, param: str) -> File:
     f = session.scalar(live_files(owner_id).where(File.id == file_id))
     if f is None:
         raise _bad(
@@ -59,39 +63,48 @@ def _owned_training_file(session: Session, owner_id: str, file_id: Any, param: s
     return f
 
 
-def _hyperparameters(body: JobCreate) -> Any:
-    """Hyperparameters from the top level or from method.supervised (not both)."""
-    top = body.hyperparameters
-    method = body.method
-    if method is None:
-        return top
-    if not isinstance(method, dict):
+def _base_model(session: Session, owner_id: str, model: str) -> ModelRef | None:
+    """None for a preset; else the caller's model this job continues from (400 if there is none)."""
+    if model in PRESETS:
+        return None
+    parent = find_model(session, owner_id, model)
+    if parent is None:
         raise _bad(
-            'method must be an object like {"type": "supervised", "supervised": {"hyperparameters": {...}}}',
-            "method",
+            f"Unknown model {model!r}: use a preset ({', '.join(PRESETS)}) or the id of a model you "
+            "trained (GET /v1/models)",
+            "model",
+            "model_not_found",
         )
-    mtype = method.get("type", "supervised")
-    if mtype != "supervised":
-        raise _bad(
-            f"method.type {mtype!r} is not supported: only 'supervised' (training from the data)",
-            "method.type",
+    if parent.checkpoint is None:
+        raise _bad(f"model {model!r} has no stored checkpoint to continue from", "model")
+    return parent
+
+
+def _resolve(
+    body: JobCreate, parent: ModelRef | None, seed: int, train_file: File, val_file: File | None
+) -> Resolved:
+    """The trainer configs of the request, checked against the data's size (400 naming the field)."""
+    hyperparameters = body.requested_hyperparameters()
+    try:
+        if parent is not None:
+            resolved = resolve(
+                hyperparameters,
+                parent_model_config=parent.job.model_config,
+                parent_train_config=parent.job.train_config,
+                seed=seed,
+            )
+        else:
+            resolved = resolve(hyperparameters, preset=body.model, seed=seed)
+        check_context(
+            resolved.model_config,
+            resolved.train_config,
+            train_file.bytes,
+            val_file is not None,
+            val_file.bytes if val_file is not None else None,
         )
-    unknown = [k for k in method if k not in ("type", "supervised")]
-    if unknown:
-        raise _bad(f"unknown field method.{unknown[0]}", f"method.{unknown[0]}")
-    supervised = method.get("supervised") or {}
-    if not isinstance(supervised, dict):
-        raise _bad("method.supervised must be an object with `hyperparameters`", "method.supervised")
-    unknown = [k for k in supervised if k != "hyperparameters"]
-    if unknown:
-        raise _bad(f"unknown field method.supervised.{unknown[0]}", f"method.supervised.{unknown[0]}")
-    inner = supervised.get("hyperparameters")
-    if inner is not None and top is not None:
-        raise _bad(
-            "give hyperparameters either at the top level or in method.supervised, not both",
-            "hyperparameters",
-        )
-    return inner if inner is not None else top
+    except HyperparameterError as e:
+        raise _bad(e.message, e.param, "invalid_hyperparameter") from e
+    return resolved
 
 
 def _queue_for(device: str, default: str) -> str:
@@ -102,94 +115,28 @@ def _queue_for(device: str, default: str) -> str:
     return default
 
 
-def _validate_create(session: Session, owner_id: str, body: JobCreate, default_queue: str) -> Job:
-    extra = sorted((body.model_extra or {}).keys())
-    if extra:
-        raise _bad(f"Unrecognized request argument supplied: {extra[0]}", extra[0], "unknown_parameter")
-    if body.integrations not in (None, []):
-        raise _bad("integrations are not supported", "integrations")
-    model = body.model
-    if not isinstance(model, str) or not model:
-        raise _bad(
-            f"model is required: a preset ({', '.join(PRESETS)}) or the id of a model you trained", "model"
-        )
-    if body.training_file is None:
-        raise _bad(
-            "training_file is required: the id of a file you uploaded (POST /v1/files)", "training_file"
-        )
+def _new_job(session: Session, owner_id: str, body: JobCreate, default_queue: str) -> Job:
+    """The job row for a request whose types the model has checked; here what needs the database."""
     train_file = _owned_training_file(session, owner_id, body.training_file, "training_file")
     val_file = None
     if body.validation_file is not None:
         val_file = _owned_training_file(session, owner_id, body.validation_file, "validation_file")
-    seed = body.seed
-    if seed is None:
-        seed = secrets.randbelow(MAX_SEED)
-    elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise _bad(f"seed must be an integer between 0 and {MAX_SEED}, got {seed!r}", "seed")
-    suffix = body.suffix
-    if suffix is not None and (not isinstance(suffix, str) or not SUFFIX_RE.match(suffix)):
-        raise _bad("suffix must be 1-64 characters of letters, digits, '_', '-', '.' (no ':')", "suffix")
-    metadata = body.metadata
-    if metadata is not None:
-        if (
-            not isinstance(metadata, dict)
-            or len(metadata) > 16
-            or not all(
-                isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
-                for k, v in metadata.items()
-            )
-        ):
-            raise _bad(
-                "metadata must be an object of at most 16 string keys (<= 64 chars) with string values "
-                "(<= 512 chars)",
-                "metadata",
-            )
-    raw_hp = _hyperparameters(body)
-
-    parent = None
-    if model not in PRESETS:
-        parent = find_model(session, owner_id, model)
-        if parent is None:
-            raise _bad(
-                f"Unknown model {model!r}: use a preset ({', '.join(PRESETS)}) or the id of a model you "
-                "trained (GET /v1/models)",
-                "model",
-                "model_not_found",
-            )
-        if parent.checkpoint is None:
-            raise _bad(f"model {model!r} has no stored checkpoint to continue from", "model")
-    try:
-        if parent is not None:
-            resolved = resolve(
-                raw_hp,
-                parent_model_config=parent.job.model_config,
-                parent_train_config=parent.job.train_config,
-                seed=seed,
-            )
-        else:
-            resolved = resolve(raw_hp, preset=model, seed=seed)
-        check_context(
-            resolved.model_config,
-            resolved.train_config,
-            train_file.bytes,
-            val_file is not None,
-            val_file.bytes if val_file is not None else None,
-        )
-    except HyperparameterError as e:
-        raise _bad(e.message, e.param, "invalid_hyperparameter") from e
+    parent = _base_model(session, owner_id, body.model)
+    seed = body.seed if body.seed is not None else secrets.randbelow(MAX_SEED)
+    resolved = _resolve(body, parent, seed, train_file, val_file)
     return Job(
         owner_id=owner_id,
-        model=model,
+        model=body.model,
         base_model_id=parent.id if parent else None,
         training_file=train_file.id,
         validation_file=val_file.id if val_file else None,
-        status=jobstates.VALIDATING_FILES,
+        status=JobStatus.VALIDATING_FILES,
         hyperparameters=resolved.hyperparameters,
         model_config=resolved.model_config.to_dict(),
         train_config=resolved.train_config.to_dict(),
         seed=seed,
-        suffix=suffix,
-        user_metadata=metadata,
+        suffix=body.suffix,
+        user_metadata=body.metadata,
         queue=_queue_for(resolved.train_config.device, default_queue),
     )
 
@@ -211,7 +158,7 @@ def create_job(
         existing = _existing(session, key.owner_id, idempotency_key)
         if existing is not None:
             return to_job(existing)
-    job = _validate_create(session, key.owner_id, body, settings.default_queue)
+    job = _new_job(session, key.owner_id, body, settings.default_queue)
     job.idempotency_key = idempotency_key or None
     session.add(job)
     try:
@@ -238,7 +185,7 @@ def create_job(
     return to_job(job)
 
 
-def _enqueue(request: Request, session: Session, job: Job, undo: Any) -> None:
+def _enqueue(request: Request, session: Session, job: Job, undo: Callable[[Session, Job], None]) -> None:
     """Send the job id to the broker (after the commit). If the broker refuses, `undo(session, job)`
     takes the change back and the request fails with 503, so a retry (the SDK retries 5xx with
     the same Idempotency-Key) starts over instead of finding a job no worker will ever hear of."""
@@ -266,19 +213,18 @@ def _undo_create(session: Session, job: Job) -> None:
 
 
 def _undo_resume(session: Session, job: Job) -> None:
-    if job.status == jobstates.QUEUED and job.lease_owner is None:
-        jobstates.transition(session, job, jobstates.PAUSED)
+    if job.status == JobStatus.QUEUED and job.lease_owner is None:
+        jobstates.transition(session, job, JobStatus.PAUSED)
 
 
 @router.get("/jobs", response_model=ListEnvelope[FineTuningJob], summary="List your jobs, newest first")
 def list_jobs(
     session: SessionDep,
     key: CurrentKey,
-    after: str | None = None,
-    limit: Annotated[int, Query()] = 20,
-    status: str | None = None,
+    after: AfterId = None,
+    limit: Annotated[int, Query(ge=1, le=100, description="page size")] = 20,
+    status: Annotated[JobStatus | None, Query(description="only jobs in this status")] = None,
 ) -> ListEnvelope[FineTuningJob]:
-    check_limit(limit, 100)
     q = select(Job).where(Job.owner_id == key.owner_id)
     if status:
         q = q.where(Job.status == status)
@@ -297,7 +243,7 @@ def get_job(job_id: str, session: SessionDep, key: CurrentKey) -> FineTuningJob:
     return to_job(owned_job(session, key.owner_id, job_id))
 
 
-def _control(session: Session, key: Any, job_id: str, action: Any) -> Job:
+def _control(session: Session, key: ApiKey, job_id: str, action: Callable[[Session, Job], Job]) -> Job:
     job = owned_job(session, key.owner_id, job_id)
     try:
         result = action(session, job)

@@ -9,7 +9,6 @@ while its job still lists them.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -17,13 +16,15 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
-from api.exports import delete_exports, prepare_download
+from api.exports import ExportDtype, ExportFormat, delete_exports, prepare_download
 from api.generation import generate_text
 from api.queries import ModelRef, is_deleted, owned_model
+from api.request_models import GenerateRequest
 from api.routes.files import content_disposition
-from api.schemas import Deleted, GenerateRequest, GenerateResponse, ListEnvelope, Model, unix
+from api.schemas import Deleted, GenerateResponse, ListEnvelope, Model, unix
 from core.models import Checkpoint, DeletedModel, Job
 from core.naming import root_preset
+from core.status import JobStatus
 
 router = APIRouter(prefix="/v1", tags=["models"])
 
@@ -51,7 +52,7 @@ def list_models(session: SessionDep, key: CurrentKey) -> ListEnvelope[Model]:
         j.id: j
         for j in session.scalars(
             select(Job).where(
-                Job.owner_id == owner, Job.status == "succeeded", Job.fine_tuned_model.is_not(None)
+                Job.owner_id == owner, Job.status == JobStatus.SUCCEEDED, Job.fine_tuned_model.is_not(None)
             )
         ).all()
     }
@@ -92,8 +93,8 @@ def model_content(
     key: CurrentKey,
     store: BlobStoreDep,
     settings: SettingsDep,
-    format: Annotated[str, Query(description="gguf | hf | onnx | checkpoint")] = "gguf",
-    dtype: Annotated[str, Query(description="f32 | f16 | q8_0 (gguf, hf, onnx)")] = "f32",
+    format: Annotated[ExportFormat, Query(description="the file to download")] = "gguf",
+    dtype: Annotated[ExportDtype, Query(description="weights precision (gguf, hf, onnx)")] = "f32",
 ) -> StreamingResponse:
     ref = owned_model(session, key.owner_id, model_id)
     session.commit()  # end the read transaction: the export below may take a while
@@ -103,7 +104,7 @@ def model_content(
         dtype,
         store=store,
         factory=request.app.state.session_factory,
-        work_dir=Path(settings.work_dir),
+        work_dir=settings.work_path,
     )
     return StreamingResponse(
         store.open(download.blob_id),
@@ -142,7 +143,7 @@ def generate(
         request.app.state.model_cache,
         blob_id,
         store,
-        Path(settings.work_dir),
+        settings.work_path,
         prompt=body.prompt,
         max_tokens=body.max_tokens,
         temperature=body.temperature,

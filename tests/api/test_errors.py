@@ -34,17 +34,22 @@ def test_wrong_method_is_json_405(client: TestClient, tenant: Tenant) -> None:
     assert err["type"] == "invalid_request_error"
 
 
-def test_bad_body_is_json_422(client: TestClient, tenant: Tenant) -> None:
+def test_bad_body_is_json_400(client: TestClient, tenant: Tenant) -> None:
+    """Request validation answers 400 as OpenAI does (not FastAPI's 422), naming the field."""
     r = client.post(
         "/v1/fine_tuning/jobs",
         headers={**tenant.headers, "Content-Type": "application/json"},
         content=b"{not json",
     )
-    err = assert_envelope(r, 422)
-    assert err["code"] == "validation_error"
+    err = assert_envelope(r, 400)
+    assert err["code"] == "validation_error" and "not valid JSON" in err["message"]
     r = client.post("/v1/models/ft:x:y/generate", headers=tenant.headers, json={"max_tokens": "many"})
-    err = assert_envelope(r, 422)
-    assert err["param"] == "max_tokens"
+    err = assert_envelope(r, 400)
+    assert err["param"] == "max_tokens" and "max_tokens" in err["message"]
+    err = assert_envelope(client.get("/v1/fine_tuning/jobs?limit=101", headers=tenant.headers), 400)
+    assert err["param"] == "limit" and "100" in err["message"]
+    err = assert_envelope(client.get("/v1/fine_tuning/jobs?status=sleeping", headers=tenant.headers), 400)
+    assert err["param"] == "status" and "succeeded" in err["message"]
 
 
 def test_missing_and_bad_keys_are_401(client: TestClient) -> None:

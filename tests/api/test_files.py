@@ -152,3 +152,105 @@ def test_delete_refused_while_a_live_job_uses_it(
     with session_factory() as session:
         row = session.get(File, fid)
         assert row is not None and row.deleted_at is not None and row.blob_id is None
+
+
+# ------------------------------------------------------------------------------------------------
+# Uploads that end badly, driven through the ASGI interface so the body can stop midway.
+BOUNDARY = "fromscratchtestboundary"
+
+
+def _part_head(filename: str = "big.txt") -> bytes:
+    return (
+        f"--{BOUNDARY}\r\n"
+        'Content-Disposition: form-data; name="purpose"\r\n\r\nfine-tune\r\n'
+        f"--{BOUNDARY}\r\n"
+        f'Content-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
+
+
+def _asgi_upload(
+    app: Any, tenant: Tenant, chunks: list[bytes], disconnect: bool
+) -> tuple[int, dict[str, Any], int]:
+    """POST /v1/files with `chunks` as the body and no Content-Length; the client goes away after
+    the last chunk when `disconnect`. Returns (status, error object, body messages the app read)."""
+    import anyio
+
+    messages: list[dict[str, Any]] = [{"type": "http.request", "body": c, "more_body": True} for c in chunks]
+    if not disconnect:
+        messages.append({"type": "http.request", "body": b"", "more_body": False})
+    read = 0
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal read
+        if read < len(messages):
+            read += 1
+            return messages[read - 1]
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/files",
+        "raw_path": b"/v1/files",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"authorization", f"Bearer {tenant.secret}".encode()),
+            (b"content-type", f"multipart/form-data; boundary={BOUNDARY}".encode()),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
+    anyio.run(app, scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return int(start["status"]), json.loads(body)["error"], read
+
+
+def _nothing_left(app: Any, tenant: Tenant, session_factory: Any, blobs_before: int) -> None:
+    assert count(session_factory, File, File.owner_id == tenant.owner_id) == 0
+    assert blob_count(session_factory) == blobs_before
+    uploads = Path(app.state.settings.work_dir) / "uploads"
+    assert not uploads.exists() or list(uploads.iterdir()) == []
+
+
+def test_aborted_upload_leaves_nothing(app: Any, tenant: Tenant, session_factory: Any) -> None:
+    blobs = blob_count(session_factory)
+    status, err, _ = _asgi_upload(app, tenant, [_part_head(), b"line of text\n" * 5000], disconnect=True)
+    assert (status, err["code"]) == (400, "upload_aborted")
+    _nothing_left(app, tenant, session_factory, blobs)
+
+
+def test_streamed_oversize_is_cut_at_the_limit(settings: Any, tenant: Tenant, session_factory: Any) -> None:
+    from api.main import create_app
+
+    app = create_app(settings.model_copy(update={"max_upload_bytes": 1000}))
+    blobs = blob_count(session_factory)
+    chunks = [_part_head(), *([b"a" * 16384] * 64)]  # 1 MiB, no Content-Length to refuse it early
+    status, err, read = _asgi_upload(app, tenant, chunks, disconnect=False)
+    assert (status, err["code"], err["param"]) == (400, "file_too_large", "file")
+    assert "1000 bytes" in err["message"]
+    assert read < len(chunks) // 2  # it stopped reading soon after the limit
+    _nothing_left(app, tenant, session_factory, blobs)
+
+
+def test_truncated_multipart_body_is_rejected(
+    client: TestClient, tenant: Tenant, session_factory: Any
+) -> None:
+    blobs = blob_count(session_factory)
+    r = client.post(
+        "/v1/files",
+        headers={**tenant.headers, "Content-Type": f"multipart/form-data; boundary={BOUNDARY}"},
+        content=_part_head() + b"text without the closing boundary\n",
+    )
+    err = assert_envelope(r, 400)
+    assert err["param"] == "file" and err["code"] == "invalid_multipart"
+    _nothing_left(client.app, tenant, session_factory, blobs)

@@ -1,0 +1,146 @@
+"""Request bodies of the public API as typed models: types, bounds and patterns are declared here
+once, FastAPI validates them and shows them in the OpenAPI document, and a value that does not fit
+is a 400 naming the field in `error.param` (api/errors.py). What needs the database (does the file
+exist and belong to the caller, is the model a preset or one of theirs) stays in the routes.
+
+Job creation is strict (no coercion: `"7"` is not a seed, `true` is not an integer) and refuses
+unknown fields, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+MAX_SEED = 2**31 - 1
+SUFFIX_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+METADATA_RULE = "expected an object of at most 16 string keys (<= 64 chars) with string values (<= 512 chars)"
+
+FileId = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=128),
+    Field(description="the id of a file you uploaded (POST /v1/files)"),
+]
+
+
+def _metadata_as_a_whole(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """One error naming `metadata` itself rather than one per offending key (keys are the user's)."""
+    try:
+        return handler(value)
+    except ValidationError as e:
+        raise PydanticCustomError("metadata_invalid", METADATA_RULE) from e
+
+
+Metadata = Annotated[
+    dict[
+        Annotated[str, StringConstraints(max_length=64)],
+        Annotated[str, StringConstraints(max_length=512)],
+    ],
+    Field(max_length=16, description="your own labels: " + METADATA_RULE.removeprefix("expected ")),
+    WrapValidator(_metadata_as_a_whole),
+]
+
+Hyperparameters = Annotated[
+    dict[str, Any],
+    Field(description="overrides of the preset's defaults (GET /v1/fine_tuning/presets); checked per field"),
+]
+
+
+class SupervisedMethod(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    hyperparameters: Hyperparameters | None = None
+
+
+class JobMethod(BaseModel):
+    """OpenAI's `method`: only supervised training (from the data) exists here."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["supervised"] = "supervised"
+    supervised: SupervisedMethod | None = None
+
+    @property
+    def hyperparameters(self) -> dict[str, Any] | None:
+        return self.supervised.hyperparameters if self.supervised is not None else None
+
+
+class JobCreate(BaseModel):
+    """POST /v1/fine_tuning/jobs."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "llama-tiny",
+                    "training_file": "file-abc123",
+                    "hyperparameters": {"max_steps": 200, "n_embd": 64, "learning_rate": 0.001},
+                }
+            ]
+        },
+    )
+
+    model: str = Field(
+        min_length=1,
+        max_length=256,
+        description="a preset (llama-tiny, llama-15m, ...) or the id of a model you trained",
+    )
+    training_file: FileId
+    validation_file: FileId | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="random when not given")
+    suffix: str | None = Field(
+        None, pattern=SUFFIX_PATTERN, description="added to the model's id: letters, digits, '_', '-', '.'"
+    )
+    metadata: Metadata | None = None
+    integrations: list[Any] | None = Field(None, max_length=0, description="not supported: leave out or []")
+    method: JobMethod | None = None
+    # Declared after `method` on purpose: a field validator sees only the fields declared before it.
+    hyperparameters: Hyperparameters | None = None
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _not_also_in_method(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        method = info.data.get("method")
+        if value is not None and method is not None and method.hyperparameters is not None:
+            raise PydanticCustomError(
+                "hyperparameters_twice",
+                "give hyperparameters either at the top level or in method.supervised, not both",
+            )
+        return value
+
+    def requested_hyperparameters(self) -> dict[str, Any] | None:
+        """The hyperparameters the caller gave, wherever they gave them."""
+        if self.method is not None and self.method.hyperparameters is not None:
+            return self.method.hyperparameters
+        return self.hyperparameters
+
+
+class FileUploadFields(BaseModel):
+    """The form fields of POST /v1/files besides its `file` part (other fields are ignored)."""
+
+    purpose: Literal["fine-tune"] = Field(description="what the file is for: fine-tune (training data)")
+
+
+class GenerateRequest(BaseModel):
+    """POST /v1/models/{id}/generate."""
+
+    prompt: str = ""
+    max_tokens: int = Field(100, ge=1, le=4096)
+    temperature: float = Field(0.8, ge=0.0, le=10.0)
+    top_k: int | None = Field(None, ge=1)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None
