@@ -3,7 +3,7 @@
 State on `app.state`: `settings`, `engine`, `session_factory`, `blobstore`, `celery`, plus
 `registry` (Prometheus), `model_cache` (loaded models for /generate).
 
-Routers, one per resource: files, jobs (+ presets), events (events, metrics, SSE stream),
+Routers, one per resource: files, jobs (+ presets), statuses, events (events, metrics, SSE stream),
 checkpoints, models (+ content, generate), health (healthz, readyz, metrics). The dashboard's
 static files (`api/static/`) are mounted at `/` after the routers, so every API path wins.
 Every error is JSON in OpenAI's envelope (api/errors.py).
@@ -23,7 +23,7 @@ from prometheus_client import Histogram
 
 from api.errors import ERROR_RESPONSES, install_error_handlers
 from api.generation import ModelCache
-from api.routes import checkpoints, events, files, health, hyperparameters, jobs, models
+from api.routes import checkpoints, events, files, health, hyperparameters, jobs, models, statuses
 from core.settings import Settings, get_settings
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -112,7 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     install_error_handlers(app)
     app.add_middleware(LatencyMiddleware, histogram=latency)
-    for module in (health, files, jobs, hyperparameters, events, checkpoints, models):
+    for module in (health, files, jobs, hyperparameters, statuses, events, checkpoints, models):
         app.include_router(module.router)
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="dashboard")
