@@ -10,12 +10,13 @@ Everything lives on `app.state` (see api/main.py): `settings`, `engine`, `sessio
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Request
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from api.errors import APIError
+from core.blobstore import BlobStore
 from core.models import ApiKey
 from core.settings import Settings
 
@@ -26,10 +27,6 @@ def get_settings_dep(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_session_factory(request: Request) -> sessionmaker[Session]:
-    return request.app.state.session_factory
-
-
 def get_session(request: Request) -> Iterator[Session]:
     session = request.app.state.session_factory()
     try:
@@ -38,7 +35,7 @@ def get_session(request: Request) -> Iterator[Session]:
         session.close()
 
 
-def get_blobstore(request: Request) -> Any:
+def get_blobstore(request: Request) -> BlobStore:
     return request.app.state.blobstore
 
 
@@ -102,7 +99,6 @@ def get_stream_key(request: Request, session: Annotated[Session, Depends(get_ses
 
 SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 SessionDep = Annotated[Session, Depends(get_session)]
-SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
-BlobStoreDep = Annotated[Any, Depends(get_blobstore)]
+BlobStoreDep = Annotated[BlobStore, Depends(get_blobstore)]
 CurrentKey = Annotated[ApiKey, Depends(get_current_key)]
 StreamKey = Annotated[ApiKey, Depends(get_stream_key)]

@@ -10,8 +10,6 @@ busy_timeout cannot wait out). Keep write transactions short: there is one write
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +55,3 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     # expire_on_commit=False: objects stay readable after commit (API responses, worker state)
     return sessionmaker(bind=engine, expire_on_commit=False)
-
-
-@contextmanager
-def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """A session that commits on success, rolls back on error, and is always closed."""
-    session = factory()
-    try:
-        yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()

@@ -51,9 +51,6 @@ class Settings(BaseSettings):
     work_dir: Path | None = None
     metrics_flush_seconds: float = Field(default=1.0, gt=0)
     reaper_interval_seconds: float = Field(default=5.0, gt=0)
-    # client CLI
-    server: str = "http://127.0.0.1:8000"
-    api_key: str | None = None
 
     @model_validator(mode="after")
     def _derive(self) -> Settings:

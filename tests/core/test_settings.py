@@ -42,7 +42,6 @@ def test_env_vars_override_every_field(clean_env: pytest.MonkeyPatch, tmp_path: 
         "WORKER_QUEUES": "gpu,cpu",
         "DEFAULT_QUEUE": "gpu",
         "DEVICE": "cuda",
-        "API_KEY": "fsk-x",
     }
     for k, v in env.items():
         clean_env.setenv(f"FROMSCRATCH_{k}", v)
@@ -52,7 +51,7 @@ def test_env_vars_override_every_field(clean_env: pytest.MonkeyPatch, tmp_path: 
     assert s.blob_backend == "fs" and s.blob_dir == (tmp_path / "b").resolve()
     assert (s.max_upload_bytes, s.lease_seconds, s.heartbeat_seconds, s.max_attempts) == (1000, 10, 2, 5)
     assert s.queues == ["gpu", "cpu"] and s.default_queue == "gpu"
-    assert (s.device, s.api_key) == ("cuda", "fsk-x")
+    assert s.device == "cuda"
 
 
 def test_relative_sqlite_urls_become_absolute(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
