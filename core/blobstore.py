@@ -70,9 +70,9 @@ def _chunks(stream: Iterable[bytes] | BinaryIO, size: int) -> Iterator[bytes]:
     source: Iterable[bytes]
     if hasattr(stream, "read"):
         reader = stream  # file-like: read() returns b"" at EOF
-        source = iter(lambda: reader.read(size), b"")  # type: ignore[union-attr]
+        source = iter(lambda: reader.read(size), b"")
     else:
-        source = stream  # type: ignore[assignment]
+        source = stream
     buf = bytearray()
     for piece in source:
         if not piece:

@@ -65,7 +65,8 @@ def _unb64(s: str) -> torch.Tensor:
 
 def get_rng_state() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    assert not isinstance(keys, str)  # legacy=True: the MT19937 key array
     cuda = [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else None
     return {
         "python": [version, list(internal), gauss],
@@ -133,7 +134,7 @@ def optimizer_to_tensors(
     # safetensors refuses tensors sharing memory; copy the (rare) aliases.
     seen: set[tuple[int, int]] = set()
     for k, t in tensors.items():
-        ident = (t.untyped_storage().data_ptr(), t.storage_offset())
+        ident = (t.untyped_storage().data_ptr(), int(t.storage_offset()))
         if ident in seen or t.numel() == 0:
             tensors[k] = t.clone()
         seen.add(ident)

@@ -39,7 +39,7 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
         ratio = (step - warmup) / decay_steps
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (base - min_lr)
     if cfg.schedule == "cosine-restarts":
-        t = step - warmup
+        t = float(step - warmup)
         cycle = float(cfg.cos_decay_steps or max(1, total_steps))
         while t > cycle:  # llama.cpp's cosine_decay_restart: walk to the cycle that contains t
             t -= cycle

@@ -137,11 +137,16 @@ def learning_rate_multiplier() -> Hyperparameter:
 def check_value(h: Hyperparameter, value: Any) -> Any:
     """`value` validated against h's type and bounds (for a field that has no config class, i.e.
     learning_rate_multiplier); ConfigError naming h otherwise."""
-    keyword_to_field = {"minimum": "ge", "exclusiveMinimum": "gt", "maximum": "le", "exclusiveMaximum": "lt"}
-    constraints = {keyword_to_field[k]: v for k, v in h.bounds.items()}
-    adapter: TypeAdapter[Any] = TypeAdapter(
-        Annotated[h.python_type, Field(strict=True, allow_inf_nan=False, **constraints)]  # type: ignore[call-overload]
+    b = h.bounds
+    bounded = Field(
+        strict=True,
+        allow_inf_nan=False,
+        ge=b.get("minimum"),
+        gt=b.get("exclusiveMinimum"),
+        le=b.get("maximum"),
+        lt=b.get("exclusiveMaximum"),
     )
+    adapter: TypeAdapter[Any] = TypeAdapter(Annotated[h.python_type, bounded])  # type: ignore[arg-type]
     try:
         return adapter.validate_python(value)
     except ValidationError as err:

@@ -144,7 +144,7 @@ class BPETokenizer:
     def merges(self) -> list[tuple[str, str]]:
         """Merges in priority order, as pairs of GPT-2 byte-to-unicode strings."""
         model = json.loads(self._hf_json)["model"]
-        return [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        return _merge_pairs(model["merges"])
 
     def encode(self, text: str) -> list[int]:
         return self._hf.encode(text, add_special_tokens=False).ids
@@ -227,8 +227,13 @@ def train_bpe(vocab_size: int, texts: Iterable[str]) -> BPETokenizer:
     )
     hf.train_from_iterator(texts, trainer)
     raw = json.loads(hf.to_str())["model"]["merges"]
-    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in raw]
-    return BPETokenizer(_build_hf_bpe(merges, max_vocab=vocab_size))
+    return BPETokenizer(_build_hf_bpe(_merge_pairs(raw), max_vocab=vocab_size))
+
+
+def _merge_pairs(raw: list[Any]) -> list[tuple[str, str]]:
+    """tokenizers' JSON stores a merge as "a b" (older) or ["a", "b"] (newer)."""
+    pairs = [m.split(" ", 1) if isinstance(m, str) else m for m in raw]
+    return [(a, b) for a, b in pairs]
 
 
 def train_tokenizer(kind: str, vocab_size: int | None, texts: Iterable[str]) -> Tokenizer:

@@ -82,7 +82,7 @@ def _check_choice(fmt: str, dtype: str) -> None:
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor of a `Llama` state dict (output.weight included even when tied)."""
-    d, kv, h = cfg.n_embd, cfg.n_kv_head * cfg.head_dim, cfg.hidden_dim
+    d, kv, h = cfg.n_embd, cfg.kv_heads * cfg.head_dim, cfg.hidden_dim
     shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (cfg.vocab_size, d)}
     for i in range(cfg.n_layer):
         p = f"layers.{i}."

@@ -98,7 +98,7 @@ def gguf_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, 
         out |= {
             b + "attn_norm.weight": state[p + "attention_norm.weight"],
             b + "attn_q.weight": permute_qk(state[p + "attention.wq.weight"], cfg.n_head, hd, n_rot),
-            b + "attn_k.weight": permute_qk(state[p + "attention.wk.weight"], cfg.n_kv_head, hd, n_rot),
+            b + "attn_k.weight": permute_qk(state[p + "attention.wk.weight"], cfg.kv_heads, hd, n_rot),
             b + "attn_v.weight": state[p + "attention.wv.weight"],
             b + "attn_output.weight": state[p + "attention.wo.weight"],
             b + "ffn_norm.weight": state[p + "ffn_norm.weight"],
@@ -142,7 +142,7 @@ def write_gguf(
         w.add_block_count(cfg.n_layer)
         w.add_feed_forward_length(cfg.hidden_dim)
         w.add_head_count(cfg.n_head)
-        w.add_head_count_kv(cfg.n_kv_head)
+        w.add_head_count_kv(cfg.kv_heads)
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
         w.add_layer_norm_rms_eps(cfg.norm_eps)
