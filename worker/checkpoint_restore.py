@@ -1,6 +1,6 @@
 """Bring stored checkpoints (tars in the blob store) back onto the worker's disk: the job's own
 newest one to resume from (`latest_checkpoint`), or the final one of the model a job continues
-training from (`base_model_checkpoint`). Storing them is `worker.callbacks.store_checkpoint`."""
+training from (`base_model_checkpoint`). Storing them is `worker.checkpoint_store.store_checkpoint`."""
 
 from __future__ import annotations
 

@@ -1,16 +1,24 @@
-"""This worker's hold on a job: the atomic claim (`claim`) and the `Heartbeat` thread that keeps
-the lease alive while the job runs, flagging `lost` when the reaper has given the job away."""
+"""This worker's hold on a job: the atomic claim (`claim`), the `Heartbeat` thread that keeps the
+lease alive while the job runs (flagging `lost` when the reaper has given the job away), and
+`lock_held_job`: the job row, locked for a transaction that changes the job, or `LeaseLost` when
+another worker may own the job now."""
 
 from __future__ import annotations
 
 import logging
 import threading
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.jobstates import claim_job, renew_lease
+from core.models import Job
 
 log = logging.getLogger(__name__)
+
+
+class LeaseLost(Exception):
+    """This worker no longer holds the job's lease: another worker may own it now."""
 
 
 def claim(session_factory: sessionmaker[Session], job_id: str, worker_id: str, lease_seconds: float) -> bool:
@@ -65,3 +73,11 @@ class Heartbeat(threading.Thread):
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=30)
+
+
+def lock_held_job(session: Session, job_id: str, worker_id: str) -> Job:
+    """The job row, locked for this transaction, if this worker still holds its lease."""
+    job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one_or_none()
+    if job is None or job.lease_owner != worker_id:
+        raise LeaseLost(job_id)
+    return job

@@ -136,7 +136,7 @@ def test_exceptions_map_to_user_facing_error_codes() -> None:
     from trainer.config import ConfigError
     from trainer.dataformat import DataError
     from trainer.loop import TrainingDiverged
-    from worker.runner import classify_exception
+    from worker.failures import classify_exception
 
     oom = classify_exception(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert oom.code == "out_of_memory" and "batch_size" in oom.message

@@ -1,0 +1,137 @@
+"""Store a job's checkpoint folders in the blob store (`store_checkpoint`), as uncompressed tars
+with a Checkpoint row each. Bringing them back is worker.checkpoint_restore.
+
+Stored checkpoints are rotated like the trainer's local ones: the newest `keep` step checkpoints of
+a job are kept (plus the final one); older rows and their blobs are deleted unless a download (an
+Export row) was made from them. Every write first checks that this worker still holds the lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.models import Checkpoint, Export, Job, utcnow
+from worker.lease import LeaseLost, lock_held_job
+
+log = logging.getLogger(__name__)
+
+
+def store_checkpoint(
+    session_factory: sessionmaker[Session],
+    store: Any,
+    *,
+    job_id: str,
+    worker_id: str,
+    step: int,
+    folder: Path,
+    model_id: str,
+    metrics: dict[str, Any],
+    is_final: bool,
+    keep: int | None,
+    scratch: Path,
+    extra: Callable[[Session, Job], None] | None = None,
+) -> str:
+    """Tar `folder`, put it into the blob store and record the Checkpoint row (replacing an earlier
+    row for the same step), all in one transaction that first checks the lease. `extra(session, job)`
+    runs in that transaction too (the runner finishes the job there). Returns the checkpoint id."""
+    tar_path = tar_folder(folder, scratch / f"{folder.name}-{step}.tar")
+    try:
+        with session_factory() as session:
+            # Upload first, then lock the job row only for the short bookkeeping transaction (a long
+            # upload must not block heartbeats or the API's cancel request behind a row lock).
+            with open(tar_path, "rb") as fh:
+                blob = store.put(fh, session)
+            try:
+                job = lock_held_job(session, job_id, worker_id)
+            except LeaseLost:
+                session.rollback()
+                _delete_blob(session_factory, store, blob.id)
+                raise
+            old = session.execute(
+                select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
+            ).scalar_one_or_none()
+            old_blob = None
+            if old is not None:
+                old_blob, old.blob_id = old.blob_id, blob.id
+                old.metrics, old.is_final, old.created_at = metrics, is_final or old.is_final, utcnow()
+                ckpt = old
+            else:
+                ckpt = Checkpoint(
+                    job_id=job_id,
+                    owner_id=job.owner_id,
+                    step=step,
+                    model_id=model_id,
+                    blob_id=blob.id,
+                    metrics=metrics,
+                    is_final=is_final,
+                )
+                session.add(ckpt)
+            session.flush()
+            doomed = [old_blob] if old_blob else []
+            if keep:
+                doomed += _rotate(session, job_id, keep)
+            if extra is not None:
+                extra(session, job)
+            session.commit()
+            ckpt_id = ckpt.id
+        for blob_id in doomed:
+            _delete_blob(session_factory, store, blob_id)
+        return ckpt_id
+    finally:
+        tar_path.unlink(missing_ok=True)
+
+
+def tar_folder(folder: Path, out: Path) -> Path:
+    """An uncompressed tar of `folder` with the folder's name at the root (the stored checkpoint form)."""
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    with tarfile.open(tmp, "w") as tar:
+        tar.add(folder, arcname=folder.name)
+    os.replace(tmp, out)
+    return out
+
+
+def _rotate(session: Session, job_id: str, keep: int) -> list[str]:
+    """Delete all but the newest `keep` non-final checkpoint rows of the job (never one a download
+    was exported from). Returns the blob ids to delete once the transaction committed."""
+    rows = (
+        session.execute(
+            select(Checkpoint)
+            .where(Checkpoint.job_id == job_id, Checkpoint.is_final.is_(False))
+            .order_by(Checkpoint.step.desc())
+        )
+        .scalars()
+        .all()
+    )
+    exported = (
+        set(
+            session.execute(
+                select(Export.model_id).where(Export.model_id.in_([c.model_id for c in rows]))
+            ).scalars()
+        )
+        if rows
+        else set()
+    )
+    doomed = []
+    for ckpt in rows[keep:]:
+        if ckpt.model_id in exported:
+            continue
+        doomed.append(ckpt.blob_id)
+        session.delete(ckpt)
+    return doomed
+
+
+def _delete_blob(session_factory: sessionmaker[Session], store: Any, blob_id: str) -> None:
+    try:
+        with session_factory() as session:
+            store.delete(blob_id, session)
+            session.commit()
+    except Exception:  # the reaper's blob gc gets another chance; never fail training over this
+        log.warning("could not delete blob %s", blob_id, exc_info=True)

@@ -1,0 +1,240 @@
+"""`JobRun`: one claimed job from its inputs to its final state (steps 3-6 of worker.runner's
+docstring), each step a method: read the job, honour early stop requests, prepare the inputs, mark
+it running, train, and end it as succeeded, paused, cancelled, re-queued or failed."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from core.jobstates import add_event, transition
+from core.models import Job
+from core.naming import checkpoint_model_id, final_model_id
+from core.settings import Settings
+from core.status import JobStatus
+from trainer.loop import TrainResult, train
+from worker.callbacks import ServiceCallbacks
+from worker.checkpoint_store import store_checkpoint
+from worker.failures import JobFailure, classify_exception
+from worker.job_inputs import JobSnapshot, TrainingInputs, prepare_inputs
+from worker.lease import LeaseLost, lock_held_job
+from worker.metric_rows import delete_metrics_after
+from worker.process import Resources, shutdown_event
+
+log = logging.getLogger(__name__)
+
+
+class JobRun:
+    def __init__(
+        self,
+        job_id: str,
+        worker_id: str,
+        settings: Settings,
+        res: Resources,
+        lease_lost: threading.Event,
+        job_dir: Path,
+    ):
+        self.job_id, self.worker_id, self.settings = job_id, worker_id, settings
+        self.sf, self.store = res.session_factory, res.store
+        self.lease_lost = lease_lost
+        self.job_dir = job_dir
+        self.cache_dir = settings.work_path / "cache"
+
+    # ------------------------------------------------------------------ top level
+    def run(self) -> JobStatus | None:
+        """The status the job ended in; None when the lease was lost (the job is another worker's)."""
+        try:
+            return self._run()
+        except LeaseLost:
+            log.warning("job %s: lease lost; leaving the job to its new owner", self.job_id)
+            return None
+        except JobFailure as exc:
+            return self._fail(exc.code, exc.message, exc.param)
+        except Exception as exc:
+            failure = classify_exception(exc)
+            if failure.code == "internal_error":
+                log.error("job %s failed with an internal error\n%s", self.job_id, traceback.format_exc())
+            else:
+                log.info("job %s failed: %s: %s", self.job_id, failure.code, failure.message)
+            return self._fail(failure.code, failure.message, failure.param)
+
+    def _run(self) -> JobStatus | None:
+        self.job_dir.mkdir(parents=True, exist_ok=True)
+        snapshot = self._read_snapshot()
+        if (stopped := self._requested_stop()) is not None:
+            return stopped
+        inputs = prepare_inputs(
+            self.sf,
+            self.store,
+            job_id=self.job_id,
+            snapshot=snapshot,
+            cache_dir=self.cache_dir,
+            job_dir=self.job_dir,
+            device_setting=self.settings.device,
+        )
+        if (stopped := self._requested_stop()) is not None:  # preparing the data may take a while
+            return stopped
+        self._mark_running(inputs)
+        callbacks = self._callbacks(snapshot, inputs)
+        result = self._train(inputs, callbacks)
+        return self._end(snapshot, result, callbacks)
+
+    # ------------------------------------------------------------------ steps
+    def _read_snapshot(self) -> JobSnapshot:
+        with self.sf() as session:
+            return JobSnapshot.of(self._held(session), session)
+
+    def _requested_stop(self) -> JobStatus | None:
+        """Honour cancel/pause/shutdown that arrived before training started."""
+        with self.sf() as session:
+            job = self._held(session)
+            cancel, pause = job.cancel_requested, job.pause_requested
+        if cancel:
+            return self._finish(JobStatus.CANCELLED)
+        if pause:
+            return self._finish(JobStatus.PAUSED, message="Paused before training started")
+        if shutdown_event.is_set():
+            with self.sf() as session:
+                return self._requeue_for_shutdown(self._held(session).queue, None)
+        return None
+
+    def _mark_running(self, inputs: TrainingInputs) -> None:
+        """Move the job to running; when resuming, first drop the metric rows after the checkpoint
+        (training logs them again) and record the resume as an event."""
+        resumed = inputs.resume_path is not None
+        step = inputs.resume_step if resumed else 0
+        with self.sf() as session:
+            job = self._held(session)
+            deleted = delete_metrics_after(session, self.job_id, step if resumed else -1)
+            if resumed:
+                message = f"Resuming from the checkpoint at step {step}"
+                if deleted:
+                    message += f" ({deleted} metric rows after it will be logged again)"
+                log.info("job %s: %s", self.job_id, message)
+                add_event(session, self.job_id, message, data={"step": step})
+            transition(session, job, JobStatus.RUNNING, step=step)
+            session.commit()
+
+    def _callbacks(self, snapshot: JobSnapshot, inputs: TrainingInputs) -> ServiceCallbacks:
+        return ServiceCallbacks(
+            self.sf,
+            self.store,
+            job_id=self.job_id,
+            worker_id=self.worker_id,
+            checkpoint_model_id=lambda step: checkpoint_model_id(snapshot.naming_job, step),
+            scratch=self.job_dir,
+            flush_seconds=self.settings.metrics_flush_seconds,
+            keep_checkpoints=inputs.train_cfg.keep_checkpoints,
+            lease_lost=self.lease_lost,
+            shutdown=shutdown_event,
+        )
+
+    def _train(self, inputs: TrainingInputs, callbacks: ServiceCallbacks) -> TrainResult:
+        try:
+            result = train(
+                inputs.model_cfg,
+                inputs.train_cfg,
+                inputs.data,
+                self.job_dir / "run",
+                callbacks,
+                tokenizer=inputs.tokenizer,
+                resume=inputs.resume_path or False,
+                init_from=inputs.init_from,
+            )
+        finally:
+            callbacks.flush()
+        if callbacks.cause == "lease_lost" or self.lease_lost.is_set():
+            raise LeaseLost(self.job_id)
+        return result
+
+    def _end(self, snapshot: JobSnapshot, result: TrainResult, callbacks: ServiceCallbacks) -> JobStatus:
+        """The job's state after training returned: what stopped it decides."""
+        if result.stop_reason in ("completed", "time_limit"):
+            final = result.final_checkpoint
+            if final is None:
+                raise JobFailure("internal_error", "Training ended without a final checkpoint.")
+            return self._succeed(snapshot, final, result.step, result.tokens_seen, callbacks)
+        if callbacks.cause == "cancel":
+            return self._finish(JobStatus.CANCELLED)
+        if callbacks.cause == "pause":
+            return self._finish(JobStatus.PAUSED, message=f"Paused at step {result.step}")
+        if callbacks.cause == "shutdown":
+            return self._requeue_for_shutdown(snapshot.queue, result.step)
+        raise JobFailure("internal_error", f"Training stopped unexpectedly ({result.stop_reason}).")
+
+    def _held(self, session: Session) -> Job:
+        if self.lease_lost.is_set():
+            raise LeaseLost(self.job_id)
+        return lock_held_job(session, self.job_id, self.worker_id)
+
+    # ------------------------------------------------------------------ endings
+    def _succeed(
+        self, snapshot: JobSnapshot, final: Path, step: int, tokens: int, callbacks: ServiceCallbacks
+    ) -> JobStatus:
+        """Store the final checkpoint and finish the job in the same transaction."""
+        model_id = final_model_id(snapshot.naming_job)
+
+        def finish(session: Session, job: Job) -> None:
+            transition(
+                session, job, JobStatus.SUCCEEDED, fine_tuned_model=model_id, step=step, trained_tokens=tokens
+            )
+
+        store_checkpoint(
+            self.sf,
+            self.store,
+            job_id=self.job_id,
+            worker_id=self.worker_id,
+            step=step,
+            folder=final,
+            model_id=checkpoint_model_id(snapshot.naming_job, step),
+            metrics=callbacks.checkpoint_metrics(step),
+            is_final=True,
+            keep=snapshot.keep_checkpoints,
+            scratch=self.job_dir,
+            extra=finish,
+        )
+        log.info("job %s succeeded: %s", self.job_id, model_id)
+        return JobStatus.SUCCEEDED
+
+    def _finish(self, status: JobStatus, message: str | None = None) -> JobStatus:
+        with self.sf() as session:
+            job = self._held(session)
+            transition(session, job, status)
+            session.commit()
+        log.info("job %s %s%s", self.job_id, status, f": {message}" if message else "")
+        return status
+
+    def _requeue_for_shutdown(self, queue: str, step: int | None) -> JobStatus:
+        with self.sf() as session:
+            job = self._held(session)
+            transition(session, job, JobStatus.QUEUED)
+            session.commit()
+        log.info(
+            "worker shutting down: job %s re-queued%s",
+            self.job_id,
+            f" from step {step}" if step is not None else "",
+        )
+        try:
+            from worker.celery_app import enqueue_job
+
+            enqueue_job(self.job_id, queue)
+        except Exception:  # the reaper re-sends messages for queued jobs nobody holds
+            log.warning("could not re-send job %s; the reaper will", self.job_id, exc_info=True)
+        return JobStatus.QUEUED
+
+    def _fail(self, code: str, message: str, param: str | None = None) -> JobStatus | None:
+        try:
+            with self.sf() as session:
+                job = self._held(session)
+                transition(
+                    session, job, JobStatus.FAILED, error_code=code, error_message=message, error_param=param
+                )
+                session.commit()
+        except LeaseLost:
+            log.warning("job %s: lease lost before its failure (%s) could be recorded", self.job_id, code)
+            return None
+        return JobStatus.FAILED

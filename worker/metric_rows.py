@@ -1,0 +1,70 @@
+"""A job's Metric rows and progress columns in the database.
+
+Rows are upserted by (job_id, step): an evaluation at a step fills that row's `val_loss`, and a
+value never overwrites a stored one with None. A restart from checkpoint step S deletes the rows
+after S first (`delete_metrics_after`), so the series never holds a step twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, func, update
+from sqlalchemy.orm import Session
+
+from core.models import Job, Metric, utcnow
+
+METRIC_COLUMNS = ("train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "tokens_seen")
+
+
+def write_progress(
+    session: Session, job_id: str, worker_id: str, progress: dict[str, Any], rows: dict[int, dict[str, Any]]
+) -> bool:
+    """Update the job's progress columns and upsert its metric rows, only while `worker_id` holds
+    the job's lease (the caller commits). False, with nothing written, when the lease is gone."""
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.lease_owner == worker_id)
+        .values(**progress, updated_at=utcnow())
+    )
+    if result.rowcount == 0:  # type: ignore[attr-defined]
+        return False
+    upsert_metrics(session, job_id, rows)
+    return True
+
+
+def upsert_metrics(session: Session, job_id: str, rows: dict[int, dict[str, Any]]) -> None:
+    """Insert or update Metric rows by (job_id, step); None never overwrites a stored value."""
+    if not rows:
+        return
+    now = utcnow()
+    values = [
+        {"job_id": job_id, "step": step, "created_at": now, **{c: row.get(c) for c in METRIC_COLUMNS}}
+        for step, row in sorted(rows.items())
+    ]
+    stmt = _insert(session)(Metric).values(values)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[Metric.job_id, Metric.step],
+        set_={c: func.coalesce(getattr(stmt.excluded, c), getattr(Metric, c)) for c in METRIC_COLUMNS},
+    )
+    session.execute(stmt)
+
+
+def delete_metrics_after(session: Session, job_id: str, step: int) -> int:
+    """Remove metric rows after `step` (a restart from checkpoint `step` will log them again)."""
+    result = session.execute(delete(Metric).where(Metric.job_id == job_id, Metric.step > step))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def _insert(session: Session) -> Any:
+    """The dialect's INSERT with ON CONFLICT (PostgreSQL and SQLite both have it)."""
+    name = session.get_bind().dialect.name
+    if name == "postgresql":
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert
+    if name == "sqlite":
+        from sqlalchemy.dialects import sqlite
+
+        return sqlite.insert
+    raise RuntimeError(f"unsupported database dialect {name!r}")  # pragma: no cover - only these two
