@@ -28,13 +28,13 @@ from sqlalchemy import select, update
 from core.jobstates import requeue_expired
 from core.models import Job, utcnow
 from core.settings import Settings
+from core.status import CLAIMABLE
 
 log = logging.getLogger(__name__)
 
 LOST_MESSAGE_SECONDS = 30.0
 BLOB_GC_SECONDS = 6 * 3600.0
 BLOB_GC_EVERY = 60  # reaper rounds between blob collections
-WAITING = ("validating_files", "queued")
 
 _started: dict[str, Reaper] = {}
 _lock = threading.Lock()
@@ -84,21 +84,21 @@ class Reaper(threading.Thread):
         with self.session_factory() as session:
             candidates = session.execute(
                 select(Job.id, Job.queue).where(
-                    Job.status.in_(WAITING), Job.lease_owner.is_(None), Job.updated_at < cutoff
+                    Job.status.in_(CLAIMABLE), Job.lease_owner.is_(None), Job.updated_at < cutoff
                 )
             ).all()
             for job_id, queue in candidates:
-                bumped = session.execute(
+                result = session.execute(
                     update(Job)
                     .where(
                         Job.id == job_id,
-                        Job.status.in_(WAITING),
+                        Job.status.in_(CLAIMABLE),
                         Job.lease_owner.is_(None),
                         Job.updated_at < cutoff,
                     )
                     .values(updated_at=utcnow())
-                ).rowcount  # type: ignore[attr-defined]
-                if bumped:
+                )
+                if result.rowcount:
                     resent.append((job_id, queue))
             session.commit()
         for job_id, queue in resent:
