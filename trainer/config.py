@@ -384,6 +384,13 @@ class TrainConfig(_Config):
     )
     # hardware
     device: Literal["auto", "cpu", "cuda"] = param("auto", "auto = cuda when available", title="Device")
+    devices: Int = param(
+        1,
+        "data-parallel processes, one per device (only 1 until distributed training lands)",
+        title="Devices",
+        ge=1,
+        le=1,
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = param(
         "auto",
         "auto = bfloat16 on CUDA when supported, else float32; bfloat16 autocasts on CPU too",

@@ -1,0 +1,44 @@
+"""trainer.config's declarations: bounds and cross-field rules reach every entry point."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.main import main
+from trainer.config import ConfigError, TrainConfig
+
+
+def test_devices_defaults_to_one_and_is_bounded_until_distributed_training_lands(capsys, tmp_path):
+    assert TrainConfig().devices == 1
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(devices=2)
+    assert err.value.problems == [("devices", "must be <= 1, got 2")]
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", str(tmp_path / "data.txt"), "--out", str(tmp_path / "o"), "--devices", "2"])
+    assert exit_.value.code == 2
+    assert "--devices: must be <= 1, got 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("values", "field", "fragment"),
+    [
+        ({"max_steps": 10**12}, "max_steps", "<= 10000000"),
+        ({"batch_size": 2**63}, "batch_size", "<= 4096"),
+        ({"keep_checkpoints": 10**9}, "keep_checkpoints", "<= 1000"),
+        ({"learning_rate": float("nan")}, "learning_rate", "finite"),
+        ({"max_steps": 5.5}, "max_steps", "integer"),
+        ({"compile": "yes"}, "compile", "true or false"),
+        ({"extra_knob": 1}, "extra_knob", "unknown"),
+    ],
+)
+def test_every_numeric_field_is_bounded_and_strictly_typed(values, field, fragment):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**values)
+    assert err.value.param == field and fragment in str(err.value)
+
+
+def test_an_integral_float_is_an_integer_and_every_problem_is_reported_at_once():
+    assert TrainConfig(max_steps=20.0).max_steps == 20
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(max_steps=0, schedule="zigzag", min_lr=1.0)
+    assert {name for name, _ in err.value.problems} == {"max_steps", "schedule"}
