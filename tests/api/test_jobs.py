@@ -112,7 +112,7 @@ def test_method_supervised_and_multiplier(client: TestClient, tenant: Tenant, fi
         ({"hyperparameters": {"n_epochs": 0}}, "n_epochs", "positive"),
         ({"hyperparameters": {"schedule": "zigzag"}}, "schedule", "one of"),
         ({"hyperparameters": {"seed": 3}}, "seed", "top-level"),
-        ({"hyperparameters": {"ctx": 200_000}}, "ctx", "longer than the training data"),
+        ({"hyperparameters": {"ctx": 100_000}}, "ctx", "longer than the training data"),
         ({"model": "llama-9000"}, "model", "Unknown model"),
         ({"model": None}, "model", "required"),
         ({"training_file": "file-doesnotexist"}, "training_file", "no such file"),
