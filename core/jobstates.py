@@ -32,30 +32,32 @@ from sqlalchemy.orm.attributes import set_committed_value
 from core.models import Event, Job, utcnow
 from core.status import ACTIVE, CLAIMABLE, TERMINAL, JobStatus
 
-# Transitional aliases (JobStatus members); callers move to JobStatus directly.
-VALIDATING_FILES = JobStatus.VALIDATING_FILES
-QUEUED = JobStatus.QUEUED
-RUNNING = JobStatus.RUNNING
-PAUSED = JobStatus.PAUSED
-SUCCEEDED = JobStatus.SUCCEEDED
-FAILED = JobStatus.FAILED
-CANCELLED = JobStatus.CANCELLED
-STATUSES: tuple[str, ...] = tuple(JobStatus)
-
 TRANSITIONS: dict[str, frozenset[str]] = {
     # validating -> running directly when the worker that validated goes on to train
-    VALIDATING_FILES: frozenset({QUEUED, RUNNING, PAUSED, FAILED, CANCELLED}),
+    JobStatus.VALIDATING_FILES: frozenset(
+        {JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.FAILED, JobStatus.CANCELLED}
+    ),
     # a claimed queued job is validated again (cheap, cached) or goes straight to running
-    QUEUED: frozenset({VALIDATING_FILES, RUNNING, PAUSED, FAILED, CANCELLED}),
-    RUNNING: frozenset({QUEUED, PAUSED, SUCCEEDED, FAILED, CANCELLED}),
-    PAUSED: frozenset({QUEUED, CANCELLED}),
-    SUCCEEDED: frozenset(),
-    FAILED: frozenset(),
-    CANCELLED: frozenset(),
+    JobStatus.QUEUED: frozenset(
+        {
+            JobStatus.VALIDATING_FILES,
+            JobStatus.RUNNING,
+            JobStatus.PAUSED,
+            JobStatus.FAILED,
+            JobStatus.CANCELLED,
+        }
+    ),
+    JobStatus.RUNNING: frozenset(
+        {JobStatus.QUEUED, JobStatus.PAUSED, JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED}
+    ),
+    JobStatus.PAUSED: frozenset({JobStatus.QUEUED, JobStatus.CANCELLED}),
+    JobStatus.SUCCEEDED: frozenset(),
+    JobStatus.FAILED: frozenset(),
+    JobStatus.CANCELLED: frozenset(),
 }
 
 # Leaving for one of these ends the worker's hold on the job.
-_RELEASES_LEASE = TERMINAL | {QUEUED, PAUSED}
+_RELEASES_LEASE = TERMINAL | {JobStatus.QUEUED, JobStatus.PAUSED}
 
 
 class IllegalTransition(Exception):
@@ -113,7 +115,7 @@ def _check(current: str, new_status: str) -> None:
 
 def _status_message(job: Job, new_status: str) -> tuple[str, str, dict[str, Any]]:
     data: dict[str, Any] = {"status": new_status}
-    if new_status == FAILED:
+    if new_status == JobStatus.FAILED:
         data["error"] = {"code": job.error_code, "message": job.error_message, "param": job.error_param}
         return f"Job status: failed: {job.error_message or job.error_code or 'unknown error'}", "error", data
     return f"Job status: {new_status}", "info", data
@@ -131,14 +133,14 @@ def transition(session: Session, job: Job, new_status: str, **fields: Any) -> Jo
         raise TypeError(f"not Job columns: {sorted(unknown)}")
     now = utcnow()
     values: dict[str, Any] = {**fields, "status": new_status, "updated_at": now}
-    if new_status == RUNNING and job.started_at is None:
+    if new_status == JobStatus.RUNNING and job.started_at is None:
         values.setdefault("started_at", now)
     if new_status in TERMINAL:
         values.setdefault("finished_at", now)
     if new_status in _RELEASES_LEASE:
         values.setdefault("lease_owner", None)
         values.setdefault("lease_expires_at", None)
-    if new_status in TERMINAL or new_status == PAUSED:
+    if new_status in TERMINAL or new_status == JobStatus.PAUSED:
         values.setdefault("pause_requested", False)
     if not _cas(session, job, values):
         session.refresh(job)
@@ -219,12 +221,12 @@ def requeue_expired(session: Session, max_attempts: int) -> list[tuple[str, str]
         # guard every change by the lease still being expired: a late heartbeat wins
         still_expired = Job.lease_expires_at < now
         if job.cancel_requested:
-            _transition_if_expired(session, job, CANCELLED, still_expired)
+            _transition_if_expired(session, job, JobStatus.CANCELLED, still_expired)
         elif job.pause_requested:
-            _transition_if_expired(session, job, PAUSED, still_expired)
+            _transition_if_expired(session, job, JobStatus.PAUSED, still_expired)
         elif job.attempts < max_attempts:
             if job.status in ACTIVE:
-                requeued = _transition_if_expired(session, job, QUEUED, still_expired)
+                requeued = _transition_if_expired(session, job, JobStatus.QUEUED, still_expired)
             else:  # claimed while queued, lost before it started: just give the job back
                 requeued = _cas(session, job, {"lease_owner": None, "lease_expires_at": None}, still_expired)
             if requeued:
@@ -240,7 +242,7 @@ def requeue_expired(session: Session, max_attempts: int) -> list[tuple[str, str]
             _transition_if_expired(
                 session,
                 job,
-                FAILED,
+                JobStatus.FAILED,
                 still_expired,
                 error_code="worker_lost",
                 error_message=(
@@ -269,7 +271,7 @@ def _transition_if_expired(
     }
     if new_status in TERMINAL:
         values["finished_at"] = now
-    if new_status in TERMINAL or new_status == PAUSED:
+    if new_status in TERMINAL or new_status == JobStatus.PAUSED:
         values["pause_requested"] = False
     if not _cas(session, job, values, still_expired):
         return False
@@ -313,12 +315,14 @@ def _request_stop(session: Session, job: Job, target: str, flag: str, verb: str,
 
 def request_cancel(session: Session, job: Job) -> Job:
     """Cancel (see _request_stop); a cancelled job's worker stops without a checkpoint."""
-    return _request_stop(session, job, CANCELLED, "cancel_requested", "cancelled", "Cancellation requested")
+    return _request_stop(
+        session, job, JobStatus.CANCELLED, "cancel_requested", "cancelled", "Cancellation requested"
+    )
 
 
 def request_pause(session: Session, job: Job) -> Job:
     """Pause (see _request_stop); a paused job's worker saves a checkpoint first."""
-    return _request_stop(session, job, PAUSED, "pause_requested", "paused", "Pause requested")
+    return _request_stop(session, job, JobStatus.PAUSED, "pause_requested", "paused", "Pause requested")
 
 
 def resume(session: Session, job: Job) -> tuple[Job, bool]:
@@ -326,8 +330,8 @@ def resume(session: Session, job: Job) -> tuple[Job, bool]:
     pause was requested but not yet obeyed simply keeps running. Returns (job, needs_enqueue)."""
 
     def attempt(job: Job) -> tuple[Job, bool]:
-        if job.status == PAUSED:
-            return transition(session, job, QUEUED, attempts=0, cancel_requested=False), True
+        if job.status == JobStatus.PAUSED:
+            return transition(session, job, JobStatus.QUEUED, attempts=0, cancel_requested=False), True
         if job.status in TERMINAL:
             raise IllegalTransition(
                 f"job {job.id} is {job.status}; only a paused job can be resumed", current=job.status

@@ -34,4 +34,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 fi
 
+# Lint and types first: a style or type error fails the run like a failing test.
+echo "ruff check / ruff format --check / mypy ..."
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
+"$VENV/bin/python" -m mypy
+
 exec "$VENV/bin/python" -m pytest "$@"

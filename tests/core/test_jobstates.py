@@ -6,7 +6,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.jobstates import (
-    STATUSES,
     TERMINAL,
     TRANSITIONS,
     ConcurrentUpdate,
@@ -21,6 +20,7 @@ from core.jobstates import (
     transition,
 )
 from core.models import Blob, Event, File, Job, utcnow
+from core.status import JobStatus
 
 
 def make_job(session: Session, status: str = "validating_files", queue: str = "cpu") -> Job:
@@ -56,9 +56,9 @@ def fresh(factory: sessionmaker[Session], job_id: str) -> Job:
 
 
 def test_table_covers_every_status() -> None:
-    assert set(TRANSITIONS) == set(STATUSES)
+    assert set(TRANSITIONS) == set(tuple(JobStatus))
     assert all(TRANSITIONS[s] == frozenset() for s in TERMINAL)
-    assert all(targets <= set(STATUSES) for targets in TRANSITIONS.values())
+    assert all(targets <= set(tuple(JobStatus)) for targets in TRANSITIONS.values())
 
 
 def test_legal_path_stamps_times_and_writes_events(any_factory: sessionmaker[Session]) -> None:
