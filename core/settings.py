@@ -52,6 +52,34 @@ class Settings(BaseSettings):
     metrics_flush_seconds: float = Field(default=1.0, gt=0)
     reaper_interval_seconds: float = Field(default=5.0, gt=0)
 
+    # -- what one job may ask for (checked by the API before anything is queued) --
+    # memory of the largest worker of each queue: a job whose estimate exceeds it is refused
+    cpu_worker_memory_bytes: int = Field(default=16 * GiB, gt=0)
+    gpu_worker_memory_bytes: int = Field(default=80 * GiB, gt=0)
+    max_job_steps: int = Field(default=1_000_000, gt=0, description="optimizer steps one job may run")
+    max_job_tokens: int = Field(
+        default=20_000_000_000, gt=0, description="tokens one job may process (steps x batch x ctx)"
+    )
+    max_checkpoints_per_job: int = Field(default=20, ge=1, description="step checkpoints kept per job")
+
+    # -- quotas per API key (429 with Retry-After when exceeded) --
+    max_active_jobs_per_key: int = Field(default=32, ge=1, description="queued + running + validating")
+    max_running_jobs_per_key: int = Field(default=4, ge=1)
+    max_stored_bytes_per_key: int = Field(
+        default=50 * GiB, gt=0, description="files + checkpoints + exports an owner keeps"
+    )
+    rate_limit: str = Field(default="50/second", description="requests per key (`limits` syntax)")
+    rate_limit_storage_url: str = Field(
+        default="", description="`limits` storage (redis://...); empty = the broker's Redis, else memory"
+    )
+
+    # -- robustness --
+    upload_body_timeout_seconds: float = Field(default=30.0, gt=0, description="silence allowed mid-upload")
+    stream_key_recheck_seconds: float = Field(default=5.0, gt=0, description="SSE re-checks its key")
+    db_retry_seconds: float = Field(
+        default=120.0, gt=0, description="how long a worker retries a failing database write"
+    )
+
     @model_validator(mode="after")
     def _derive(self) -> Settings:
         # Resolved here (not in defaults) so an overridden data_dir moves every derived path.
