@@ -20,7 +20,7 @@ a state conflict such as cancelling a finished job is a 400.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -139,7 +139,7 @@ _LOCATIONS = ("body", "query", "path", "header", "cookie", "form")
 _SHOWN_INPUT_CHARS = 80
 
 
-def _loc_param(loc: tuple[Any, ...] | list[Any]) -> str | None:
+def _loc_param(loc: Sequence[int | str]) -> str | None:
     """FastAPI locations look like ("body", "method", "type") or ("query", "limit")."""
     parts = [str(p) for p in loc]
     if parts and parts[0] in _LOCATIONS:
@@ -147,7 +147,7 @@ def _loc_param(loc: tuple[Any, ...] | list[Any]) -> str | None:
     return ".".join(parts) or None
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= _SHOWN_INPUT_CHARS else text[: _SHOWN_INPUT_CHARS - 3] + "..."
 

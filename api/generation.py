@@ -15,9 +15,14 @@ import shutil
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from api.exports import extract_checkpoint_tar
+
+if TYPE_CHECKING:  # types only: importing trainer.model would load torch into the API process
+    from core.blobstore import BlobStore
+    from trainer.model import Llama
+    from trainer.tokenizers import Tokenizer
 
 MAX_LOADED = 4
 
@@ -25,11 +30,11 @@ MAX_LOADED = 4
 class ModelCache:
     def __init__(self, max_loaded: int = MAX_LOADED) -> None:
         self.max_loaded = max_loaded
-        self._models: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+        self._models: OrderedDict[str, tuple[Llama, Tokenizer]] = OrderedDict()
         self._guard = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
 
-    def _checkpoint_dir(self, blob_id: str, store: Any, work_dir: Path) -> Path:
+    def _checkpoint_dir(self, blob_id: str, store: BlobStore, work_dir: Path) -> Path:
         root = work_dir / "models"
         final = root / blob_id
         marker = final / ".complete"
@@ -52,7 +57,7 @@ class ModelCache:
             shutil.rmtree(tmp, ignore_errors=True)
         return _find_ckpt(final)
 
-    def get(self, blob_id: str, store: Any, work_dir: Path) -> tuple[Any, Any]:
+    def get(self, blob_id: str, store: BlobStore, work_dir: Path) -> tuple[Llama, Tokenizer]:
         with self._guard:
             if blob_id in self._models:
                 self._models.move_to_end(blob_id)
@@ -84,7 +89,7 @@ def _find_ckpt(folder: Path) -> Path:
 def generate_text(
     cache: ModelCache,
     blob_id: str,
-    store: Any,
+    store: BlobStore,
     work_dir: Path,
     *,
     prompt: str,

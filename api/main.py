@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import ERROR_RESPONSES, install_error_handlers
 from api.generation import ModelCache
@@ -36,11 +37,11 @@ class LatencyMiddleware:
     """Pure ASGI middleware (streams pass through untouched) observing the time to the response
     start per (method, route template, status)."""
 
-    def __init__(self, app: Any, histogram: Histogram) -> None:
+    def __init__(self, app: ASGIApp, histogram: Histogram) -> None:
         self.app = app
         self.histogram = histogram
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -60,7 +61,7 @@ class LatencyMiddleware:
                 time.perf_counter() - start
             )
 
-        async def wrapped_send(message: dict[str, Any]) -> None:
+        async def wrapped_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 observe(int(message["status"]))
             await send(message)

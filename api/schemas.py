@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -21,6 +21,16 @@ from core.models import Metric as MetricRow
 from core.status import ACTIVE, JobStatus
 
 T = TypeVar("T")
+
+
+class _Identified(Protocol):
+    """What ListEnvelope.of needs of an item: an `id`."""
+
+    @property
+    def id(self) -> str: ...
+
+
+Item = TypeVar("Item", bound=_Identified)
 
 
 def unix(dt: datetime | None) -> int | None:
@@ -47,10 +57,10 @@ class ListEnvelope(BaseModel, Generic[T]):
     first_id: str | None = None
     last_id: str | None = None
 
-    @classmethod
-    def of(cls, data: list[Any], has_more: bool = False) -> ListEnvelope[Any]:
+    @staticmethod
+    def of(data: list[Item], has_more: bool = False) -> ListEnvelope[Item]:
         """An envelope whose first_id/last_id are those of `data` (items with an `id`)."""
-        return cls(
+        return ListEnvelope(
             data=data,
             has_more=has_more,
             first_id=data[0].id if data else None,

@@ -9,7 +9,7 @@ import sys
 from cli.server_settings import add_data_dir_option, load_settings, migrate_database, session_factory
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     keys = subparsers.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION")
     create = keys_sub.add_parser("create", help="create a key; prints the secret alone on the last line")
@@ -27,7 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     revoke.set_defaults(func=run_keys_revoke)
     for action in (create, lst, revoke):
         add_data_dir_option(action)
-    keys.set_defaults(func=lambda args: keys.print_help() or 2)
+
+    def show_help(args: argparse.Namespace) -> int:  # `fromscratch keys` without an action
+        keys.print_help()
+        return 2
+
+    keys.set_defaults(func=show_help)
 
 
 def run_keys_create(args: argparse.Namespace) -> int:

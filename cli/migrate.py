@@ -7,7 +7,7 @@ import argparse
 from cli.server_settings import add_data_dir_option, load_settings, migrate_database
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
     add_data_dir_option(p)
     p.set_defaults(func=run_migrate)

@@ -30,7 +30,7 @@ goes back to the queue; it resumes on the next start) and waits for it.
 """
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "serve",
         help="run the API, dashboard and one worker (embedded SQLite defaults)",

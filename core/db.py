@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -28,7 +29,7 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def _sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+def _sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
     cur = dbapi_conn.cursor()
     cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA journal_mode = WAL")

@@ -22,6 +22,7 @@ user's resume resets it (a pause is not a failure).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -281,7 +282,7 @@ def _transition_if_expired(
 
 
 # ---- user requests (the caller commits) -----------------------------------------------------
-def _retrying(session: Session, job: Job, attempt: Any) -> Job:
+def _retrying(session: Session, job: Job, attempt: Callable[[Job], Job]) -> Job:
     """Run `attempt(job)` again after a re-read when a worker/reaper changed the job under us."""
     for _ in range(5):
         try:

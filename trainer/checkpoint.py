@@ -22,13 +22,17 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from trainer.config import ModelConfig, TrainConfig
+
+if TYPE_CHECKING:  # both imported lazily below
+    from trainer.model import Llama
+    from trainer.tokenizers import Tokenizer
 
 FORMAT_VERSION = 1
 STEP_DIR_RE = re.compile(r"^step-(\d{8,})$")
@@ -42,7 +46,7 @@ class CheckpointError(ValueError):
 class Checkpoint:
     model_config: ModelConfig
     train_config: TrainConfig
-    tokenizer: Any  # trainer.tokenizers.Tokenizer
+    tokenizer: Tokenizer
     model_state: dict[str, torch.Tensor]
     state: dict[str, Any]
     path: Path
@@ -194,7 +198,7 @@ def save_checkpoint(
     model: torch.nn.Module,
     model_config: ModelConfig,
     train_config: TrainConfig,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     state: dict[str, Any],
     optimizer: torch.optim.Optimizer | None = None,
     extra_meta: dict[str, Any] | None = None,
@@ -269,7 +273,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
     return Checkpoint(model_config, train_config, tokenizer, model_state, state, path)
 
 
-def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Any, Any]:
+def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Llama, Tokenizer]:
     """(Llama in eval mode on `device`, Tokenizer) from a checkpoint folder."""
     from trainer.model import Llama
 

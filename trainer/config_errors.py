@@ -6,9 +6,8 @@ a, b; got 'c'") so the CLI, the API and the dashboard say the same thing whichev
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 # How much of a user's value an error message quotes (a 1 MB string is not echoed back).
 MAX_QUOTED = 80
@@ -27,12 +26,12 @@ class ConfigError(ValueError):
         return self.problems[0][0]
 
 
-def quote(value: Any) -> str:
+def quote(value: object) -> str:
     text = repr(value)
     return text if len(text) <= MAX_QUOTED else text[: MAX_QUOTED - 3] + "..."
 
 
-def _message(error: Any, what: str) -> str:
+def _message(error: ErrorDetails, what: str) -> str:
     kind = error["type"]
     ctx = error.get("ctx") or {}
     got = quote(error.get("input"))

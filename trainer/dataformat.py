@@ -68,7 +68,7 @@ def chat_template(messages: Iterable[dict[str, str]]) -> str:
     return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 

@@ -19,20 +19,25 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from trainer.config import ModelConfig, TrainConfig
 from trainer.metrics_file import MetricsFile
 from trainer.optim import lr_at, set_lr
-from trainer.run import TrainRun
+from trainer.run import StartInfo, TrainRun
 from trainer.run_setup import start_run
 from trainer.train_step import OptimizerStep, evaluate
+
+if TYPE_CHECKING:  # trainer.data is imported lazily (see trainer.run_setup)
+    from trainer.data import TokenData
+    from trainer.tokenizers import Tokenizer
 
 StopReason = Literal["completed", "stop", "pause", "time_limit"]
 
@@ -41,7 +46,7 @@ class Callbacks:
     """Hooks for the service (and the CLI's progress display). All no-ops; override what you need.
     They run on the training thread between steps, so keep them cheap."""
 
-    def on_start(self, info: dict[str, Any]) -> None:
+    def on_start(self, info: StartInfo) -> None:
         """info: total_steps, start_step, n_params, tokens_per_step, device, dtype."""
 
     def on_step(
@@ -87,12 +92,12 @@ class TrainResult:
 def train(
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
-    train_path: Any,
+    train_path: str | os.PathLike[str] | TokenData,
     out_dir: Path,
     callbacks: Callbacks | None = None,
     *,
-    tokenizer: Any = None,
-    validation_path: Any = None,
+    tokenizer: Tokenizer | None = None,
+    validation_path: str | os.PathLike[str] | None = None,
     resume: bool | Path = False,
     init_from: Path | None = None,
 ) -> TrainResult:

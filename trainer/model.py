@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -282,7 +283,7 @@ class Llama(nn.Module):
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
 
-    def optimizer_groups(self, weight_decay: float) -> list[dict]:
+    def optimizer_groups(self, weight_decay: float) -> list[dict[str, Any]]:
         """nanoGPT's rule: decay 2-D weights (matmuls, embeddings), not norms."""
         params = {n: p for n, p in self.named_parameters() if p.requires_grad}
         decay = [p for p in params.values() if p.dim() >= 2]

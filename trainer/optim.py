@@ -7,10 +7,14 @@ uninterrupted one used (nothing about the schedule is stored in a checkpoint).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    from trainer.model import Llama
 
 
 def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
@@ -51,7 +55,7 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
 
 
 def make_optimizer(
-    model: torch.nn.Module, cfg: TrainConfig, device: torch.device | str = "cpu"
+    model: Llama, cfg: TrainConfig, device: torch.device | str = "cpu"
 ) -> torch.optim.Optimizer:
     """AdamW (decay only on >=2-D weights, via model.optimizer_groups) or L-BFGS.
 
@@ -65,8 +69,8 @@ def make_optimizer(
     """
     device_type = torch.device(device).type
     if cfg.optimizer == "adamw":
-        groups = model.optimizer_groups(cfg.weight_decay)  # type: ignore[operator]
-        extra: dict = {"fused": True} if device_type == "cuda" else {}
+        groups = model.optimizer_groups(cfg.weight_decay)
+        extra: dict[str, bool] = {"fused": True} if device_type == "cuda" else {}
         return torch.optim.AdamW(
             groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra
         )

@@ -8,10 +8,21 @@ import math
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeAlias
 
 from trainer.loop import Callbacks
+
+if TYPE_CHECKING:  # rich is imported only when a bar is shown
+    from rich.progress import Progress, TaskID
+
+    from trainer.run import StartInfo
+
+# what signal.signal() returns: the previous handler (a function, SIG_DFL/SIG_IGN, or None when it was
+# not installed from Python)
+SignalHandler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 def _eta(seconds: float) -> str:
@@ -30,15 +41,15 @@ class ProgressCallbacks(Callbacks):
         self.min_interval = min_interval  # plain mode: at most one step line per this many seconds
         self.total = 0
         self.start_step = 0
-        self._progress: Any = None
-        self._task: Any = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
         self._last_print = -float("inf")
         self._t0 = time.perf_counter()
         self._stop_requested = False
-        self._old_handler: Any = None
+        self._old_handler: SignalHandler = None
 
     # -- Ctrl-C -> graceful stop
-    def _on_sigint(self, signum: int, frame: Any) -> None:
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         if self._stop_requested:
             raise KeyboardInterrupt
         self._stop_requested = True
@@ -53,7 +64,7 @@ class ProgressCallbacks(Callbacks):
         else:
             print(line, file=self.stream, flush=True)
 
-    def on_start(self, info: dict[str, Any]) -> None:
+    def on_start(self, info: StartInfo) -> None:
         self.total, self.start_step = info["total_steps"], info["start_step"]
         self._t0 = time.perf_counter()
         try:
@@ -95,7 +106,7 @@ class ProgressCallbacks(Callbacks):
     def on_step(
         self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float, tokens_seen: int
     ) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:  # set together in on_start
             self._progress.update(
                 self._task, completed=step, loss=f"{train_loss:.4f}", tps=f"{tokens_per_s:,.0f}"
             )

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -22,13 +22,25 @@ from trainer.model import Llama
 
 if TYPE_CHECKING:
     from trainer.data import BatchSampler
+    from trainer.tokenizers import Tokenizer
+
+
+class StartInfo(TypedDict):
+    """What Callbacks.on_start receives."""
+
+    total_steps: int
+    start_step: int
+    n_params: int
+    tokens_per_step: int
+    device: str  # e.g. "cpu", "cuda:0"
+    dtype: str  # e.g. "float32", "bfloat16"
 
 
 @dataclass
 class TrainRun:
     cfg: TrainConfig
     model_cfg: ModelConfig
-    tokenizer: Any  # trainer.tokenizers.Tokenizer
+    tokenizer: Tokenizer
     out_dir: Path
     device: torch.device
     dtype: torch.dtype
@@ -64,13 +76,13 @@ class TrainRun:
     def step_checkpoint_path(self) -> Path:
         return self.checkpoint_dir / f"step-{self.step:08d}"
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
         """The mixed-precision context of forward passes (none in float32)."""
         if self.dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
-    def start_info(self) -> dict[str, Any]:
+    def start_info(self) -> StartInfo:
         """What Callbacks.on_start receives."""
         return {
             "total_steps": self.total_steps,

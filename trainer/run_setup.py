@@ -8,10 +8,11 @@ gradient scaler and sampler position from its checkpoint.
 from __future__ import annotations
 
 import math
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ from trainer.run import TrainRun
 
 if TYPE_CHECKING:  # trainer.data is imported lazily: it keeps `import trainer.loop` light
     from trainer.data import BatchSampler, TokenData
+    from trainer.tokenizers import Tokenizer
 
 NEWLINE_ID = 10  # byte 10 is id 10 in both the byte and the BPE tokenizer
 
@@ -37,11 +39,11 @@ NEWLINE_ID = 10  # byte 10 is id 10 in both the byte and the BPE tokenizer
 def start_run(
     model_cfg: ModelConfig,
     cfg: TrainConfig,
-    train_path: Any,
+    train_path: str | os.PathLike[str] | TokenData,
     out_dir: Path,
     *,
-    tokenizer: Any,
-    validation_path: Any,
+    tokenizer: Tokenizer | None,
+    validation_path: str | os.PathLike[str] | None,
     resume: bool | Path,
     init_from: Path | None,
 ) -> TrainRun:
@@ -129,8 +131,12 @@ def resume_checkpoint_path(out_dir: Path, resume: bool | Path) -> Path | None:
 
 
 def load_data(
-    cfg: TrainConfig, train_path: Any, tokenizer: Any, validation_path: Any, out_dir: Path
-) -> tuple[TokenData, Any]:
+    cfg: TrainConfig,
+    train_path: str | os.PathLike[str] | TokenData,
+    tokenizer: Tokenizer | None,
+    validation_path: str | os.PathLike[str] | None,
+    out_dir: Path,
+) -> tuple[TokenData, Tokenizer]:
     """(tokens, tokenizer): prepared TokenData as given (with its tokenizer), or a text/JSONL file
     tokenized (training a tokenizer on it first when none is given), cached under out_dir/cache."""
     from trainer.data import TokenData, prepare_data

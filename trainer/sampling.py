@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from trainer.model import KVCache, Llama
+
+if TYPE_CHECKING:
+    from trainer.tokenizers import Tokenizer
 
 
 def sample_next(
@@ -94,7 +97,7 @@ def generate_ids(
 
 def generate(
     model: Llama,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     prompt: str,
     max_new_tokens: int = 200,
     temperature: float = 0.8,

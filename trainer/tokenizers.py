@@ -22,7 +22,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from functools import cache
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # tokenizers (Hugging Face) is imported only when a BPE is built
+    from tokenizers import Tokenizer as HFTokenizer
 
 N_BYTES = 256
 BOS_ID = 256
@@ -136,7 +139,7 @@ class BPETokenizer:
             raise ValueError("BPE vocabulary does not have <s>=256 and </s>=257; not a fromscratch tokenizer")
 
     @property
-    def hf_tokenizer(self) -> Any:
+    def hf_tokenizer(self) -> HFTokenizer:
         """The underlying `tokenizers.Tokenizer` (exports write its JSON)."""
         return self._hf
 
@@ -230,7 +233,7 @@ def train_bpe(vocab_size: int, texts: Iterable[str]) -> BPETokenizer:
     return BPETokenizer(_build_hf_bpe(_merge_pairs(raw), max_vocab=vocab_size))
 
 
-def _merge_pairs(raw: list[Any]) -> list[tuple[str, str]]:
+def _merge_pairs(raw: list[str | list[str]]) -> list[tuple[str, str]]:
     """tokenizers' JSON stores a merge as "a b" (older) or ["a", "b"] (newer)."""
     pairs = [m.split(" ", 1) if isinstance(m, str) else m for m in raw]
     return [(a, b) for a, b in pairs]

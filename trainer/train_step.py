@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from trainer.run import TrainRun
+
+if TYPE_CHECKING:
+    from trainer.data import BatchSampler
 
 
 class OptimizerStep:
@@ -70,10 +73,10 @@ class OptimizerStep:
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
-    make_sampler: Callable[[], Any],
+    make_sampler: Callable[[], BatchSampler],
     n_batches: int,
     device: torch.device,
-    autocast: Callable[[], contextlib.AbstractContextManager[Any]],
+    autocast: Callable[[], contextlib.AbstractContextManager[None]],
 ) -> float:
     """Mean loss over the first n_batches of a freshly seeded sampler (the same batches every call)."""
     was_training = model.training

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -28,7 +28,11 @@ from core.models import Job
 from trainer.loop import Callbacks
 from worker.checkpoint_store import store_checkpoint
 from worker.lease import LeaseLost
-from worker.metric_rows import write_progress
+from worker.metric_rows import MetricValues, write_progress
+
+if TYPE_CHECKING:
+    from core.blobstore import BlobStore
+    from trainer.run import StartInfo
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ class ServiceCallbacks(Callbacks):
     def __init__(
         self,
         session_factory: sessionmaker[Session],
-        store: Any,
+        store: BlobStore,
         *,
         job_id: str,
         worker_id: str,
@@ -73,7 +77,7 @@ class ServiceCallbacks(Callbacks):
         self.lease_lost = lease_lost or threading.Event()
         self.shutdown = shutdown or threading.Event()
         self.cause: StopCause | None = None
-        self.buffer: dict[int, dict[str, Any]] = {}
+        self.buffer: dict[int, MetricValues] = {}
         self.progress: dict[str, Any] = {}
         self.last_flush = time.monotonic()
         self.last_check = 0.0
@@ -83,7 +87,7 @@ class ServiceCallbacks(Callbacks):
         self.first_step_written = False  # the first loss of a run is written at once (time to first loss)
 
     # ------------------------------------------------------------------ trainer hooks
-    def on_start(self, info: dict[str, Any]) -> None:
+    def on_start(self, info: StartInfo) -> None:
         self.progress.update(total_steps=int(info["total_steps"]), step=int(info["start_step"]))
         self.flush()
 

@@ -27,7 +27,7 @@ def enqueue_job(job_id: str, queue: str) -> None:
 
 
 @signals.worker_ready.connect
-def _start_reaper(sender: Any = None, **_: Any) -> None:
+def _start_reaper(sender: object = None, **_: Any) -> None:
     from worker.reaper import start_reaper
 
     start_reaper(app, get_settings())

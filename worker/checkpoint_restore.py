@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -15,9 +15,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.models import Checkpoint, Job
 from worker.failures import JobFailure
 
+if TYPE_CHECKING:
+    from core.blobstore import BlobStore
+
 
 def latest_checkpoint(
-    session_factory: sessionmaker[Session], store: Any, job_id: str, dest: Path
+    session_factory: sessionmaker[Session], store: BlobStore, job_id: str, dest: Path
 ) -> tuple[Path | None, int]:
     """Extract the newest stored checkpoint of this job (if any) under `dest`: (folder, step)."""
     with session_factory() as session:
@@ -31,7 +34,7 @@ def latest_checkpoint(
 
 
 def base_model_checkpoint(
-    session_factory: sessionmaker[Session], store: Any, base_model_id: str, owner_id: str, dest: Path
+    session_factory: sessionmaker[Session], store: BlobStore, base_model_id: str, owner_id: str, dest: Path
 ) -> Path:
     """The final checkpoint folder of the model a job continues training from (a fine-tuned model
     id or a checkpoint's model id of the same owner), extracted under `dest`."""
@@ -56,7 +59,7 @@ def base_model_checkpoint(
     return extract_checkpoint(store, blob_id, dest)
 
 
-def extract_checkpoint(store: Any, blob_id: str, dest: Path) -> Path:
+def extract_checkpoint(store: BlobStore, blob_id: str, dest: Path) -> Path:
     """Unpack a checkpoint tar into a fresh `dest`; returns the one checkpoint folder inside it."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)

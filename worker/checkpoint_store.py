@@ -13,7 +13,7 @@ import os
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -21,12 +21,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.models import Checkpoint, Export, Job, utcnow
 from worker.lease import LeaseLost, lock_held_job
 
+if TYPE_CHECKING:
+    from core.blobstore import BlobStore
+
 log = logging.getLogger(__name__)
 
 
 def store_checkpoint(
     session_factory: sessionmaker[Session],
-    store: Any,
+    store: BlobStore,
     *,
     job_id: str,
     worker_id: str,
@@ -128,7 +131,7 @@ def _rotate(session: Session, job_id: str, keep: int) -> list[str]:
     return doomed
 
 
-def _delete_blob(session_factory: sessionmaker[Session], store: Any, blob_id: str) -> None:
+def _delete_blob(session_factory: sessionmaker[Session], store: BlobStore, blob_id: str) -> None:
     try:
         with session_factory() as session:
             store.delete(blob_id, session)

@@ -17,7 +17,7 @@ import socket
 import sys
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "worker",
         help="run a Celery training worker",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -24,14 +24,19 @@ from trainer.config import TrainConfig
 from trainer.dataformat import DataError, validate_file
 from worker.failures import JobFailure
 
+if TYPE_CHECKING:  # types only (trainer.data and trainer.tokenizers are imported when first needed)
+    from core.blobstore import BlobStore
+    from trainer.data import TokenData
+    from trainer.tokenizers import Tokenizer
+
 
 def fetch_file(
-    session_factory: sessionmaker[Session], store: Any, cache_dir: Path, file_id: str, param: str
+    session_factory: sessionmaker[Session], store: BlobStore, cache_dir: Path, file_id: str, param: str
 ) -> Path:
     """Download a File's blob into the content-addressed cache (once) and validate it."""
     with session_factory() as session:
         file = session.get(File, file_id)
-        if file is None:
+        if file is None or file.blob_id is None:  # no row, or its bytes freed by a delete
             raise JobFailure(
                 "invalid_training_file",
                 f"The {param.replace('_', ' ')} {file_id} no longer exists; "
@@ -52,7 +57,7 @@ def fetch_file(
     return path
 
 
-def job_tokenizer(cache_dir: Path, train_path: Path, sha256: str, cfg: TrainConfig) -> Any:
+def job_tokenizer(cache_dir: Path, train_path: Path, sha256: str, cfg: TrainConfig) -> Tokenizer:
     """The tokenizer for this data: cached per (file sha256, kind, vocab size)."""
     from trainer.dataformat import iter_documents
     from trainer.tokenizers import tokenizer_from_json, train_tokenizer
@@ -68,7 +73,7 @@ def job_tokenizer(cache_dir: Path, train_path: Path, sha256: str, cfg: TrainConf
     return tokenizer
 
 
-def tokenizer_of(checkpoint: Path) -> Any:
+def tokenizer_of(checkpoint: Path) -> Tokenizer:
     """The tokenizer stored in a checkpoint folder (resume / continue training keep it)."""
     from trainer.tokenizers import tokenizer_from_json
 
@@ -76,8 +81,8 @@ def tokenizer_of(checkpoint: Path) -> Any:
 
 
 def prepare_tokens(
-    cache_dir: Path, train_path: Path, val_path: Path | None, tokenizer: Any, cfg: TrainConfig
-) -> Any:
+    cache_dir: Path, train_path: Path, val_path: Path | None, tokenizer: Tokenizer, cfg: TrainConfig
+) -> TokenData:
     """Tokenize (or reuse the cached tokens of) the training and validation files: a TokenData."""
     from trainer.data import prepare_data
 

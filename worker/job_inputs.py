@@ -16,7 +16,9 @@ from worker.checkpoint_restore import base_model_checkpoint, latest_checkpoint
 from worker.data_cache import fetch_file, job_tokenizer, prepare_tokens, tokenizer_of
 
 if TYPE_CHECKING:
+    from core.blobstore import BlobStore
     from trainer.data import TokenData
+    from trainer.tokenizers import Tokenizer
 
 
 @dataclass
@@ -33,7 +35,7 @@ class JobSnapshot:
     base_model_id: str | None
     queue: str
     keep_checkpoints: int | None
-    naming_job: Any  # a detached Job for core.naming
+    naming_job: Job  # the job row, detached from its session, for core.naming
 
     @classmethod
     def of(cls, job: Job, session: Session) -> JobSnapshot:
@@ -62,7 +64,7 @@ class TrainingInputs:
     model_cfg: ModelConfig
     train_cfg: TrainConfig
     data: TokenData
-    tokenizer: Any  # trainer.tokenizers.Tokenizer
+    tokenizer: Tokenizer
     resume_path: Path | None  # the job's newest stored checkpoint (None: a fresh start)
     resume_step: int  # its step (0 without one)
     init_from: Path | None  # the base model's final checkpoint ("continue training"), for a fresh start
@@ -70,7 +72,7 @@ class TrainingInputs:
 
 def prepare_inputs(
     session_factory: sessionmaker[Session],
-    store: Any,
+    store: BlobStore,
     *,
     job_id: str,
     snapshot: JobSnapshot,

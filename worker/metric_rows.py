@@ -7,18 +7,26 @@ after S first (`delete_metrics_after`), so the series never holds a step twice.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, update
 from sqlalchemy.orm import Session
 
 from core.models import Job, Metric, utcnow
 
+if TYPE_CHECKING:
+    from sqlalchemy.dialects.postgresql import Insert as PostgresInsert
+    from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
+
 METRIC_COLUMNS = ("train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "tokens_seen")
+
+# one step's metric values by column (a value not measured at that step is absent or None)
+MetricValues = dict[str, float | None]
 
 
 def write_progress(
-    session: Session, job_id: str, worker_id: str, progress: dict[str, Any], rows: dict[int, dict[str, Any]]
+    session: Session, job_id: str, worker_id: str, progress: dict[str, Any], rows: dict[int, MetricValues]
 ) -> bool:
     """Update the job's progress columns and upsert its metric rows, only while `worker_id` holds
     the job's lease (the caller commits). False, with nothing written, when the lease is gone."""
@@ -33,7 +41,7 @@ def write_progress(
     return True
 
 
-def upsert_metrics(session: Session, job_id: str, rows: dict[int, dict[str, Any]]) -> None:
+def upsert_metrics(session: Session, job_id: str, rows: dict[int, MetricValues]) -> None:
     """Insert or update Metric rows by (job_id, step); None never overwrites a stored value."""
     if not rows:
         return
@@ -56,7 +64,7 @@ def delete_metrics_after(session: Session, job_id: str, step: int) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
-def _insert(session: Session) -> Any:
+def _insert(session: Session) -> Callable[[type[Metric]], PostgresInsert | SqliteInsert]:
     """The dialect's INSERT with ON CONFLICT (PostgreSQL and SQLite both have it)."""
     name = session.get_bind().dialect.name
     if name == "postgresql":

@@ -9,11 +9,10 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.blobstore import blobstore_from_settings
+from core.blobstore import BlobStore, blobstore_from_settings
 from core.db import make_engine, make_session_factory
 from core.settings import Settings
 
@@ -28,7 +27,7 @@ def request_shutdown() -> None:
 @dataclass
 class Resources:
     session_factory: sessionmaker[Session]
-    store: Any
+    store: BlobStore
 
 
 _resources: dict[tuple[str, str], Resources] = {}

@@ -21,14 +21,20 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
 
 from core.jobstates import requeue_expired
 from core.models import Job, utcnow
 from core.settings import Settings
 from core.status import CLAIMABLE
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from core.blobstore import BlobStore
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +42,27 @@ LOST_MESSAGE_SECONDS = 30.0
 BLOB_GC_SECONDS = 6 * 3600.0
 BLOB_GC_EVERY = 60  # reaper rounds between blob collections
 
+
+class RoundReport(TypedDict):
+    """What one reaper round did (for tests and logs)."""
+
+    requeued: list[str]  # job ids whose expired lease was given back to the queue
+    resent: list[str]  # job ids whose message was sent again
+    blobs: NotRequired[int]  # incomplete blobs deleted (only on the rounds that collect them)
+
+
 _started: dict[str, Reaper] = {}
 _lock = threading.Lock()
 
 
 class Reaper(threading.Thread):
     def __init__(
-        self, celery: Any, settings: Settings, session_factory: Any, store: Any, interval: float | None = None
+        self,
+        celery: Celery,
+        settings: Settings,
+        session_factory: sessionmaker[Session],
+        store: BlobStore,
+        interval: float | None = None,
     ):
         super().__init__(name="fromscratch-reaper", daemon=True)
         self.celery, self.settings = celery, settings
@@ -62,9 +82,9 @@ class Reaper(threading.Thread):
     def stop(self) -> None:
         self.stop_event.set()
 
-    def run_once(self) -> dict[str, Any]:
+    def run_once(self) -> RoundReport:
         """One round; returns what it did (job ids, blob count), for tests and logs."""
-        done: dict[str, Any] = {"requeued": self.requeue_expired(), "resent": self.resend_lost()}
+        done: RoundReport = {"requeued": self.requeue_expired(), "resent": self.resend_lost()}
         self.rounds += 1
         if self.rounds % BLOB_GC_EVERY == 1:
             done["blobs"] = self.collect_blobs()
@@ -98,7 +118,7 @@ class Reaper(threading.Thread):
                     )
                     .values(updated_at=utcnow())
                 )
-                if result.rowcount:
+                if result.rowcount:  # type: ignore[attr-defined]
                     resent.append((job_id, queue))
             session.commit()
         for job_id, queue in resent:
@@ -127,7 +147,7 @@ class Reaper(threading.Thread):
             log.warning("could not send job %s to queue %s", job_id, queue, exc_info=True)
 
 
-def start_reaper(celery: Any, settings: Settings) -> Reaper:
+def start_reaper(celery: Celery, settings: Settings) -> Reaper:
     """Start this process's reaper (once)."""
     from worker.process import resources
 

@@ -40,6 +40,7 @@ import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -75,7 +76,7 @@ EVENT_ID_HELP = "resume after this event id of the stream (<step>.<seq>, as the 
 
 
 # ------------------------------------------------------------------------------------------ events
-def _event_cursor(session: Session, job: Job, after: str) -> tuple[Any, int, int]:
+def _event_cursor(session: Session, job: Job, after: str) -> tuple[datetime, int, int]:
     m = _METRIC_EVENT_RE.match(after)
     if m:
         if m.group(1) != job_hex(job.id):
@@ -117,7 +118,7 @@ def list_events(
         mq.order_by(Metric.created_at.desc(), Metric.step.desc()).limit(limit + 1)
     ).all()
     events = session.scalars(eq.order_by(Event.created_at.desc(), Event.seq.desc()).limit(limit + 1)).all()
-    merged: list[tuple[Any, int, int, JobEvent]] = [
+    merged: list[tuple[datetime, int, int, JobEvent]] = [
         (m.created_at, RANK_METRIC, m.step, to_metric_event(job.id, m, job.total_steps)) for m in metrics
     ]
     merged += [(e.created_at, RANK_MESSAGE, e.seq, to_event(e)) for e in events]

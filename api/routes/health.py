@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -29,6 +29,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.errors import error_response
 from core.models import Job
 from core.status import CLAIMABLE, JobStatus
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 log = logging.getLogger("fromscratch.api")
 router = APIRouter(tags=["health"])
@@ -38,7 +41,7 @@ class JobsCollector(Collector):
     def __init__(self, session_factory: sessionmaker[Session]) -> None:
         self.session_factory = session_factory
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("fromscratch_database_up", "1 when the scrape-time database queries succeeded")
         try:
             with self.session_factory() as s:
@@ -102,7 +105,7 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-def _check_broker(celery: Any) -> None:
+def _check_broker(celery: Celery) -> None:
     with celery.connection_for_write() as conn:
         conn.ensure_connection(
             max_retries=1, interval_start=0, interval_step=0.2, interval_max=0.5, timeout=3

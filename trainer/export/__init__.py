@@ -16,11 +16,14 @@ import os
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from trainer.config import ModelConfig
+
+if TYPE_CHECKING:
+    from trainer.tokenizers import Tokenizer
 
 FORMATS = ("gguf", "hf", "onnx")
 DTYPES = ("f32", "f16", "q8_0")
@@ -43,7 +46,7 @@ def export(ckpt_dir: Path | str, fmt: str, out: Path | str, dtype: str = "f32") 
 def export_model(
     model_cfg: ModelConfig,
     state_dict: Mapping[str, torch.Tensor],
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     fmt: str,
     out: Path | str,
     dtype: str = "f32",

@@ -20,14 +20,17 @@ Facts this relies on (from llama.cpp's loader and gguf-py):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from trainer.config import ModelConfig
 from trainer.export import ExportError, write_atomically
-from trainer.tokenizers import bytes_to_unicode
+from trainer.tokenizers import BPETokenizer, Tokenizer, bytes_to_unicode
+
+if TYPE_CHECKING:  # gguf is imported only when this export runs
+    from gguf import GGMLQuantizationType
 
 # Divisor for rotary pairs that must not rotate: angle = pos * freq / 1e30 is 0 for any real context.
 NO_ROTATION = 1e30
@@ -61,7 +64,7 @@ def rope_freq_factors(cfg: ModelConfig) -> np.ndarray | None:
     return factors.astype(np.float32)
 
 
-def gguf_vocab(tokenizer: Any) -> tuple[list[str], list[int], list[str]]:
+def gguf_vocab(tokenizer: Tokenizer) -> tuple[list[str], list[int], list[str]]:
     """(token strings, token types, merges) in llama.cpp's `gpt2` vocabulary form."""
     b2u = bytes_to_unicode()
     specials = {tokenizer.bos_id: "<s>", tokenizer.eos_id: "</s>"}
@@ -78,7 +81,7 @@ def gguf_vocab(tokenizer: Any) -> tuple[list[str], list[int], list[str]]:
         else:  # an id with no bytes that is not BOS/EOS: keep the slot, never produced by text
             tokens.append(f"<unused{i}>")
             types.append(TOKEN_UNUSED)
-    if tokenizer.kind == "bpe":
+    if isinstance(tokenizer, BPETokenizer):  # the only tokenizer of kind "bpe"
         merges = [f"{a} {b}" for a, b in tokenizer.merges]
     elif tokenizer.kind == "byte":
         merges = [f"{b2u[0xFF]} {b2u[0xFF]}"]
@@ -117,7 +120,7 @@ def gguf_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, 
 
 
 def write_gguf(
-    cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Any, out: Path, dtype: str, name: str
+    cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer, out: Path, dtype: str, name: str
 ) -> Path:
     import gguf  # lazy: only this export needs it
 
@@ -162,7 +165,7 @@ def write_gguf(
         w.add_add_eos_token(False)
 
         for key, arr in tensors.items():
-            qtype = _tensor_type(gguf, key, arr, dtype)
+            qtype = _tensor_type(key, arr, dtype)
             if qtype == gguf.GGMLQuantizationType.F32:
                 w.add_tensor(key, arr)
             elif qtype == gguf.GGMLQuantizationType.F16:
@@ -177,12 +180,14 @@ def write_gguf(
     return write_atomically(out, write)
 
 
-def _tensor_type(gguf: Any, key: str, arr: np.ndarray, dtype: str) -> Any:
+def _tensor_type(key: str, arr: np.ndarray, dtype: str) -> GGMLQuantizationType:
     """Norms and rope_freqs stay f32 (as llama.cpp's converter keeps 1-D tensors); q8_0 needs rows
     that are a multiple of its 32-value block, other matrices fall back to f16 (as llama.cpp does)."""
-    T = gguf.GGMLQuantizationType
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as T
+
     if dtype == "f32" or arr.ndim < 2:
         return T.F32
-    if dtype == "q8_0" and arr.shape[-1] % gguf.GGML_QUANT_SIZES[T.Q8_0][0] == 0:
+    if dtype == "q8_0" and arr.shape[-1] % GGML_QUANT_SIZES[T.Q8_0][0] == 0:
         return T.Q8_0
     return T.F16

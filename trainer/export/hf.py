@@ -20,7 +20,7 @@ import torch
 
 from trainer.config import ModelConfig
 from trainer.export import ExportError, write_atomically
-from trainer.tokenizers import bytes_to_unicode
+from trainer.tokenizers import BPETokenizer, Tokenizer, bytes_to_unicode
 
 BOS_TOKEN, EOS_TOKEN = "<s>", "</s>"
 
@@ -48,7 +48,7 @@ def hf_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str,
     return out
 
 
-def hf_config(cfg: ModelConfig, tokenizer: Any, torch_dtype: str) -> dict[str, Any]:
+def hf_config(cfg: ModelConfig, tokenizer: Tokenizer, torch_dtype: str) -> dict[str, Any]:
     rope = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -78,10 +78,10 @@ def hf_config(cfg: ModelConfig, tokenizer: Any, torch_dtype: str) -> dict[str, A
     }
 
 
-def hf_tokenizer_json(tokenizer: Any) -> str:
+def hf_tokenizer_json(tokenizer: Tokenizer) -> str:
     """The HF `tokenizers` JSON: the BPE's own (it is one), or for bytes a BPE over the 256
     byte-to-unicode symbols with no merges, so every byte is one token with id = byte value."""
-    if tokenizer.kind == "bpe":
+    if isinstance(tokenizer, BPETokenizer):  # the only tokenizer of kind "bpe"
         return tokenizer.hf_tokenizer.to_str()
     if tokenizer.kind != "byte":
         raise ExportError(f"Hugging Face export does not know tokenizer kind {tokenizer.kind!r}")
@@ -97,7 +97,9 @@ def hf_tokenizer_json(tokenizer: Any) -> str:
     return hf.to_str()
 
 
-def write_hf(cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Any, out: Path, dtype: str) -> Path:
+def write_hf(
+    cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer, out: Path, dtype: str
+) -> Path:
     if cfg.n_rot != cfg.head_dim:
         raise ExportError(
             f"the Hugging Face export cannot express partial rotary embeddings (rope_dims={cfg.n_rot} < "
