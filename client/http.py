@@ -274,7 +274,7 @@ class Client:
         self,
         model_id: str,
         fmt: str,
-        write: Callable[[bytes], Any],
+        write: Callable[[bytes], object],
         on_start: Callable[[int | None, str | None], None] | None = None,
         progress: ProgressFn | None = None,
     ) -> None:

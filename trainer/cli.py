@@ -12,7 +12,6 @@ import argparse
 import sys
 import typing
 from pathlib import Path
-from typing import Any
 
 from trainer import schema
 from trainer.config import DEFAULT_PRESET, PRESETS, ConfigError, TrainConfig, model_config_from_preset
@@ -22,7 +21,7 @@ def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _add_train_parser(subparsers: Any) -> None:
+def _add_train_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "train",
         help="train a llama from scratch on a text/JSONL file",
@@ -171,7 +170,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_sample_parser(subparsers: Any) -> None:
+def _add_sample_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "sample",
         help="generate text from a checkpoint",
@@ -237,7 +236,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_export_parser(subparsers: Any) -> None:
+def _add_export_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "export",
         help="export a checkpoint as GGUF, Hugging Face or ONNX",
@@ -275,7 +274,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_train_parser(subparsers)
     _add_sample_parser(subparsers)
     _add_export_parser(subparsers)

@@ -12,6 +12,9 @@ from client.commands.runner import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
 from core.status import TERMINAL, JobStatus
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
+if TYPE_CHECKING:
     from client.http import Client
 
 # `jobs follow`'s exit code by the job's final status (any other: EXIT_ERROR)
@@ -187,7 +190,7 @@ def follow_job(client: Client, job_id: str, json_summary: bool = False, poll_sec
     return EXIT_CODES.get(job.get("status", ""), EXIT_ERROR)
 
 
-def _summary_table(job: dict[str, Any], state: _FollowState) -> Any:
+def _summary_table(job: dict[str, Any], state: _FollowState) -> Table:
     """The table printed when the followed job has ended."""
 
     from rich.table import Table

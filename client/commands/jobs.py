@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.commands.follow import follow_job
 from client.commands.output import (
@@ -20,6 +20,9 @@ from client.commands.output import (
 from client.commands.runner import EXIT_OK, UsageError, connect
 from client.hyperparameter_options import hyperparameters_from_args
 from core.status import TERMINAL
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def cmd_jobs_create(args: argparse.Namespace) -> int:
@@ -86,7 +89,7 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _job_table(job: dict[str, Any]) -> Any:
+def _job_table(job: dict[str, Any]) -> Table:
     """The details of one job as a two-column table (empty fields left out)."""
 
     from rich.table import Table

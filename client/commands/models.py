@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 from client.commands.output import add_id_column, format_size, format_time, make_console, print_json
 from client.commands.runner import EXIT_OK, connect
@@ -40,7 +40,7 @@ def cmd_models_download(args: argparse.Namespace) -> int:
 
     out_arg = Path(args.output) if args.output else None
     tmp: Path | None = None
-    fh: Any = None
+    fh: BinaryIO | None = None
     final: Path | None = None
     with (
         connect(args) as client,
@@ -69,15 +69,19 @@ def cmd_models_download(args: argparse.Namespace) -> int:
             fh = tmp.open("wb")
             bar.update(task, total=total)
 
+        def write(chunk: bytes) -> None:
+            assert fh is not None  # opened by on_start, before the first chunk
+            fh.write(chunk)
+
         try:
             client.download_model(
                 args.id,
                 args.format,
-                write=lambda b: fh.write(b),
+                write=write,
                 on_start=on_start,
                 progress=lambda n: bar.advance(task, n),
             )
-            assert tmp is not None and final is not None  # download_model calls on_start first
+            assert tmp is not None and final is not None and fh is not None  # on_start ran first
             fh.close()
             os.replace(tmp, final)  # the file appears whole or not at all
         finally:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 
-def make_console(stderr: bool = False) -> Any:
+def make_console(stderr: bool = False) -> Console:
     """A rich Console on stdout (tables) or stderr (progress and notes), without highlighting."""
     from rich.console import Console
 
@@ -19,14 +23,14 @@ def print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=False))
 
 
-def format_time(ts: Any, short: bool = False) -> str:
+def format_time(ts: object, short: bool = False) -> str:
     """A Unix timestamp as local time ("-" when absent)."""
     if not isinstance(ts, int | float) or ts <= 0:
         return "-"
     return datetime.fromtimestamp(ts).strftime("%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S")
 
 
-def add_id_column(table: Any, rows: list[dict[str, Any]]) -> None:
+def add_id_column(table: Table, rows: list[dict[str, Any]]) -> None:
     """A first ID column that is never cut or wrapped: ids are what users copy."""
     from rich.table import Column
 
@@ -34,12 +38,12 @@ def add_id_column(table: Any, rows: list[dict[str, Any]]) -> None:
     table.columns.insert(0, Column("ID", no_wrap=True, min_width=width))
 
 
-def format_number(value: Any, fmt: str = ".4f") -> str:
+def format_number(value: object, fmt: str = ".4f") -> str:
     """A number in `fmt` ("-" when absent)."""
     return format(value, fmt) if isinstance(value, int | float) else "-"
 
 
-def format_duration(seconds: Any) -> str:
+def format_duration(seconds: object) -> str:
     """Seconds as 1h02m03s, 2m03s or 3s ("-" when absent)."""
     if not isinstance(seconds, int | float) or seconds < 0:
         return "-"
@@ -49,7 +53,7 @@ def format_duration(seconds: Any) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-def format_size(n: Any) -> str:
+def format_size(n: object) -> str:
     """A byte count in decimal units ("-" when absent)."""
     if not isinstance(n, int | float):
         return "-"

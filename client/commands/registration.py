@@ -33,12 +33,12 @@ def _connection_options() -> argparse.ArgumentParser:
     return common
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `files`, `jobs` and `models` command groups to `fromscratch`'s subparsers."""
     common = _connection_options()
 
     def leaf(
-        group: argparse._SubParsersAction,
+        group: argparse._SubParsersAction[argparse.ArgumentParser],
         name: str,
         help_text: str,
         handler: Handler,
