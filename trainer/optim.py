@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainer.config import TrainConfig
+from trainer.estimate import LBFGS_HISTORY_SIZE
 
 if TYPE_CHECKING:
     from trainer.model import Llama
@@ -77,7 +78,11 @@ def make_optimizer(
     if cfg.optimizer == "lbfgs":
         params = [p for p in model.parameters() if p.requires_grad]
         return torch.optim.LBFGS(
-            params, lr=cfg.learning_rate, max_iter=1, history_size=16, line_search_fn="strong_wolfe"
+            params,
+            lr=cfg.learning_rate,
+            max_iter=1,
+            history_size=LBFGS_HISTORY_SIZE,
+            line_search_fn="strong_wolfe",
         )
     raise ValueError(f"unknown optimizer {cfg.optimizer!r}")
 

@@ -25,6 +25,7 @@ from trainer.checkpoint import (
     set_rng_state,
 )
 from trainer.config import ConfigError, ModelConfig, TrainConfig
+from trainer.estimate import total_steps
 from trainer.model import Llama
 from trainer.optim import make_optimizer
 from trainer.run import TrainRun
@@ -193,12 +194,9 @@ def val_sampler_factory(cfg: TrainConfig, ctx: int, data: TokenData) -> Callable
 
 def total_steps_for(cfg: TrainConfig, sampler: BatchSampler) -> int:
     """max_steps, else enough whole batches to visit every window n_epochs times (the last batch of
-    an epoch runs into the next, as the sampler does), else 1000."""
-    if cfg.max_steps is not None:
-        return cfg.max_steps
-    if cfg.n_epochs is not None:
-        return max(1, sampler.steps_for_epochs(cfg.n_epochs))
-    return 1000
+    an epoch runs into the next, as the sampler does), else 1000: trainer.estimate's rule, which the
+    API also applies to bound a job's work before admitting it."""
+    return total_steps(cfg, sampler.windows_per_epoch)
 
 
 def build_model(

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import re
+
 from trainer.config import ConfigError
 from trainer.dataformat import DataError
 
@@ -27,12 +29,8 @@ def classify_exception(exc: BaseException) -> JobFailure:
         return JobFailure("invalid_training_file", exc.message, "training_file")
     if isinstance(exc, ConfigError):
         return JobFailure("invalid_hyperparameters", f"The job's configuration was refused: {exc}", exc.param)
-    if _is_oom(exc):
-        return JobFailure(
-            "out_of_memory",
-            "Training ran out of memory. Lower batch_size (raise grad_accum to keep "
-            "the same effective batch), ctx or the model size, or train in bfloat16.",
-        )
+    if is_out_of_memory(exc):
+        return out_of_memory(exc)
     return JobFailure(
         "internal_error",
         f"The worker hit an internal error ({type(exc).__name__}: {exc}). "
@@ -40,7 +38,14 @@ def classify_exception(exc: BaseException) -> JobFailure:
     )
 
 
-def _is_oom(exc: BaseException) -> bool:
+# What the allocators say when they run out: torch's CUDA caching allocator ("CUDA out of memory",
+# torch.OutOfMemoryError), its CPU allocator ("DefaultCPUAllocator: can't allocate memory: you tried
+# to allocate N bytes"), cuBLAS/cuDNN failing to allocate their workspace, MPS ("MPS backend out of memory").
+OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory", "alloc_failed")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A memory allocation failed (MemoryError covers numpy's and Python's own)."""
     if isinstance(exc, MemoryError):
         return True
     try:
@@ -50,4 +55,26 @@ def _is_oom(exc: BaseException) -> bool:
             return True
     except (ImportError, AttributeError):  # pragma: no cover
         pass
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(m in text for m in OOM_MESSAGES)
+
+
+def out_of_memory(exc: BaseException) -> JobFailure:
+    """The job asked for more memory than its worker has: what to lower, never "retry" (it would
+    run out again). The API refuses jobs whose estimate exceeds the largest worker
+    (api.job_limits), so this is a job close to that limit, or a worker smaller than configured."""
+    return JobFailure(
+        "out_of_memory",
+        f"Training ran out of memory: {_failed_allocation(str(exc))}. Lower batch_size (raise grad_accum "
+        "to keep the same batch per step), ctx, or the model size (n_embd, n_layer), or set "
+        "activation_checkpointing=true.",
+    )
+
+
+def _failed_allocation(text: str) -> str:
+    """The size the allocator could not get, from its message (never the message itself)."""
+    if m := re.search(r"allocate (\d+) bytes", text):  # torch's CPU allocator
+        return f"an allocation of {int(m.group(1)) / (1 << 30):,.1f} GiB failed"
+    if m := re.search(r"allocate (\d+(?:\.\d+)? [KMGT]iB)", text, re.IGNORECASE):  # CUDA, MPS
+        return f"an allocation of {m.group(1)} failed"
+    return "an allocation failed"

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from api.deps import CurrentKey, SessionDep, SettingsDep
 from api.errors import APIError
 from api.hyperparams import HyperparameterError, Resolved, check_context, resolve
+from api.job_limits import JobTooLarge, check_job_limits
 from api.queries import (
     AfterId,
     ModelRef,
@@ -41,6 +42,7 @@ from api.request_models import MAX_SEED, JobCreate
 from api.schemas import FineTuningJob, ListEnvelope, to_job
 from core import jobstates
 from core.models import ApiKey, Event, File, Job
+from core.settings import Settings
 from core.status import JobStatus
 from trainer.config import PRESETS, TrainConfig, model_config_from_preset
 
@@ -107,6 +109,31 @@ def _resolve(
     return resolved
 
 
+def _check_limits(
+    body: JobCreate,
+    resolved: Resolved,
+    queue: str,
+    train_file: File,
+    has_validation_file: bool,
+    continuing: bool,
+    settings: Settings,
+) -> None:
+    """400 `job_too_large` naming the field to lower when the job exceeds a limit of the service."""
+    try:
+        check_job_limits(
+            resolved.model_config,
+            resolved.train_config,
+            queue=queue,
+            training_bytes=train_file.bytes,
+            has_validation_file=has_validation_file,
+            given=set(body.requested_hyperparameters() or {}),
+            continuing=continuing,
+            settings=settings,
+        )
+    except JobTooLarge as e:
+        raise _bad(e.message, e.param, JobTooLarge.code) from e
+
+
 def _queue_for(device: str, default: str) -> str:
     if device == "cuda":
         return "gpu"
@@ -115,8 +142,9 @@ def _queue_for(device: str, default: str) -> str:
     return default
 
 
-def _new_job(session: Session, owner_id: str, body: JobCreate, default_queue: str) -> Job:
-    """The job row for a request whose types the model has checked; here what needs the database."""
+def _new_job(session: Session, owner_id: str, body: JobCreate, settings: Settings) -> Job:
+    """The job row for a request whose types the model has checked; here what needs the database
+    and the limits of settings (api.job_limits: memory, steps, tokens, checkpoints kept)."""
     train_file = _owned_training_file(session, owner_id, body.training_file, "training_file")
     val_file = None
     if body.validation_file is not None:
@@ -124,6 +152,8 @@ def _new_job(session: Session, owner_id: str, body: JobCreate, default_queue: st
     parent = _base_model(session, owner_id, body.model)
     seed = body.seed if body.seed is not None else secrets.randbelow(MAX_SEED)
     resolved = _resolve(body, parent, seed, train_file, val_file)
+    queue = _queue_for(resolved.train_config.device, settings.default_queue)
+    _check_limits(body, resolved, queue, train_file, val_file is not None, parent is not None, settings)
     return Job(
         owner_id=owner_id,
         model=body.model,
@@ -137,7 +167,7 @@ def _new_job(session: Session, owner_id: str, body: JobCreate, default_queue: st
         seed=seed,
         suffix=body.suffix,
         user_metadata=body.metadata,
-        queue=_queue_for(resolved.train_config.device, default_queue),
+        queue=queue,
     )
 
 
@@ -158,7 +188,7 @@ def create_job(
         existing = _existing(session, key.owner_id, idempotency_key)
         if existing is not None:
             return to_job(existing)
-    job = _new_job(session, key.owner_id, body, settings.default_queue)
+    job = _new_job(session, key.owner_id, body, settings)
     job.idempotency_key = idempotency_key or None
     session.add(job)
     try:

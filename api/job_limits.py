@@ -1,0 +1,214 @@
+"""What one job may ask for: `check_job_limits` refuses, before anything is written, a job that
+could not run on the largest worker of its queue or would run longer than the service allows.
+
+The limits come from settings: `cpu_worker_memory_bytes` / `gpu_worker_memory_bytes` (the memory of
+the largest worker of each queue), `max_job_steps`, `max_job_tokens` (steps x batch_size x grad_accum
+x ctx) and `max_checkpoints_per_job`. The memory is trainer.estimate's (weights, gradients, optimizer
+state, the activations of one micro-batch at the job's dtype, checkpointing taken into account); where
+a count depends on the data (steps from n_epochs), it is an upper bound from the file's byte count
+(api.hyperparams.estimate_max_tokens), so a refused job could never have fitted.
+
+Each refusal is a `JobTooLarge` (a HyperparameterError: message + param) naming the field to lower,
+the limit and the estimate in GiB or tokens; the route answers it as a 400 `job_too_large`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from api.hyperparams import HyperparameterError, estimate_max_tokens
+from core.settings import Settings
+from trainer.config import ModelConfig, TrainConfig
+from trainer.estimate import (
+    Device,
+    MemoryEstimate,
+    estimate_memory,
+    largest_fitting_batch_size,
+    max_windows_per_epoch,
+    total_steps,
+    total_tokens,
+    with_checkpointing,
+)
+
+MiB, GiB = 1 << 20, 1 << 30
+OPTIMIZER_NAMES = {"adamw": "AdamW", "lbfgs": "L-BFGS"}
+
+
+class JobTooLarge(HyperparameterError):
+    """The job exceeds a limit of the service; `param` is the field to change."""
+
+    code = "job_too_large"
+
+
+def gib(n_bytes: int) -> str:
+    """Bytes for people: GiB with one decimal, MiB below one GiB."""
+    if n_bytes < GiB:
+        return f"{math.ceil(n_bytes / MiB):,} MiB"
+    return f"{n_bytes / GiB:,.1f} GiB"
+
+
+def max_train_tokens(train_cfg: TrainConfig, training_bytes: int, has_validation_file: bool) -> int:
+    """An upper bound of the training tokens (trainer.data holds out the last int(n * val_fraction)
+    tokens for validation when there is no validation file)."""
+    total = estimate_max_tokens(training_bytes)
+    return total if has_validation_file else total - int(total * train_cfg.val_fraction)
+
+
+def check_job_limits(
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    *,
+    queue: str,
+    training_bytes: int,
+    has_validation_file: bool,
+    given: set[str],
+    continuing: bool,
+    settings: Settings,
+) -> None:
+    """JobTooLarge for the first limit the job exceeds: checkpoints kept, steps, tokens, memory.
+    `given`: the hyperparameters the request set (to name one of them); `continuing`: the job
+    continues a model, so its architecture cannot change."""
+    _check_checkpoints(train_cfg, settings.max_checkpoints_per_job)
+    windows = max_windows_per_epoch(
+        max_train_tokens(train_cfg, training_bytes, has_validation_file),
+        model_cfg.ctx,
+        train_cfg.samples_after_nl,
+    )
+    steps = total_steps(train_cfg, windows)
+    _check_steps(train_cfg, steps, windows, settings.max_job_steps)
+    _check_tokens(model_cfg, train_cfg, steps, settings.max_job_tokens)
+    device: Device = "cuda" if queue == "gpu" else "cpu"
+    limit = settings.gpu_worker_memory_bytes if queue == "gpu" else settings.cpu_worker_memory_bytes
+    _check_memory(model_cfg, train_cfg, device, queue, limit, given, continuing)
+
+
+def _check_checkpoints(train_cfg: TrainConfig, limit: int) -> None:
+    if train_cfg.keep_checkpoints > limit:
+        raise JobTooLarge(
+            f"keep_checkpoints={train_cfg.keep_checkpoints} is more than the {limit} step checkpoints a job "
+            f"may keep (FROMSCRATCH_MAX_CHECKPOINTS_PER_JOB). Use keep_checkpoints <= {limit}.",
+            "keep_checkpoints",
+        )
+
+
+def _length_param(train_cfg: TrainConfig) -> str:
+    """The field that sets the job's length: max_steps wins over n_epochs (as in the trainer)."""
+    return "n_epochs" if train_cfg.max_steps is None and train_cfg.n_epochs is not None else "max_steps"
+
+
+def _check_steps(train_cfg: TrainConfig, steps: int, windows: int, limit: int) -> None:
+    if steps <= limit:
+        return
+    if _length_param(train_cfg) == "n_epochs":
+        how = (
+            f"n_epochs={train_cfg.n_epochs} over up to {windows:,} windows of the training file, "
+            f"batch_size x grad_accum = {train_cfg.batch_size * train_cfg.grad_accum} per step"
+        )
+        fix = "Lower n_epochs, or raise batch_size or grad_accum (fewer, larger steps)."
+    else:
+        how = f"max_steps={steps:,}" if train_cfg.max_steps is not None else "the default length"
+        fix = f"Use max_steps <= {limit:,}."
+    raise JobTooLarge(
+        f"The job would run up to {steps:,} optimizer steps ({how}), more than the {limit:,} steps a job "
+        f"may run (FROMSCRATCH_MAX_JOB_STEPS). {fix}",
+        _length_param(train_cfg),
+    )
+
+
+def _check_tokens(model_cfg: ModelConfig, train_cfg: TrainConfig, steps: int, limit: int) -> None:
+    tokens = total_tokens(train_cfg, model_cfg.ctx, steps)
+    if tokens <= limit:
+        return
+    per_step = total_tokens(train_cfg, model_cfg.ctx, 1)
+    given_length = train_cfg.max_steps is not None or train_cfg.n_epochs is not None
+    param = _length_param(train_cfg) if given_length else "batch_size"
+    fix = (
+        f"Lower max_steps (<= {limit // per_step:,} at this batch), batch_size, grad_accum or ctx."
+        if param == "max_steps"
+        else "Lower n_epochs, batch_size, grad_accum or ctx."
+        if param == "n_epochs"
+        else "Lower batch_size, grad_accum or ctx, or set a smaller max_steps."
+    )
+    raise JobTooLarge(
+        f"The job would process up to {tokens:,} tokens ({steps:,} steps x batch_size {train_cfg.batch_size} "
+        f"x grad_accum {train_cfg.grad_accum} x ctx {model_cfg.ctx}), more than the {limit:,} tokens a job "
+        f"may process (FROMSCRATCH_MAX_JOB_TOKENS). {fix}",
+        param,
+    )
+
+
+def _check_memory(
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    device: Device,
+    queue: str,
+    limit: int,
+    given: set[str],
+    continuing: bool,
+) -> None:
+    est = estimate_memory(model_cfg, train_cfg, device)
+    if est.total <= limit:
+        return
+    dtype = "float32" if est.dtype_bytes == 4 else "16-bit"
+    optimizer = OPTIMIZER_NAMES[train_cfg.optimizer]
+    needs = (
+        f"The job needs about {gib(est.total)} of memory ({gib(est.weights)} weights, {gib(est.gradients)} "
+        f"gradients, {gib(est.optimizer)} {optimizer} state, {gib(est.activations)} activations "
+        f"for a micro-batch of batch_size={train_cfg.batch_size} x ctx={model_cfg.ctx} tokens in {dtype}), "
+        f"more than the largest {queue} worker has ({gib(limit)}, "
+        f"FROMSCRATCH_{queue.upper()}_WORKER_MEMORY_BYTES)."
+    )
+    param, fix = _memory_fix(model_cfg, train_cfg, device, limit, est, given, continuing)
+    raise JobTooLarge(f"{needs} {fix}", param)
+
+
+def _memory_fix(
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    device: Device,
+    limit: int,
+    est: MemoryEstimate,
+    given: set[str],
+    continuing: bool,
+) -> tuple[str, str]:
+    """(field, advice): the model itself when its states alone do not fit, else the micro-batch."""
+    states = max(est.model_states, est.checkpoint_peak - est.batch - est.runtime)
+    if states + est.runtime > limit:
+        model = (
+            f"The model alone ({est.n_params:,} parameters) needs {gib(states)} for its weights, gradients "
+            "and optimizer state."
+        )
+        if continuing:
+            return "model", f"{model} Continue a smaller model, or start from a smaller preset."
+        return _largest_part(model_cfg, given), f"{model} Lower n_embd, n_layer or ffn_dim (a smaller model)."
+    fitting = largest_fitting_batch_size(model_cfg, train_cfg, device, limit)
+    checkpointing = "" if train_cfg.activation_checkpointing else ", or set activation_checkpointing=true"
+    if fitting >= 1:
+        return "batch_size", (
+            f"Use batch_size <= {fitting} (raise grad_accum to keep the same batch per step), "
+            f"a shorter ctx{checkpointing}."
+        )
+    smallest = estimate_memory(model_cfg, with_checkpointing(train_cfg), device, batch_size=1)
+    if not train_cfg.activation_checkpointing and smallest.total <= limit:
+        return "activation_checkpointing", (
+            "Set activation_checkpointing=true (recompute activations in the backward pass), "
+            "or lower ctx or the model size."
+        )
+    return "ctx", f"Lower ctx (one window of {model_cfg.ctx} tokens does not fit) or the model size."
+
+
+def _largest_part(model_cfg: ModelConfig, given: set[str]) -> str:
+    """The architecture field to lower: the one behind the largest share of the parameters (and
+    buffers), preferring one the request set over one that came from the preset."""
+    d, layers = model_cfg.n_embd, model_cfg.n_layer
+    ffn = layers * 3 * d * model_cfg.hidden_dim
+    attention = layers * (2 * d * d + 2 * d * model_cfg.kv_heads * model_cfg.head_dim)
+    embeddings = model_cfg.vocab_size * d * (1 if model_cfg.tie_embeddings else 2)
+    rope = 2 * model_cfg.ctx * model_cfg.n_rot
+    parts = {"ffn_dim": ffn, "n_embd": attention, "vocab_size": embeddings, "ctx": rope}
+    largest = max(parts, key=lambda k: parts[k])
+    if largest in given:
+        return largest
+    if largest in ("ffn_dim", "n_embd") and "n_layer" in given and "n_embd" not in given:
+        return "n_layer"
+    return "n_embd" if largest != "ctx" else "ctx"

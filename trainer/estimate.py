@@ -1,0 +1,225 @@
+"""What a training run will need, from its configs alone: memory at the peak of a step
+(`estimate_memory`) and total work (`total_steps`, `max_windows_per_epoch`). Torch-free, so the API
+admits or refuses a job with it before anything is queued.
+
+Memory, in bytes, on the device that trains (host RAM for a CPU job, GPU memory for a CUDA job):
+- weights: fp32 parameters (autocast keeps fp32 master weights) + the RoPE cos/sin buffers;
+- gradients: fp32, one per parameter;
+- optimizer: AdamW's exp_avg and exp_avg_sq (fp32) + a float32 step scalar per parameter tensor;
+  L-BFGS's history (2 x LBFGS_HISTORY_SIZE flat vectors) and its working vectors;
+- activations: what autograd saves for the backward pass of one micro-batch of batch_size windows
+  of ctx tokens, counted tensor by tensor from trainer/model.py's forward (an upper bound of what
+  `torch.autograd.graph.saved_tensors_hooks` sees; tests/trainer/test_estimate.py checks it). With
+  activation checkpointing: every block's input plus one block recomputed during the backward;
+- backward working memory: the largest set of gradients alive at once beyond the saved tensors
+  (the logits' gradients, or one block's);
+- batch: the step's token ids (all batch_size x grad_accum windows are drawn at once, int64);
+- runtime: a fixed allowance for the Python process, torch and kernel workspaces.
+Writing a checkpoint serialises the optimizer state into one more host copy while the gradients
+are freed; on a CPU job that phase can be the peak, so the total is the larger of the two phases.
+
+The matmuls run in the compute dtype (2 bytes under bf16/fp16 autocast, 4 in float32); the residual
+stream, RMSNorm statistics and the loss stay in float32; on CPU attention runs in float32. The
+attention kernel is a fused one (flash / memory-efficient): no ctx x ctx score matrix is stored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from trainer.config import ModelConfig, TrainConfig
+
+Device = Literal["cpu", "cuda"]
+
+DEFAULT_TOTAL_STEPS = 1000  # neither max_steps nor n_epochs given
+LBFGS_HISTORY_SIZE = 16  # trainer.optim's L-BFGS keeps this many update pairs
+RUNTIME_BYTES = 512 << 20  # Python, torch, CPU/CUDA kernel workspaces
+FP32 = 4
+INT64 = 8
+
+
+def compute_dtype_bytes(cfg: TrainConfig, device: Device) -> int:
+    """Bytes per element of the matmuls: trainer.run_setup.resolve_dtype's choice (auto is
+    bfloat16 on CUDA, float32 on CPU)."""
+    if cfg.dtype == "auto":
+        return 2 if device == "cuda" else FP32
+    return FP32 if cfg.dtype == "float32" else 2
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes of each part at a training step's peak (see the module docstring); `total` is the peak."""
+
+    n_params: int
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    backward_working: int
+    batch: int
+    checkpoint_copy: int  # host copy of the optimizer state while a checkpoint is written (CPU jobs)
+    runtime: int = RUNTIME_BYTES
+    dtype_bytes: int = FP32
+
+    @property
+    def model_states(self) -> int:
+        """Weights + gradients + optimizer state: what no batch size or checkpointing can lower."""
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def training_peak(self) -> int:
+        return self.model_states + self.activations + self.backward_working + self.batch + self.runtime
+
+    @property
+    def checkpoint_peak(self) -> int:
+        return self.weights + self.optimizer + self.checkpoint_copy + self.batch + self.runtime
+
+    @property
+    def total(self) -> int:
+        return max(self.training_peak, self.checkpoint_peak)
+
+
+def n_param_tensors(model_cfg: ModelConfig) -> int:
+    """Parameter tensors of trainer.model.Llama: 9 per block (wq, wk, wv, wo, w1, w2, w3 and two
+    norms), the embedding, the final norm and the output projection unless it is tied."""
+    return 9 * model_cfg.n_layer + 2 + (0 if model_cfg.tie_embeddings else 1)
+
+
+def weight_bytes(model_cfg: ModelConfig) -> int:
+    """fp32 parameters + the RoPE cos/sin buffers (ctx x n_rot each, float32)."""
+    return FP32 * model_cfg.num_params() + 2 * FP32 * model_cfg.ctx * model_cfg.n_rot
+
+
+def optimizer_bytes(model_cfg: ModelConfig, cfg: TrainConfig) -> int:
+    n = model_cfg.num_params()
+    if cfg.optimizer == "lbfgs":
+        # history of steps and gradient differences, plus the direction, the previous flat gradient,
+        # the current flat gradient, the line search's copy of the weights and its evaluations
+        return FP32 * n * (2 * LBFGS_HISTORY_SIZE + 6)
+    return 2 * FP32 * n + FP32 * n_param_tensors(model_cfg)
+
+
+def _block_activations(model_cfg: ModelConfig, tokens: int, c: int, a: int, autocast: bool) -> int:
+    """Bytes one block saves for its backward, beyond its input: `tokens` = batch_size x ctx,
+    c = compute dtype bytes, a = attention dtype bytes."""
+    d, hd, h = model_cfg.n_embd, model_cfg.head_dim, model_cfg.hidden_dim
+    heads, kv = model_cfg.n_head, model_cfg.kv_heads
+    norm = FP32 * tokens + FP32 * tokens * d + c * tokens * d  # rsqrt, normalised x, output
+    attention = (
+        norm
+        + c * d * (heads + 2 * kv) * hd  # q|k|v weights concatenated per call
+        + c * tokens * (heads + 2 * kv) * hd  # the q|k|v projection (v is a view of it)
+        + a * tokens * (heads + kv) * hd  # q and k after RoPE
+        + a * tokens * kv * hd  # v in the attention dtype
+        + a * tokens * heads * hd  # attention output
+        + FP32 * tokens * heads  # its log-sum-exp
+        + c * tokens * heads * hd  # wo's input
+        + (c * d * heads * hd if autocast else 0)  # wo's weight cast to the compute dtype
+    )
+    residual = FP32 * tokens * d  # x + attention(...), saved by the second norm
+    feed_forward = (
+        norm
+        + c * 2 * h * d  # w1|w3 weights concatenated per call
+        + c * tokens * 2 * h  # gate|up
+        + c * tokens * h  # silu(gate)
+        + c * tokens * h  # silu(gate) * up, w2's input
+        + (c * h * d if autocast else 0)  # w2's weight cast
+    )
+    return attention + residual + feed_forward
+
+
+def estimate_memory(
+    model_cfg: ModelConfig, cfg: TrainConfig, device: Device, *, batch_size: int | None = None
+) -> MemoryEstimate:
+    """The peak memory of a training step of this run on `device` (see the module docstring).
+    `batch_size` overrides cfg.batch_size (to find the largest micro-batch that fits)."""
+    micro = cfg.batch_size if batch_size is None else batch_size
+    c = compute_dtype_bytes(cfg, device)
+    autocast = c != FP32
+    a = FP32 if device == "cpu" else c  # CPU attention runs in float32 (trainer.model.Attention)
+    d, vocab, n_layer = model_cfg.n_embd, model_cfg.vocab_size, model_cfg.n_layer
+    tokens = micro * model_cfg.ctx
+    residual = FP32 * tokens * d  # a block's input (the fp32 residual stream)
+    block = _block_activations(model_cfg, tokens, c, a, autocast)
+    head = (
+        2 * INT64 * tokens  # token ids (the embedding) and targets (the loss)
+        + residual  # the last block's output
+        + FP32 * tokens
+        + FP32 * tokens * d
+        + c * tokens * d  # final RMSNorm
+        + (c * vocab * d if autocast else 0)  # output weight cast
+        + FP32 * tokens * vocab  # log-softmax of the float32 logits
+    )
+    if cfg.activation_checkpointing:
+        # block inputs, one block recomputed; autocast caches every block's weight casts in the forward
+        casts = n_layer * c * d * (model_cfg.n_head * model_cfg.head_dim + model_cfg.hidden_dim)
+        activations = head + n_layer * residual + block + (casts if autocast else 0)
+    else:
+        activations = head + n_layer * (residual + block)
+    # the loss's backward: the logits kept by the step, their gradient before and after the float32
+    # cast; a block's backward: at most one gradient per saved tensor; plus the residual's gradient
+    logits_backward = 3 * FP32 * tokens * vocab + (c * tokens * vocab if autocast else 0)
+    backward_working = max(logits_backward, block) + 2 * residual
+    step_windows = micro * cfg.grad_accum
+    if device == "cpu":  # the step's x and y, and the next step's being drawn (indices and windows)
+        batch = 4 * INT64 * step_windows * (model_cfg.ctx + 1)
+    else:  # x and y on the device
+        batch = 2 * INT64 * step_windows * model_cfg.ctx
+    optimizer = optimizer_bytes(model_cfg, cfg)
+    n = model_cfg.num_params()
+    return MemoryEstimate(
+        n_params=n,
+        weights=weight_bytes(model_cfg),
+        gradients=FP32 * n,
+        optimizer=optimizer,
+        activations=activations,
+        backward_working=backward_working,
+        batch=batch,
+        checkpoint_copy=optimizer if device == "cpu" else 0,
+        dtype_bytes=c,
+    )
+
+
+def largest_fitting_batch_size(model_cfg: ModelConfig, cfg: TrainConfig, device: Device, limit: int) -> int:
+    """The largest batch_size <= cfg.batch_size whose estimate fits in `limit` bytes (0: none)."""
+    lo, hi = 0, cfg.batch_size
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if estimate_memory(model_cfg, cfg, device, batch_size=mid).total <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def with_checkpointing(cfg: TrainConfig) -> TrainConfig:
+    """cfg with activation checkpointing on (to see whether turning it on would make a job fit)."""
+    return cfg.model_copy(update={"activation_checkpointing": True})
+
+
+def max_windows_per_epoch(n_tokens: int, ctx: int, samples_after_nl: bool) -> int:
+    """An upper bound of trainer.data.BatchSampler's windows per epoch for `n_tokens` training
+    tokens (exact without samples_after_nl: windows start every ctx tokens; with it, at most every
+    possible start is a line start)."""
+    n_starts = n_tokens - ctx  # starts whose window of ctx + 1 tokens fits
+    if n_starts <= 0:
+        return 0
+    return n_starts if samples_after_nl else math.ceil(n_starts / ctx)
+
+
+def total_steps(cfg: TrainConfig, windows_per_epoch: int) -> int:
+    """Optimizer steps of a run: max_steps, else enough whole batches of batch_size x grad_accum
+    windows to visit every window n_epochs times (trainer.data.BatchSampler.steps_for_epochs), else
+    DEFAULT_TOTAL_STEPS."""
+    if cfg.max_steps is not None:
+        return cfg.max_steps
+    if cfg.n_epochs is not None:
+        return max(1, math.ceil(cfg.n_epochs * windows_per_epoch / (cfg.batch_size * cfg.grad_accum)))
+    return DEFAULT_TOTAL_STEPS
+
+
+def total_tokens(cfg: TrainConfig, ctx: int, steps: int) -> int:
+    """Training tokens a run of `steps` steps processes (steps x batch_size x grad_accum x ctx)."""
+    return steps * cfg.batch_size * cfg.grad_accum * ctx
