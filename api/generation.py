@@ -99,11 +99,12 @@ def generate_text(
     top_p: float | None,
     seed: int | None,
 ) -> tuple[str, int, int]:
-    """Returns (text, prompt_tokens, completion_tokens)."""
-    from trainer.sampling import generate
+    """Returns (text, prompt_tokens, completion_tokens): the counts are of the tokens the model
+    read and generated (trainer.sampling.complete), not of the text encoded again."""
+    from trainer.sampling import complete
 
     model, tokenizer = cache.get(blob_id, store, work_dir)
-    text = generate(
+    return complete(
         model,
         tokenizer,
         prompt,
@@ -113,4 +114,3 @@ def generate_text(
         top_p=top_p,
         seed=seed,
     )
-    return text, len(tokenizer.encode(prompt)) if prompt else 0, len(tokenizer.encode(text)) if text else 0

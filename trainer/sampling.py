@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from trainer.tokenizers import Tokenizer
 
 
+# Below this temperature sampling is greedy: dividing logits by a tinier one overflows float32
+# (1e-40 makes them inf, and softmax then nan), and the distribution is already one-hot.
+MIN_TEMPERATURE = 1e-3
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float,
@@ -25,8 +30,9 @@ def sample_next(
     top_p: float | None,
     generator: torch.Generator | None,
 ) -> int:
-    """One token id from a (vocab,) logits vector. temperature <= 0 means greedy (argmax)."""
-    if temperature <= 0:
+    """One token id from a (vocab,) logits vector. A temperature under MIN_TEMPERATURE (0 too)
+    means greedy (argmax), and so does a top_p too small to keep more than the first token."""
+    if temperature < MIN_TEMPERATURE:
         return int(torch.argmax(logits))
     logits = logits.float() / temperature
     if top_k is not None and 0 < top_k < logits.numel():
@@ -35,11 +41,15 @@ def sample_next(
     probs = torch.softmax(logits, dim=-1)
     if top_p is not None and 0 < top_p < 1:
         sorted_probs, order = torch.sort(probs, descending=True)
-        # drop a token when the tokens ranked above it already reach top_p (the first always stays)
+        # drop a token when the tokens ranked above it already reach top_p; the first always stays
+        # (compared in float32, a top_p of 5e-324 is 0.0, which the first token's 0.0 would reach)
         drop = (torch.cumsum(sorted_probs, 0) - sorted_probs) >= top_p
+        drop[0] = False
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
         probs = probs / probs.sum()
+    if not bool(torch.isfinite(probs).all()):  # logits that were inf/nan already: no distribution
+        return int(torch.argmax(torch.nan_to_num(logits, nan=float("-inf"))))
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
@@ -63,7 +73,7 @@ def generate_ids(
     param = next(model.parameters())
     device, ctx = param.device, model.cfg.ctx
     generator = None
-    if temperature > 0:
+    if temperature >= MIN_TEMPERATURE:
         generator = torch.Generator(device=device)
         # torch.Generator() starts from a fixed seed; draw a fresh one when none is asked for.
         generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
@@ -95,6 +105,40 @@ def generate_ids(
     return out
 
 
+class Completion(NamedTuple):
+    text: str
+    prompt_tokens: int
+    # the tokens generated, counted as generated: re-encoding `text` can give another count (a
+    # byte-level token that is half of a UTF-8 character decodes to U+FFFD, three bytes again)
+    completion_tokens: int
+
+
+def complete(
+    model: Llama,
+    tokenizer: Tokenizer,
+    prompt: str,
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+) -> Completion:
+    """The continuation of `prompt` (not including the prompt) with its token counts. An empty
+    prompt starts from BOS (which is not counted)."""
+    prompt_ids = tokenizer.encode(prompt) if prompt else []
+    new = generate_ids(
+        model,
+        prompt_ids or [tokenizer.bos_id],
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        eos_id=tokenizer.eos_id,
+    )
+    return Completion(tokenizer.decode(new), len(prompt_ids), len(new))
+
+
 def generate(
     model: Llama,
     tokenizer: Tokenizer,
@@ -106,7 +150,4 @@ def generate(
     seed: int | None = None,
 ) -> str:
     """The continuation of `prompt` (not including the prompt). An empty prompt starts from BOS."""
-    ids = tokenizer.encode(prompt) if prompt else []
-    ids = ids or [tokenizer.bos_id]
-    new = generate_ids(model, ids, max_new_tokens, temperature, top_k, top_p, seed, eos_id=tokenizer.eos_id)
-    return tokenizer.decode(new)
+    return complete(model, tokenizer, prompt, max_new_tokens, temperature, top_k, top_p, seed).text

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer.model import Llama
-from trainer.sampling import generate, generate_ids, sample_next
+from trainer.sampling import complete, generate, generate_ids, sample_next
 
 
 @pytest.fixture
@@ -77,3 +77,48 @@ def test_generate_text_with_tokenizer(model, byte_tokenizer):
     assert text == byte_tokenizer.decode(ids[:cut])
     assert isinstance(generate(model, byte_tokenizer, "", max_new_tokens=4, seed=0), str)  # BOS start
     assert model.training is False
+
+
+def test_extreme_temperature_and_top_p_never_give_inf_or_nan(model):
+    """A temperature of 1e-40 or a top_p of 5e-324 (both accepted by the API's bounds) overflowed
+    float32 into an inf/nan distribution; both now mean greedy, and so do the whole generations."""
+    logits = torch.tensor([0.5, 3.0, -1.0, 2.9])
+    gen = torch.Generator().manual_seed(0)
+    for temperature in (1e-40, 5e-324, 1e-4):
+        assert {sample_next(logits, temperature, None, None, gen) for _ in range(20)} == {1}
+    for top_p in (5e-324, 1e-45, 1e-300):
+        assert {sample_next(logits, 1.0, None, top_p, gen) for _ in range(20)} == {1}
+    assert {sample_next(logits, 1e-40, 2, 5e-324, gen) for _ in range(5)} == {1}
+    # logits that are already inf/nan (a broken model) still give a token, not an error
+    assert sample_next(torch.tensor([float("nan"), 1.0, float("inf")]), 1.0, None, None, gen) == 2
+
+    greedy = generate_ids(model, [3, 1], max_new_tokens=8, temperature=0)
+    assert generate_ids(model, [3, 1], max_new_tokens=8, temperature=1e-40, seed=1) == greedy
+    assert generate_ids(model, [3, 1], max_new_tokens=8, temperature=1.0, top_p=5e-324, seed=1) == greedy
+
+
+def test_any_64_bit_seed_is_accepted(model):
+    """The API takes seeds in [-2**63, 2**64): torch's generator must too."""
+    for seed in (-(2**63), -1, 2**63, 2**64 - 1):
+        assert len(generate_ids(model, [2], max_new_tokens=3, temperature=1.0, seed=seed)) == 3
+
+
+def test_complete_counts_the_tokens_generated(model, byte_tokenizer):
+    """usage.completion_tokens is the number of tokens sampled. Encoding the decoded text again
+    counts something else: a byte that is not valid UTF-8 on its own decodes to U+FFFD."""
+    recounted_differs = False
+    for seed in range(10):
+        out = complete(model, byte_tokenizer, "Hi", max_new_tokens=30, temperature=1.5, seed=seed)
+        ids = generate_ids(
+            model,
+            byte_tokenizer.encode("Hi"),
+            30,
+            temperature=1.5,
+            seed=seed,
+            eos_id=byte_tokenizer.eos_id,
+        )
+        assert out.completion_tokens == len(ids) and out.text == byte_tokenizer.decode(ids)
+        assert out.prompt_tokens == len(byte_tokenizer.encode("Hi"))
+        recounted_differs |= len(byte_tokenizer.encode(out.text)) != out.completion_tokens
+    assert recounted_differs, "no sample had a lone byte: the test no longer shows the miscount"
+    assert complete(model, byte_tokenizer, "", max_new_tokens=4, temperature=0).prompt_tokens == 0
