@@ -25,6 +25,11 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 MAX_SEED = 2**31 - 1
+# Integers the database and torch can hold: every integer a request carries is bounded to 64 bits
+# at the schema, so a larger one is a 400 naming it rather than an OverflowError in a query.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+MAX_PROMPT_CHARS = 200_000  # far past any model's context (the longest prompt is cut to its last ctx tokens)
 SUFFIX_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 METADATA_RULE = "expected an object of at most 16 string keys (<= 64 chars) with string values (<= 512 chars)"
 
@@ -138,9 +143,12 @@ class FileUploadFields(BaseModel):
 class GenerateRequest(BaseModel):
     """POST /v1/models/{id}/generate."""
 
-    prompt: str = ""
+    prompt: str = Field("", max_length=MAX_PROMPT_CHARS)
     max_tokens: int = Field(100, ge=1, le=4096)
-    temperature: float = Field(0.8, ge=0.0, le=10.0)
-    top_k: int | None = Field(None, ge=1)
+    temperature: float = Field(0.8, ge=0.0, le=10.0, description="0 is greedy decoding")
+    top_k: int | None = Field(None, ge=1, le=INT64_MAX)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = None
+    # torch's generator takes any seed in [-2**63, 2**64)
+    seed: int | None = Field(
+        None, ge=INT64_MIN, le=2**64 - 1, description="the same seed gives the same text"
+    )

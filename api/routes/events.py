@@ -20,15 +20,23 @@ GET /v1/fine_tuning/jobs/{id}/stream   Server-Sent Events (text/event-stream):
     event: status    data: {status, message, created_at, job: <the job object>} — from each
                      lifecycle row that records a status change (and a snapshot if ever needed)
     event: message   data: an OpenAI event object, other lifecycle rows (warnings, requests)
+    event: error     data: the error envelope, just before the stream closes because its key was
+                     revoked (the key is re-checked every `stream_key_recheck_seconds`)
     Every event has `id: <S>.<Q>`: S = the highest metric step sent so far (-1 for none), Q = the
-    highest lifecycle Event seq sent so far (0 for none). Reconnecting with `Last-Event-ID: S.Q`
-    (what EventSource sends; or `?last_event_id=S.Q`) sends only metrics with step > S and
-    lifecycle rows with seq > Q. The database is polled every 0.25 s with two indexed queries; a
-    comment line `: keep-alive` goes out after 15 s of silence; the stream ends after the
-    terminal status event (a reconnect to a finished job whose events were all seen gets an empty
-    stream that ends at once).
+    highest lifecycle Event seq sent so far (0 for none); both are below 10**18. Reconnecting with
+    `Last-Event-ID: S.Q` (what EventSource sends; or `?last_event_id=S.Q`) sends only metrics with
+    step > S and lifecycle rows with seq > Q; an id of another shape is a 400 before the stream
+    starts. The database is polled every 0.25 s with two indexed queries; a comment line
+    `: keep-alive` goes out after 15 s of silence; the stream ends after the terminal status event
+    (a reconnect to a finished job whose events were all seen gets an empty stream that ends at once).
+    A metric row is sent once it is final, so the cursor never skips a later change to it: the
+    worker upserts rows by step, and an evaluation fills `val_loss` of a row whose `train_loss` may
+    already be stored. The trainer evaluates step S before it logs step S+1 and the worker writes its
+    buffered rows in one transaction, so once a later row exists a row no longer changes; the newest
+    row is held back while a worker is on the job (core.status.ACTIVE) and sent when the next row
+    arrives or the job stops.
     Auth: the Bearer header, or `?api_key=<key>` for a browser's EventSource (it cannot send
-    headers); only this route accepts a key in the URL.
+    headers); only this route accepts a key in the URL (the access log never shows it: api/logs.py).
 """
 
 from __future__ import annotations
@@ -50,7 +58,9 @@ from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import CurrentKey, SessionDep, StreamKey
+from api.errors import error_body
 from api.queries import AfterId, bad_cursor, owned_job
+from api.request_models import Int64
 from api.schemas import (
     JobEvent,
     ListEnvelope,
@@ -61,8 +71,8 @@ from api.schemas import (
     to_metric_event,
     unix,
 )
-from core.models import Event, Job, Metric
-from core.status import TERMINAL
+from core.models import ApiKey, Event, Job, Metric
+from core.status import ACTIVE, TERMINAL
 
 router = APIRouter(prefix="/v1/fine_tuning", tags=["fine-tuning"])
 
@@ -70,18 +80,29 @@ RANK_METRIC, RANK_MESSAGE = 0, 1
 POLL_SECONDS = 0.25
 HEARTBEAT_SECONDS = 15.0
 STREAM_BATCH = 500
-_METRIC_EVENT_RE = re.compile(r"^ftevent-([0-9a-f]+)-s(\d+)$")
-EVENT_ID_PATTERN = r"^(-1|\d+)\.\d+$"  # "<highest metric step sent>.<highest event seq sent>"
+_METRIC_EVENT_RE = re.compile(r"^ftevent-([0-9a-f]+)-s([0-9]{1,18})$")
+# "<highest metric step sent>.<highest event seq sent>", each below 10**18 (so inside 64 bits)
+EVENT_ID_PATTERN = r"^(-1|[0-9]{1,18})\.[0-9]{1,18}$"
 EVENT_ID_HELP = "resume after this event id of the stream (<step>.<seq>, as the stream sent it)"
+
+
+# Metric steps and Event seqs are 32-bit INTEGER columns in PostgreSQL, which refuses to compare one
+# with a larger bound; a cursor past their range is past every row, and one before it before all.
+COLUMN_MIN, COLUMN_MAX = -1, 2**31 - 1
+
+
+def in_column_range(n: int) -> int:
+    return max(COLUMN_MIN, min(n, COLUMN_MAX))
 
 
 # ------------------------------------------------------------------------------------------ events
 def _event_cursor(session: Session, job: Job, after: str) -> tuple[datetime, int, int]:
     m = _METRIC_EVENT_RE.match(after)
     if m:
-        if m.group(1) != job_hex(job.id):
+        step = int(m.group(2))
+        if m.group(1) != job_hex(job.id) or step > COLUMN_MAX:
             raise bad_cursor(after)
-        row = session.get(Metric, (job.id, int(m.group(2))))
+        row = session.get(Metric, (job.id, step))
         if row is None:
             raise bad_cursor(after)
         return row.created_at, RANK_METRIC, row.step
@@ -135,7 +156,7 @@ def select_metrics(
     """Rows in step order (see the module docstring); returns (rows, has_more)."""
     base = [Metric.job_id == job_id]
     if after_step is not None:
-        base.append(Metric.step > after_step)
+        base.append(Metric.step > in_column_range(after_step))
     has_more = False
     if limit is not None:
         upper = session.scalar(
@@ -177,7 +198,7 @@ def list_metrics(
     job_id: str,
     session: SessionDep,
     key: CurrentKey,
-    after_step: Annotated[int | None, Query(description="only steps greater than this")] = None,
+    after_step: Annotated[Int64 | None, Query(description="only steps greater than this")] = None,
     limit: Annotated[
         int | None, Query(ge=1, le=100_000, description="window size (default 1000 without max_points)")
     ] = None,
@@ -210,9 +231,9 @@ class StreamCursor:
 
     @classmethod
     def parse(cls, event_id: str) -> StreamCursor:
-        """From an id this stream sent (the route's pattern has checked its shape)."""
+        """From an id this stream sent (the route's pattern has checked its shape and size)."""
         step, seq = event_id.split(".")
-        return cls(int(step), int(seq))
+        return cls(in_column_range(int(step)), in_column_range(int(seq)))
 
 
 def _sse(event: str, data: Any, id: str | None = None) -> str:
@@ -227,18 +248,24 @@ def _poll(
     factory: sessionmaker[Session], job_id: str, cursor: StreamCursor
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[Event]]:
     """One poll: the job (read first, so a terminal status implies its last metrics are visible
-    too), then newer metrics and lifecycle rows."""
+    too), then newer final metric rows (see the module docstring) and lifecycle rows."""
     with factory() as session:
         job = session.get(Job, job_id)
         if job is None:
             return None, [], []
         snapshot = to_job(job).model_dump(mode="json")
-        metrics = session.scalars(
-            select(Metric)
-            .where(Metric.job_id == job_id, Metric.step > cursor.step)
-            .order_by(Metric.step)
-            .limit(STREAM_BATCH)
-        ).all()
+        metrics = list(
+            session.scalars(
+                select(Metric)
+                .where(Metric.job_id == job_id, Metric.step > cursor.step)
+                .order_by(Metric.step)
+                .limit(STREAM_BATCH + 1)
+            ).all()
+        )
+        if len(metrics) > STREAM_BATCH:
+            metrics = metrics[:STREAM_BATCH]  # a later row exists: these are final
+        elif metrics and job.status in ACTIVE:
+            metrics = metrics[:-1]  # the newest row may still gain its val_loss
         events = session.scalars(
             select(Event)
             .where(Event.job_id == job_id, Event.seq > cursor.seq)
@@ -256,15 +283,34 @@ def _status_of(e: Event) -> str | None:
     return status if isinstance(status, str) else None
 
 
+def _key_is_live(factory: sessionmaker[Session], key_id: str) -> bool:
+    with factory() as session:
+        found = session.scalar(select(ApiKey.id).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)))
+        return found is not None
+
+
+KEY_REVOKED = error_body(
+    "The API key of this stream was revoked; the stream is closed.",
+    "invalid_request_error",
+    code="invalid_api_key",
+)
+
+
 async def _stream(
-    request: Request, job_id: str, cursor: StreamCursor, sent_status: str | None
+    request: Request, job_id: str, key_id: str, cursor: StreamCursor, sent_status: str | None
 ) -> AsyncIterator[str]:
     factory = request.app.state.session_factory
+    recheck_seconds = request.app.state.settings.stream_key_recheck_seconds
     yield "retry: 2000\n\n"
-    last_write = time.monotonic()
+    last_write = last_key_check = time.monotonic()
     while True:
         if await request.is_disconnected():
             return
+        if time.monotonic() - last_key_check >= recheck_seconds:
+            if not await run_in_threadpool(_key_is_live, factory, key_id):
+                yield _sse("error", KEY_REVOKED)
+                return
+            last_key_check = time.monotonic()
         job, points, events = await run_in_threadpool(_poll, factory, job_id, cursor)
         if job is None:
             return
@@ -345,7 +391,7 @@ async def stream_job(
     sent_status = job.status if resume_from else None
     await run_in_threadpool(session.close)
     return StreamingResponse(
-        _stream(request, job.id, cursor, sent_status),
+        _stream(request, job.id, key.id, cursor, sent_status),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -21,14 +21,14 @@ def test_stream_resumes_after_the_last_step_drawn(new_page: Any, static_url: str
         const feed = new LiveFeed({ id: 'x', metrics });
         const out = [feed.resumeFrom()];          // nothing drawn yet: from the start
         metrics.lastStep = 12;
-        out.push(feed.resumeFrom());             // after the history: step 12
+        out.push(feed.resumeFrom());             // the history drew up to 12: 12 again (it may change)
         feed.lastEventId = '12.3';
-        out.push(feed.resumeFrom());             // the stream's own id
+        out.push(feed.resumeFrom());             // the stream's own id (what it sent is final)
         metrics.lastStep = 20;
-        out.push(feed.resumeFrom());             // a poll drew up to 20 since
+        out.push(feed.resumeFrom());             // a poll drew up to 20 since: 20 again
         return out;
     }""")
-    assert result == [None, "12.0", "12.3", "20.3"]
+    assert result == [None, "11.0", "12.3", "19.3"]
     assert log.errors() == []
 
 

@@ -1,6 +1,11 @@
 // Following a live job: the SSE stream first (read with fetch so it can carry the Bearer header,
-// resumed with Last-Event-ID); when it drops, poll /metrics?after_step=<last step> and the job until
-// it is time to retry the stream, with a back-off that doubles up to 30 s. Ends when the job does.
+// resumed with Last-Event-ID); when it drops, poll /metrics and the job until it is time to retry
+// the stream, with a back-off that doubles up to 30 s. Ends when the job does.
+//
+// The stream sends a metrics row only once it is final (api/routes/events.py), but /metrics gives
+// the newest row as it is now, and a row can still gain its val_loss after its train_loss was
+// stored. So the last point drawn from /metrics is asked for again: polls start after the step
+// before it, and the stream resumes there too; the chart replaces a point it gets twice.
 
 import { ApiError, streamJob } from "../../api.js";
 import { sleep } from "../../util.js";
@@ -31,11 +36,11 @@ export class LiveFeed {
     this.metrics.restartRate();
   }
 
-  /** Fetch the points after the last one drawn, then the job. */
+  /** Fetch the points from the last one drawn on (it may have changed since), then the job. */
   async pollOnce() {
     for (let pages = 0; pages < CATCH_UP_PAGES; pages++) {
       const lastStep = this.metrics.lastStep;
-      const page = await this.endpoints.metrics({ after_step: lastStep >= 0 ? lastStep : undefined, limit: 1000 });
+      const page = await this.endpoints.metrics({ after_step: lastStep >= 1 ? lastStep - 1 : undefined, limit: 1000 });
       for (const m of page.data || []) this.on.metric(m);
       if (!page.has_more) break;
     }
@@ -54,14 +59,15 @@ export class LiveFeed {
     else if (ev.event === "message") this.on.message(data);
   }
 
-  /** Where to resume: after the last step drawn, whether the stream or a poll brought it (the
-   *  stream's ids are "<step>.<seq>"); the first connection starts after the history drawn. */
+  /** Where to resume (the stream's ids are "<step>.<seq>"): after the stream's own last id, or,
+   *  when /metrics (the history, a poll) drew further, at the last point drawn, which the stream
+   *  then sends again as final. */
   resumeFrom() {
     const lastStep = this.metrics.lastStep;
     let from = this.lastEventId;
     const m = /^(-?\d+)\.(\d+)$/.exec(from || "");
-    if (m && lastStep > Number(m[1])) from = `${lastStep}.${m[2]}`;
-    if (!from && lastStep >= 0 && !this.#plainStream) from = `${lastStep}.0`;
+    if (m && lastStep > Number(m[1])) from = `${Math.max(Number(m[1]), lastStep - 1)}.${m[2]}`;
+    if (!from && lastStep >= 0 && !this.#plainStream) from = `${lastStep - 1}.0`;
     return from;
   }
 
