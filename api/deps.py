@@ -3,7 +3,8 @@
     def route(session: SessionDep, key: CurrentKey, settings: SettingsDep, store: BlobStoreDep): ...
 
 Everything lives on `app.state` (see api/main.py): `settings`, `engine`, `session_factory`,
-`blobstore`, `celery`. Sessions are synchronous SQLAlchemy sessions; routes that use them are plain
+`blobstore`, `celery`, `rate_limiter`. The key dependencies also count the request against the
+key's rate limit (429 over it). Sessions are synchronous SQLAlchemy sessions; routes that use them are plain
 `def` so FastAPI runs them in its threadpool.
 """
 
@@ -16,6 +17,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from api.errors import APIError
+from api.rate_limit import RateLimiter
 from core.blobstore import BlobStore
 from core.models import ApiKey
 from core.settings import Settings
@@ -76,12 +78,19 @@ def authenticate(session: Session, secret: str) -> ApiKey:
     return key
 
 
+def limit_rate(request: Request, key: ApiKey) -> None:
+    """Count the request against its key's `rate_limit` (429 over it; api/rate_limit.py)."""
+    limiter: RateLimiter = request.app.state.rate_limiter
+    limiter.check(key.id)
+
+
 def get_current_key(request: Request, session: Annotated[Session, Depends(get_session)]) -> ApiKey:
     key = authenticate(session, bearer_secret(request))
     # End the read transaction: the connection goes back to the pool (long SSE streams and slow
     # exports must not hold one); `key` stays readable (expire_on_commit=False).
     session.commit()
     request.state.owner_id = key.owner_id
+    limit_rate(request, key)
     return key
 
 
@@ -93,6 +102,7 @@ def get_stream_key(request: Request, session: Annotated[Session, Depends(get_ses
         key = authenticate(session, query_key)
         session.commit()
         request.state.owner_id = key.owner_id
+        limit_rate(request, key)
         return key
     return get_current_key(request, session)
 

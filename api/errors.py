@@ -15,17 +15,23 @@ an unknown field is "Unrecognized request argument supplied: X" with code `unkno
 
 We never answer 409 for a request that can never succeed (the openai SDK retries 408/409/429/5xx):
 a state conflict such as cancelling a finished job is a 400.
+
+An error quotes what the caller sent only in part: `quote_input` cuts a quoted value to
+`MAX_QUOTED_CHARS`, `param` paths are cut the same way, and a message is never longer than
+`MAX_MESSAGE_CHARS` (a 1 MB `model` value is not echoed back in a 1 MB error).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -77,18 +83,38 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-# For the OpenAPI document: every 4xx/5xx is this envelope (this also replaces FastAPI's 422 entry).
+# For the OpenAPI document: every 5xx is this envelope; api/openapi.py adds the 4xx statuses each
+# operation can answer (with the same envelope) and drops FastAPI's 422.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    "4XX": {
-        "model": ErrorResponse,
-        "description": "The request cannot succeed as sent (400 names the field)",
-    },
     "5XX": {"model": ErrorResponse, "description": "The service could not answer (the message says why)"},
 }
 
 
+MAX_QUOTED_CHARS = 200
+MAX_MESSAGE_CHARS = 2000
+
+
+def quote_input(value: object, limit: int = MAX_QUOTED_CHARS) -> str:
+    """`repr(value)` for an error message, cut to about `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _cut(text: str | None, limit: int) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]}... ({len(text) - limit + 40} characters cut)"
+
+
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return {
+        "error": {
+            "message": _cut(message, MAX_MESSAGE_CHARS),
+            "type": type,
+            "param": _cut(param, MAX_QUOTED_CHARS),
+            "code": code,
+        }
+    }
 
 
 def error_response(
@@ -106,7 +132,9 @@ def error_response(
 
 def not_found(what: str, id: str, param: str | None = None) -> APIError:
     """404 for an id that does not exist *or belongs to another owner* (we do not tell them apart)."""
-    return APIError(404, f"No such {what}: {id!r}", param=param, code=f"{what.replace(' ', '_')}_not_found")
+    return APIError(
+        404, f"No such {what}: {quote_input(id)}", param=param, code=f"{what.replace(' ', '_')}_not_found"
+    )
 
 
 # ------------------------------------------------------------------------------------------ handlers
@@ -123,16 +151,41 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     status = exc.status_code
     detail = exc.detail
     if status == 404 and detail == "Not Found":
-        message = f"Unknown URL: {request.method} {request.url.path}"
+        message = f"Unknown URL: {request.method} {_quoted_path(request)}"
     elif status == 405 and detail == "Method Not Allowed":
-        message = f"Method {request.method} is not allowed on {request.url.path}"
+        message = f"Method {request.method} is not allowed on {_quoted_path(request)}"
     elif isinstance(detail, str):
         message = detail
     else:
         message = str(detail)
-    return error_response(
-        status, message, code=_HTTP_CODES.get(status), headers=getattr(exc, "headers", None)
-    )
+    headers = getattr(exc, "headers", None)
+    if status == 405 and (allowed := _api_methods(request)):
+        headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+        message += f" (allowed: {', '.join(allowed)})"
+    return error_response(status, message, code=_HTTP_CODES.get(status), headers=headers)
+
+
+def _api_methods(request: Request) -> list[str]:
+    """The methods of the API path (`app.state.api_routes`) the request's path is an instance of.
+    A wrong method on an API path falls through to the dashboard's static files, mounted at /,
+    whose 405 would say `Allow: GET, HEAD` whatever the path. Of the templates that match, the
+    most specific (most literal characters) is the path: /v1/models/x/content is that of the
+    download, not a model id "x/content" (model routes take `{model_id:path}`)."""
+    path = request.scope.get("path", "")
+    routes = [r for r in getattr(request.app.state, "api_routes", ()) if r.path_regex.match(path)]
+    if not routes:
+        return []
+
+    def literal_chars(route: APIRoute) -> int:
+        return len(re.sub(r"\{[^}]*\}", "", route.path_format))
+
+    best = max(literal_chars(r) for r in routes)
+    return sorted({m for r in routes if literal_chars(r) == best for m in r.methods or ()})
+
+
+def _quoted_path(request: Request) -> str:
+    path = request.url.path
+    return path if len(path) <= MAX_QUOTED_CHARS else path[: MAX_QUOTED_CHARS - 3] + "..."
 
 
 _LOCATIONS = ("body", "query", "path", "header", "cookie", "form")
@@ -144,12 +197,11 @@ def _loc_param(loc: Sequence[int | str]) -> str | None:
     parts = [str(p) for p in loc]
     if parts and parts[0] in _LOCATIONS:
         parts = parts[1:]
-    return ".".join(parts) or None
+    return _cut(".".join(parts), MAX_QUOTED_CHARS) or None
 
 
 def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= _SHOWN_INPUT_CHARS else text[: _SHOWN_INPUT_CHARS - 3] + "..."
+    return quote_input(value, _SHOWN_INPUT_CHARS)
 
 
 def _describe_validation_error(err: Mapping[str, Any]) -> tuple[str | None, str, str]:

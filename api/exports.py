@@ -10,6 +10,9 @@
 - Concurrency: requests for the same export in one process wait on one lock; across processes the
   unique constraint (model_id, format) decides: the loser deletes its own blob and serves the
   winner's. An `Export.format` is the format for dtype f32 and `<format>-<dtype>` otherwise.
+- Exports count toward the owner's `max_stored_bytes_per_key`: a new export is refused (429
+  `quota_exceeded`) when the owner is already at the quota, or when the produced file would take
+  it past (then the file is deleted again, under the owner's quota lock, so nothing is kept).
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.errors import APIError
 from api.queries import ModelRef
+from api.quotas import check_storage, storage_exceeded
 from core.blobstore import BlobStore
 from core.models import Export
+from core.quotas import stored_bytes
 
 ExportFormat = Literal["gguf", "hf", "onnx", "checkpoint"]
 ExportDtype = Literal["f32", "f16", "q8_0"]
@@ -84,6 +89,7 @@ def prepare_download(
     store: BlobStore,
     factory: sessionmaker[Session],
     work_dir: Path,
+    max_stored_bytes: int,
 ) -> Download:
     if ref.checkpoint is None:
         raise APIError(
@@ -98,7 +104,21 @@ def prepare_download(
         with factory() as session:
             row = session.scalar(select(Export).where(Export.model_id == ref.id, Export.format == key))
             if row is None:
-                row = _produce(ref, fmt, dtype, key, name, store=store, session=session, work_dir=work_dir)
+                used = stored_bytes(session, ref.job.owner_id)
+                if used >= max_stored_bytes:  # refuse before the (slow) conversion
+                    raise storage_exceeded(max_stored_bytes, used, None, "a new export", "format")
+                session.commit()  # no transaction open during the conversion
+                row = _produce(
+                    ref,
+                    fmt,
+                    dtype,
+                    key,
+                    name,
+                    store=store,
+                    session=session,
+                    work_dir=work_dir,
+                    max_stored_bytes=max_stored_bytes,
+                )
             info = store.info(row.blob_id)
             media = "application/x-tar" if row.filename.endswith(".tar") else "application/octet-stream"
             return Download(row.blob_id, row.filename, info.size, media)
@@ -114,6 +134,7 @@ def _produce(
     store: BlobStore,
     session: Session,
     work_dir: Path,
+    max_stored_bytes: int,
 ) -> Export:
     from trainer.export import ExportError, export
 
@@ -138,6 +159,13 @@ def _produce(
                 400, f"Cannot export {ref.id} as {fmt} ({dtype}): {e}", param="format", code="export_failed"
             ) from e
         blob = store.put_file(out, session)
+        try:
+            check_storage(session, ref.job.owner_id, max_stored_bytes, blob.size, "this export", "format")
+        except APIError:
+            session.rollback()
+            store.delete(blob.id, session)
+            session.commit()
+            raise
         row = Export(model_id=ref.id, format=key, blob_id=blob.id, filename=filename)
         session.add(row)
         try:

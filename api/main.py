@@ -1,7 +1,8 @@
 """The FastAPI application: `create_app(settings=None)` (uvicorn: `--factory api.main:create_app`).
 
 State on `app.state`: `settings`, `engine`, `session_factory`, `blobstore`, `celery`, plus
-`registry` (Prometheus), `model_cache` (loaded models for /generate).
+`registry` (Prometheus), `model_cache` (loaded models for /generate), `api_routes` (the routes of
+the routers below: api/openapi.py documents them, api/errors.py answers a 405 with their methods).
 
 Routers, one per resource: files, jobs (+ presets), statuses, events (events, metrics, SSE stream),
 checkpoints, models (+ content, generate), health (healthz, readyz, metrics). The dashboard's
@@ -24,6 +25,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import ERROR_RESPONSES, install_error_handlers
 from api.generation import ModelCache
+from api.logs import install_log_redaction
+from api.openapi import api_routes, install_openapi
+from api.request_text import TextURLMiddleware
 from api.routes import checkpoints, events, files, health, hyperparameters, jobs, models, statuses
 from core.settings import Settings, get_settings
 
@@ -112,9 +116,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = registry
 
     install_error_handlers(app)
+    install_log_redaction()
+    app.add_middleware(TextURLMiddleware)  # a URL holding NUL is a 400 (api/request_text.py)
     app.add_middleware(LatencyMiddleware, histogram=latency)
-    for module in (health, files, jobs, hyperparameters, statuses, events, checkpoints, models):
-        app.include_router(module.router)
+    routers = [
+        module.router
+        for module in (health, files, jobs, hyperparameters, statuses, events, checkpoints, models)
+    ]
+    for router in routers:
+        app.include_router(router)
+    app.state.api_routes = list(api_routes(routers))  # for 405's Allow (api/errors.py)
+    install_openapi(app, routers)
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="dashboard")
     return app

@@ -9,6 +9,8 @@ unknown fields, as OpenAI does.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -126,6 +128,14 @@ class JobCreate(BaseModel):
                 "give hyperparameters either at the top level or in method.supervised, not both",
             )
         return value
+
+    def fingerprint(self) -> str:
+        """sha256 of the request as validated, in a canonical form (keys sorted, nulls dropped):
+        two bodies that ask for the same job have the same fingerprint."""
+        canonical = json.dumps(
+            self.model_dump(mode="json", exclude_none=True), sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     def requested_hyperparameters(self) -> dict[str, Any] | None:
         """The hyperparameters the caller gave, wherever they gave them."""

@@ -6,23 +6,31 @@
   64 KiB each) kept as text;
 - the body is cut off with a 400 (`file_too_large`, param "file") as soon as it passes the upload
   limit plus room for the multipart framing;
-- a malformed or truncated body (no closing boundary) is a 400 (`invalid_multipart`), a client that
-  goes away mid-upload ends it too;
+- a malformed or truncated body (no closing boundary) is a 400 (`invalid_multipart`);
+- a client that sends nothing for `body_timeout` seconds (setting `upload_body_timeout_seconds`)
+  mid-body gets a 408 (`upload_timeout`) and its connection is closed: a client that announces more
+  bytes than it sends holds neither a connection nor a temporary file for longer than that;
+- a client that goes away mid-upload ends it with a 400 (`upload_aborted`, which only the request
+  metrics see) and one line in the log, not a traceback;
+- the part's filename is kept without control characters (NUL, escapes, bidi overrides);
 - the temporary file exists only inside `received_upload(...)`: it is removed on the way out,
   whatever happened, so a failed upload leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
+import unicodedata
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+import anyio
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from python_multipart import MultipartParser
@@ -34,6 +42,8 @@ from api.errors import APIError
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
+
+log = logging.getLogger("fromscratch.api")
 
 FILE_FIELD = "file"
 WRITE_BYTES = 1 << 20  # write the file part in pieces of about this size
@@ -48,6 +58,17 @@ def too_large(limit: int) -> APIError:
         f"The file is larger than the upload limit of {limit} bytes (setting FROMSCRATCH_MAX_UPLOAD_BYTES).",
         param="file",
         code="file_too_large",
+    )
+
+
+def body_timeout(seconds: float) -> APIError:
+    return APIError(
+        408,
+        f"The upload sent nothing for {seconds:g} s before its end (setting "
+        "FROMSCRATCH_UPLOAD_BODY_TIMEOUT_SECONDS); send the whole body, or a Content-Length that matches it.",
+        param="file",
+        code="upload_timeout",
+        headers={"Connection": "close"},  # what is left of the body is not read
     )
 
 
@@ -69,6 +90,12 @@ def multipart_boundary(content_type: str | None) -> bytes:
     if not boundary:
         raise invalid_multipart("the Content-Type has no boundary")
     return boundary
+
+
+def clean_filename(name: str) -> str:
+    """The filename without control or format characters (NUL, ANSI escapes, bidi overrides), which
+    have no business in a name that is shown in listings and terminals."""
+    return "".join(ch for ch in name if unicodedata.category(ch) not in ("Cc", "Cf")).strip()
 
 
 def safe_suffix(filename: str) -> str:
@@ -137,7 +164,7 @@ class _PartCollector:
             if name == FILE_FIELD:
                 self._kind = "file"
                 self.file_started = True
-                self.upload.filename = options[b"filename"].decode("utf-8", "replace")
+                self.upload.filename = clean_filename(options[b"filename"].decode("utf-8", "replace"))
             return
         if len(self.upload.fields) >= MAX_FIELDS:
             raise invalid_multipart(f"more than {MAX_FIELDS} form fields")
@@ -176,13 +203,19 @@ def _open_temp(upload_dir: Path, filename: str) -> tuple[BinaryIO, Path]:
 
 
 async def _read_body(
-    request: Request, parser: MultipartParser, parts: _PartCollector, upload_dir: Path, limit: int
+    request: Request,
+    parser: MultipartParser,
+    parts: _PartCollector,
+    upload_dir: Path,
+    limit: int,
+    timeout: float | None,
 ) -> None:
     """Feed the body to the parser; the `file` part's bytes go on to `parts.upload.path`."""
     fh: BinaryIO | None = None
     seen = 0
+    chunks = request.stream()
     try:
-        async for chunk in request.stream():
+        while (chunk := await _next_chunk(chunks, timeout)) is not None:
             seen += len(chunk)
             if seen > limit + MULTIPART_SLACK:
                 raise too_large(limit)
@@ -200,6 +233,8 @@ async def _read_body(
     except FormParserError as e:
         raise invalid_multipart(str(e)) from e
     except ClientDisconnect as e:
+        # the client is gone: nobody reads the answer, so one line in the log is all it is worth
+        log.warning("upload aborted by the client after %d bytes (%s)", seen, _client(request))
         raise APIError(
             400, "The upload was aborted before its end.", param="file", code="upload_aborted"
         ) from e
@@ -208,14 +243,32 @@ async def _read_body(
             fh.close()
 
 
+async def _next_chunk(chunks: AsyncIterator[bytes], timeout: float | None) -> bytes | None:
+    """The next piece of the body (None at its end); 408 when none comes within `timeout` s."""
+    try:
+        with anyio.fail_after(timeout):
+            return await anext(chunks)
+    except StopAsyncIteration:
+        return None
+    except TimeoutError as e:
+        raise body_timeout(timeout or 0.0) from e
+
+
+def _client(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "unknown client"
+
+
 @asynccontextmanager
-async def received_upload(request: Request, upload_dir: Path, limit: int) -> AsyncIterator[Upload]:
+async def received_upload(
+    request: Request, upload_dir: Path, limit: int, body_timeout: float | None = None
+) -> AsyncIterator[Upload]:
     """The request's multipart body, its file part in a temporary file in `upload_dir` that is
-    removed when the block exits (see the module docstring). `limit` bounds the file's bytes."""
+    removed when the block exits (see the module docstring). `limit` bounds the file's bytes;
+    `body_timeout` bounds the silence between two pieces of the body (None: no bound)."""
     parts = _PartCollector()
     parser = MultipartParser(multipart_boundary(request.headers.get("content-type")), parts.callbacks())
     try:
-        await _read_body(request, parser, parts, upload_dir, limit)
+        await _read_body(request, parser, parts, upload_dir, limit, body_timeout)
         yield parts.upload
     finally:
         if parts.upload.path is not None:

@@ -143,6 +143,9 @@ class Job(Base):
     suffix: Mapped[str | None] = mapped_column(String(64), default=None)
     user_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, default=None)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    # sha256 of the create request's body (api.request_models.JobCreate.fingerprint): the same
+    # Idempotency-Key with another body is refused (None for jobs created before it was recorded)
+    request_hash: Mapped[str | None] = mapped_column(String(64), default=None)
     queue: Mapped[str] = mapped_column(String(16), default="cpu")
     fine_tuned_model: Mapped[str | None] = mapped_column(String(200), default=None)
     error_code: Mapped[str | None] = mapped_column(String(64), default=None)

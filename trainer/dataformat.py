@@ -155,16 +155,21 @@ def detect_format(path: str | os.PathLike[str]) -> Format:
         return "text"
 
 
-def validate_file(path: str | os.PathLike[str], max_bytes: int | None = None) -> FileSummary:
-    """Check a training file without loading it whole; DataError says what is wrong and where."""
+def validate_file(
+    path: str | os.PathLike[str], max_bytes: int | None = None, name: str | None = None
+) -> FileSummary:
+    """Check a training file without loading it whole; DataError says what is wrong and where.
+    Messages call the file `name` (default: its file name; a service passes what its user knows
+    the file as, not the name of its temporary copy)."""
     path = Path(path)
+    name = name or path.name
     n_bytes = path.stat().st_size
     if n_bytes == 0:
-        raise DataError(f"{path.name} is empty; upload plain UTF-8 text or JSONL records")
+        raise DataError(f"{name} is empty; upload plain UTF-8 text or JSONL records")
     if max_bytes is not None and n_bytes > max_bytes:
-        raise DataError(f"{path.name} is {n_bytes} bytes, over the limit of {max_bytes} bytes")
+        raise DataError(f"{name} is {n_bytes} bytes, over the limit of {max_bytes} bytes")
     fmt = detect_format(path)
-    n_records = _validate_jsonl(path) if fmt == "jsonl" else _validate_text(path)
+    n_records = _validate_jsonl(path, name) if fmt == "jsonl" else _validate_text(path, name)
     return FileSummary(fmt, n_records, n_bytes)
 
 
@@ -177,7 +182,7 @@ def _not_utf8(offset: int, line: int, exc: UnicodeDecodeError) -> DataError:
     )
 
 
-def _validate_text(path: Path) -> int:
+def _validate_text(path: Path, name: str) -> int:
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     consumed = 0  # bytes read before the current chunk
     newlines = 0
@@ -211,11 +216,11 @@ def _validate_text(path: Path) -> int:
                 break
             consumed += len(chunk)
     if not has_content:
-        raise DataError(f"{path.name} contains only whitespace; there is nothing to train on")
+        raise DataError(f"{name} contains only whitespace; there is nothing to train on")
     return newlines + (0 if ends_with_newline else 1)
 
 
-def _validate_jsonl(path: Path) -> int:
+def _validate_jsonl(path: Path, name: str) -> int:
     n_records = 0
     offset = 0
     with open(path, "rb") as f:
@@ -228,7 +233,7 @@ def _validate_jsonl(path: Path) -> int:
                 n_records += 1
             offset += len(raw)
     if n_records == 0:
-        raise DataError(f"{path.name} has no JSONL records (only blank lines); {SHAPES_HELP}")
+        raise DataError(f"{name} has no JSONL records (only blank lines); {SHAPES_HELP}")
     return n_records
 
 

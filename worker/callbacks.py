@@ -59,6 +59,7 @@ class ServiceCallbacks(Callbacks):
         scratch: Path,
         flush_seconds: float = 1.0,
         keep_checkpoints: int | None = 3,
+        max_stored_bytes: int | None = None,
         lease_lost: threading.Event | None = None,
         shutdown: threading.Event | None = None,
         flush_rows: int = FLUSH_ROWS,
@@ -73,6 +74,7 @@ class ServiceCallbacks(Callbacks):
         self.flush_seconds = flush_seconds
         self.flush_rows = flush_rows
         self.keep_checkpoints = keep_checkpoints
+        self.max_stored_bytes = max_stored_bytes  # the owner's storage quota (pruning keeps inside it)
         self.stop_check_seconds = stop_check_seconds
         self.lease_lost = lease_lost or threading.Event()
         self.shutdown = shutdown or threading.Event()
@@ -136,6 +138,7 @@ class ServiceCallbacks(Callbacks):
                 is_final=False,
                 keep=self.keep_checkpoints,
                 scratch=self.scratch,
+                max_stored_bytes=self.max_stored_bytes,
             )
             self.stored_steps.append(step)
         except LeaseLost:

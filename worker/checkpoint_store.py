@@ -3,7 +3,9 @@ with a Checkpoint row each. Bringing them back is worker.checkpoint_restore.
 
 Stored checkpoints are rotated like the trainer's local ones: the newest `keep` step checkpoints of
 a job are kept (plus the final one); older rows and their blobs are deleted unless a download (an
-Export row) was made from them. Every write first checks that this worker still holds the lease.
+Export row) was made from them. When the owner then stores more than `max_stored_bytes`, older
+step checkpoints go too (worker/checkpoint_quota.py): the job goes on inside the quota. Every write
+first checks that this worker still holds the lease.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.models import Checkpoint, Export, Job, utcnow
+from worker.checkpoint_quota import prune_over_quota
 from worker.lease import LeaseLost, lock_held_job
 
 if TYPE_CHECKING:
@@ -41,6 +44,7 @@ def store_checkpoint(
     keep: int | None,
     scratch: Path,
     extra: Callable[[Session, Job], None] | None = None,
+    max_stored_bytes: int | None = None,
 ) -> str:
     """Tar `folder`, put it into the blob store and record the Checkpoint row (replacing an earlier
     row for the same step), all in one transaction that first checks the lease. `extra(session, job)`
@@ -81,6 +85,8 @@ def store_checkpoint(
             doomed = [old_blob] if old_blob else []
             if keep:
                 doomed += _rotate(session, job_id, keep)
+            if max_stored_bytes is not None:
+                doomed += prune_over_quota(session, job_id, job.owner_id, max_stored_bytes)
             if extra is not None:
                 extra(session, job)
             session.commit()

@@ -128,7 +128,8 @@ class JobRun:
             checkpoint_model_id=lambda step: checkpoint_model_id(snapshot.naming_job, step),
             scratch=self.job_dir,
             flush_seconds=self.settings.metrics_flush_seconds,
-            keep_checkpoints=inputs.train_cfg.keep_checkpoints,
+            keep_checkpoints=self._keep(inputs.train_cfg.keep_checkpoints),
+            max_stored_bytes=self.settings.max_stored_bytes_per_key,
             lease_lost=self.lease_lost,
             shutdown=shutdown_event,
         )
@@ -166,6 +167,12 @@ class JobRun:
             return self._requeue_for_shutdown(snapshot.queue, result.step)
         raise JobFailure("internal_error", f"Training stopped unexpectedly ({result.stop_reason}).")
 
+    def _keep(self, requested: int | None) -> int:
+        """Step checkpoints kept in the database: the job's `keep_checkpoints`, at most the
+        service's `max_checkpoints_per_job`."""
+        cap = self.settings.max_checkpoints_per_job
+        return min(requested, cap) if requested else cap
+
     def _held(self, session: Session) -> Job:
         if self.lease_lost.is_set():
             raise LeaseLost(self.job_id)
@@ -193,9 +200,10 @@ class JobRun:
             model_id=checkpoint_model_id(snapshot.naming_job, step),
             metrics=callbacks.checkpoint_metrics(step),
             is_final=True,
-            keep=snapshot.keep_checkpoints,
+            keep=self._keep(snapshot.keep_checkpoints),
             scratch=self.job_dir,
             extra=finish,
+            max_stored_bytes=self.settings.max_stored_bytes_per_key,
         )
         log.info("job %s succeeded: %s", self.job_id, model_id)
         return JobStatus.SUCCEEDED

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.jobstates import claim_job, renew_lease
 from core.models import Job
+from worker.running_quota import defer_if_owner_busy
 
 log = logging.getLogger(__name__)
 
@@ -21,11 +22,21 @@ class LeaseLost(Exception):
     """This worker no longer holds the job's lease: another worker may own it now."""
 
 
-def claim(session_factory: sessionmaker[Session], job_id: str, worker_id: str, lease_seconds: float) -> bool:
+def claim(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    worker_id: str,
+    lease_seconds: float,
+    max_running_per_owner: int | None = None,
+) -> bool:
     """Claim the job for `worker_id` (committed). False when it is not claimable: running
-    elsewhere, finished, paused or unknown; the caller drops the message."""
+    elsewhere, finished, paused or unknown, or its owner already has `max_running_per_owner` jobs
+    running (deferred: worker/running_quota.py); the caller drops the message."""
     with session_factory() as session:
-        job = claim_job(session, job_id, worker_id, lease_seconds)
+        if max_running_per_owner is not None and defer_if_owner_busy(session, job_id, max_running_per_owner):
+            session.commit()
+            return False
+        job = claim_job(session, job_id, worker_id, lease_seconds)  # under the owner's quota lock
         if job is None:
             session.rollback()
             log.info(

@@ -5,7 +5,9 @@ replayed or duplicated message is harmless:
 
 1. **Claim.** `core.jobstates.claim_job` is an atomic conditional UPDATE that only succeeds for a
    job in `validating_files`/`queued` that nobody holds. `None` means the job is running elsewhere,
-   finished, paused or cancelled: the message is logged and dropped.
+   finished, paused or cancelled: the message is logged and dropped. A job whose owner already
+   has `max_running_jobs_per_key` jobs running is deferred (worker/running_quota.py): it waits
+   `queued`, and is sent again when one of them ends (`resend_deferred`, after every job).
 2. **Lease.** A heartbeat thread renews the lease every `heartbeat_seconds`. If a renewal finds the
    lease gone (the reaper gave the job away after this worker stalled), training stops at the next
    step and this worker writes nothing more for the job.
@@ -58,6 +60,7 @@ from core.status import JobStatus
 from worker.job_run import JobRun
 from worker.lease import Heartbeat, claim
 from worker.process import new_worker_id, resources
+from worker.running_quota import resend_deferred
 
 
 def run_job(job_id: str, settings: Settings, *, worker_id: str | None = None) -> JobStatus | None:
@@ -65,7 +68,8 @@ def run_job(job_id: str, settings: Settings, *, worker_id: str | None = None) ->
     dropped (job not claimable) or the lease was lost. Never raises for a job's own failure."""
     res = resources(settings)
     worker_id = worker_id or new_worker_id()
-    if not claim(res.session_factory, job_id, worker_id, settings.lease_seconds):
+    max_running = settings.max_running_jobs_per_key
+    if not claim(res.session_factory, job_id, worker_id, settings.lease_seconds, max_running):
         return None
 
     heartbeat = Heartbeat(
@@ -82,6 +86,7 @@ def run_job(job_id: str, settings: Settings, *, worker_id: str | None = None) ->
     finally:
         heartbeat.stop()
         shutil.rmtree(job_dir, ignore_errors=True)
+        resend_deferred(res.session_factory, job_id, max_running)  # a running slot of the owner is free
 
 
 def clean_stale_job_dirs(jobs_dir: Path) -> None:

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from sqlalchemy import and_, or_, select
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
-from api.errors import APIError, not_found
+from api.errors import APIError, not_found, quote_input
 from api.queries import AfterId, bad_cursor, live_files, newest_first_after, owned_file
 from api.request_models import FileUploadFields
 from api.schemas import Deleted, FileObject, ListEnvelope, to_file
@@ -60,7 +60,8 @@ UPLOAD_BODY = {
                         },
                         **FileUploadFields.model_json_schema()["properties"],
                     },
-                }
+                },
+                "example": {"purpose": "fine-tune", "file": "To be, or not to be, that is the question.\n"},
             }
         },
     }
@@ -90,10 +91,12 @@ async def upload_file(
     if declared and declared.isdigit() and int(declared) > limit + MULTIPART_SLACK:
         raise too_large(limit)
     upload_dir = settings.work_path / "uploads"
-    async with received_upload(request, upload_dir, limit) as upload:
+    async with received_upload(
+        request, upload_dir, limit, body_timeout=settings.upload_body_timeout_seconds
+    ) as upload:
         fields = _form_fields(upload)
         assert upload.path is not None
-        filename = (upload.filename or upload.path.name)[:500]
+        filename = (upload.filename or "upload")[:500]
         return await run_in_threadpool(
             _validate_and_store, request, key.owner_id, upload.path, filename, fields.purpose, limit, store
         )
@@ -107,10 +110,13 @@ def _validate_and_store(
     if path.stat().st_size > limit:
         raise too_large(limit)
     try:
-        summary = validate_file(path, max_bytes=limit)
+        summary = validate_file(path, max_bytes=limit, name="the file")
     except DataError as e:
         raise APIError(
-            400, f"Invalid training file {filename!r}: {e.message}", param="file", code="invalid_file"
+            400,
+            f"Invalid training file {quote_input(filename)}: {e.message}",
+            param="file",
+            code="invalid_file",
         ) from e
     session = request.app.state.session_factory()
     blob = None
@@ -183,7 +189,7 @@ def get_file(file_id: str, session: SessionDep, key: CurrentKey) -> FileObject:
     "/files/{file_id}/content",
     summary="Download a file's bytes",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={200: {"content": {"application/jsonl": {}, "text/plain": {}}}},
 )
 def file_content(
     file_id: str, session: SessionDep, key: CurrentKey, store: BlobStoreDep

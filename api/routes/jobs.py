@@ -6,7 +6,9 @@ the broker (core.broker.enqueue_job), so a worker never sees a job that is not c
 
 `Idempotency-Key` header: a retried create with the same key (per owner) returns the job the first
 request created, with the same status code; a concurrent duplicate loses on the unique constraint
-(owner_id, idempotency_key) and returns the winner's job.
+(owner_id, idempotency_key) and returns the winner's job. The job keeps a fingerprint of the body
+that created it (`request_hash`): the same key with a different body is a 400
+`idempotency_key_reused`, not the first job.
 
 Cancel/pause/resume go through core.jobstates (request_cancel, request_pause, resume). A request
 the job's status does not allow (cancelling a finished job, resuming a running one) is a 400, not a
@@ -20,7 +22,7 @@ import secrets
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import Header, Query, Request
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -39,6 +41,7 @@ from api.queries import (
     owned_job,
 )
 from api.request_models import MAX_SEED, JobCreate
+from api.request_text import json_router
 from api.schemas import FineTuningJob, ListEnvelope, to_job
 from core import jobstates
 from core.models import ApiKey, Event, File, Job
@@ -47,7 +50,7 @@ from core.status import JobStatus
 from trainer.config import PRESETS, TrainConfig, model_config_from_preset
 
 log = logging.getLogger("fromscratch.api")
-router = APIRouter(prefix="/v1/fine_tuning", tags=["fine-tuning"])
+router = json_router(prefix="/v1/fine_tuning", tags=["fine-tuning"])
 
 
 def _bad(message: str, param: str, code: str = "invalid_request") -> APIError:
@@ -175,6 +178,20 @@ def _existing(session: Session, owner_id: str, idem: str) -> Job | None:
     return session.scalar(select(Job).where(Job.owner_id == owner_id, Job.idempotency_key == idem))
 
 
+def _replayed(job: Job, fingerprint: str) -> FineTuningJob:
+    """The job an earlier request with this Idempotency-Key created, if this request is the same
+    one again; a different body under the same key is a 400 (it is not a retry)."""
+    if job.request_hash is not None and job.request_hash != fingerprint:
+        raise APIError(
+            400,
+            f"This Idempotency-Key was already used with other parameters (for job {job.id}); "
+            "send a new key with a new request.",
+            param="Idempotency-Key",
+            code="idempotency_key_reused",
+        )
+    return to_job(job)
+
+
 @router.post("/jobs", response_model=FineTuningJob, summary="Create a training job")
 def create_job(
     body: JobCreate,
@@ -184,12 +201,14 @@ def create_job(
     settings: SettingsDep,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> FineTuningJob:
+    fingerprint = body.fingerprint()
     if idempotency_key:
         existing = _existing(session, key.owner_id, idempotency_key)
         if existing is not None:
-            return to_job(existing)
+            return _replayed(existing, fingerprint)
     job = _new_job(session, key.owner_id, body, settings)
     job.idempotency_key = idempotency_key or None
+    job.request_hash = fingerprint
     session.add(job)
     try:
         session.flush()
@@ -198,7 +217,7 @@ def create_job(
         existing = _existing(session, key.owner_id, idempotency_key) if idempotency_key else None
         if existing is None:
             raise
-        return to_job(existing)
+        return _replayed(existing, fingerprint)
     jobstates.add_event(
         session, job.id, f"Created fine-tuning job: {job.id}", data={"status": job.status, "model": job.model}
     )
@@ -210,7 +229,7 @@ def create_job(
         existing = _existing(session, key.owner_id, idempotency_key) if idempotency_key else None
         if existing is None:
             raise
-        return to_job(existing)
+        return _replayed(existing, fingerprint)
     _enqueue(request, session, job, _undo_create)
     return to_job(job)
 

@@ -11,22 +11,24 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
+from api.errors import APIError, quote_input
 from api.exports import ExportDtype, ExportFormat, delete_exports, prepare_download
 from api.generation import generate_text
 from api.queries import ModelRef, is_deleted, owned_model
 from api.request_models import GenerateRequest
+from api.request_text import json_router
 from api.routes.files import content_disposition
 from api.schemas import Deleted, GenerateResponse, ListEnvelope, Model, unix
 from core.models import Checkpoint, DeletedModel, Job
 from core.naming import root_preset
 from core.status import JobStatus
 
-router = APIRouter(prefix="/v1", tags=["models"])
+router = json_router(prefix="/v1", tags=["models"])
 
 
 def to_model(ref: ModelRef) -> Model:
@@ -84,7 +86,7 @@ def list_models(session: SessionDep, key: CurrentKey) -> ListEnvelope[Model]:
     "/models/{model_id:path}/content",
     summary="Download a model: gguf, hf (tar), onnx, checkpoint (tar)",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={200: {"content": {"application/octet-stream": {}, "application/x-tar": {}}}},
 )
 def model_content(
     model_id: str,
@@ -132,10 +134,11 @@ def generate(
 ) -> GenerateResponse:
     ref = owned_model(session, key.owner_id, model_id)
     if ref.checkpoint is None:
-        from api.errors import APIError
-
         raise APIError(
-            404, f"Model {model_id!r} has no stored weights.", param="model", code="model_not_found"
+            404,
+            f"Model {quote_input(model_id)} has no stored weights.",
+            param="model",
+            code="model_not_found",
         )
     blob_id = ref.checkpoint.blob_id
     session.commit()
