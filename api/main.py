@@ -1,8 +1,9 @@
 """The FastAPI application: `create_app(settings=None)` (uvicorn: `--factory api.main:create_app`).
 
 State on `app.state`: `settings`, `engine`, `session_factory`, `blobstore`, `celery`, plus
-`registry` (Prometheus), `model_cache` (loaded models for /generate), `api_routes` (the routes of
-the routers below: api/openapi.py documents them, api/errors.py answers a 405 with their methods).
+`registry` (Prometheus), `model_cache` (loaded models for /generate), `rate_limiter` (requests
+per key, api/rate_limit.py), `api_routes` (the routes of the routers below: api/openapi.py
+documents them, api/errors.py answers a 405 with their methods).
 
 Routers, one per resource: files, jobs (+ presets), statuses, events (events, metrics, SSE stream),
 checkpoints, models (+ content, generate), health (healthz, readyz, metrics). The dashboard's
@@ -27,6 +28,7 @@ from api.errors import ERROR_RESPONSES, install_error_handlers
 from api.generation import ModelCache
 from api.logs import install_log_redaction
 from api.openapi import api_routes, install_openapi
+from api.rate_limit import RateLimiter
 from api.request_text import TextURLMiddleware
 from api.routes import checkpoints, events, files, health, hyperparameters, jobs, models, statuses
 from core.settings import Settings, get_settings
@@ -112,6 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.blobstore = blobstore_from_settings(settings, session_factory)
     app.state.celery = celery
     app.state.model_cache = ModelCache()
+    app.state.rate_limiter = RateLimiter.from_settings(settings)
     registry, latency = health.make_registry(session_factory)
     app.state.registry = registry
 

@@ -5,7 +5,8 @@
   from a worker thread), never whole in memory; the other parts are small form fields (at most 16,
   64 KiB each) kept as text;
 - the body is cut off with a 400 (`file_too_large`, param "file") as soon as it passes the upload
-  limit plus room for the multipart framing;
+  limit plus room for the multipart framing; a caller's `check_file_bytes(n)` sees the file part's
+  running size after every piece and may cut it off too (the storage quota's 429);
 - a malformed or truncated body (no closing boundary) is a 400 (`invalid_multipart`);
 - a client that sends nothing for `body_timeout` seconds (setting `upload_body_timeout_seconds`)
   mid-body gets a 408 (`upload_timeout`) and its connection is closed: a client that announces more
@@ -24,7 +25,7 @@ import os
 import re
 import tempfile
 import unicodedata
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +125,7 @@ class _PartCollector:
         self.file_started = False  # the `file` part's headers have arrived
         self.pending: list[bytes] = []
         self.pending_bytes = 0
+        self.file_bytes = 0  # the `file` part's bytes so far
         self.ended = False
         self._files_seen = 0
         self._header_name = bytearray()
@@ -176,6 +178,7 @@ class _PartCollector:
         if self._kind == "file":
             self.pending.append(data[start:end])
             self.pending_bytes += end - start
+            self.file_bytes += end - start
         elif self._kind == "field":
             self._field_value.extend(data[start:end])
             if len(self._field_value) > MAX_FIELD_BYTES:
@@ -208,6 +211,7 @@ async def _read_body(
     parts: _PartCollector,
     upload_dir: Path,
     limit: int,
+    check_file_bytes: Callable[[int], None] | None,
     timeout: float | None,
 ) -> None:
     """Feed the body to the parser; the `file` part's bytes go on to `parts.upload.path`."""
@@ -220,6 +224,8 @@ async def _read_body(
             if seen > limit + MULTIPART_SLACK:
                 raise too_large(limit)
             parser.write(chunk)
+            if check_file_bytes is not None:
+                check_file_bytes(parts.file_bytes)
             if parts.file_started and fh is None:
                 upload_dir.mkdir(parents=True, exist_ok=True)
                 fh, parts.upload.path = _open_temp(upload_dir, parts.upload.filename)
@@ -260,15 +266,20 @@ def _client(request: Request) -> str:
 
 @asynccontextmanager
 async def received_upload(
-    request: Request, upload_dir: Path, limit: int, body_timeout: float | None = None
+    request: Request,
+    upload_dir: Path,
+    limit: int,
+    check_file_bytes: Callable[[int], None] | None = None,
+    body_timeout: float | None = None,
 ) -> AsyncIterator[Upload]:
     """The request's multipart body, its file part in a temporary file in `upload_dir` that is
     removed when the block exits (see the module docstring). `limit` bounds the file's bytes;
-    `body_timeout` bounds the silence between two pieces of the body (None: no bound)."""
+    `check_file_bytes(n)` (raising to refuse) sees the file part's size as it grows; `body_timeout`
+    bounds the silence between two pieces of the body (None: no bound)."""
     parts = _PartCollector()
     parser = MultipartParser(multipart_boundary(request.headers.get("content-type")), parts.callbacks())
     try:
-        await _read_body(request, parser, parts, upload_dir, limit, body_timeout)
+        await _read_body(request, parser, parts, upload_dir, limit, check_file_bytes, body_timeout)
         yield parts.upload
     finally:
         if parts.upload.path is not None:

@@ -11,6 +11,11 @@ Upload path, never holding the file in memory:
    committed with the blob's completion, so a failed upload leaves no rows, no blobs and no
    temporary file.
 
+Storage quota (`max_stored_bytes_per_key`: files + checkpoints + exports): an upload that would take
+the key past it is a 429 `quota_exceeded` (api/quotas.py): at once when the Content-Length says
+so, else as soon as the file part passes the room left, and last under the owner's quota lock
+before the File row is committed (concurrent uploads cannot overshoot it); nothing is kept.
+
 DELETE is refused (400) while a job that has not finished uses the file. A file a finished job
 refers to keeps its row (the job's `training_file` must stay a valid reference) but its bytes are
 freed (blob_id None) and it is marked `deleted_at`, which every route treats as gone.
@@ -33,11 +38,14 @@ from sqlalchemy import and_, or_, select
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
 from api.errors import APIError, not_found, quote_input
 from api.queries import AfterId, bad_cursor, live_files, newest_first_after, owned_file
+from api.quotas import check_storage, storage_exceeded
 from api.request_models import FileUploadFields
 from api.schemas import Deleted, FileObject, ListEnvelope, to_file
 from api.uploads import MULTIPART_SLACK, Upload, received_upload, too_large
 from core.blobstore import BlobStore
 from core.models import File, Job, utcnow
+from core.quotas import stored_bytes
+from core.settings import Settings
 from core.status import TERMINAL
 
 router = APIRouter(prefix="/v1", tags=["files"])
@@ -87,26 +95,49 @@ async def upload_file(
     request: Request, key: CurrentKey, settings: SettingsDep, store: BlobStoreDep
 ) -> FileObject:
     limit = settings.max_upload_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit + MULTIPART_SLACK:
+    header = request.headers.get("content-length")
+    declared = int(header) if header and header.isdigit() else None
+    if declared is not None and declared > limit + MULTIPART_SLACK:
         raise too_large(limit)
+    quota = settings.max_stored_bytes_per_key
+    used = await run_in_threadpool(_stored_bytes, request, key.owner_id)
+    room = quota - used
+    if room <= 0 or (declared is not None and declared - MULTIPART_SLACK > room):
+        raise storage_exceeded(quota, used, declared, "this upload", "file")
+
+    def check_file_bytes(n: int) -> None:
+        if n > room:  # cut the stream: nothing more is read or kept
+            raise storage_exceeded(quota, used, None, "this upload", "file")
+
     upload_dir = settings.work_path / "uploads"
     async with received_upload(
-        request, upload_dir, limit, body_timeout=settings.upload_body_timeout_seconds
+        request, upload_dir, limit, check_file_bytes, body_timeout=settings.upload_body_timeout_seconds
     ) as upload:
         fields = _form_fields(upload)
         assert upload.path is not None
         filename = (upload.filename or "upload")[:500]
         return await run_in_threadpool(
-            _validate_and_store, request, key.owner_id, upload.path, filename, fields.purpose, limit, store
+            _validate_and_store, request, key.owner_id, upload.path, filename, fields.purpose, settings, store
         )
 
 
+def _stored_bytes(request: Request, owner_id: str) -> int:
+    with request.app.state.session_factory() as session:
+        return stored_bytes(session, owner_id)
+
+
 def _validate_and_store(
-    request: Request, owner_id: str, path: Path, filename: str, purpose: str, limit: int, store: BlobStore
+    request: Request,
+    owner_id: str,
+    path: Path,
+    filename: str,
+    purpose: str,
+    settings: Settings,
+    store: BlobStore,
 ) -> FileObject:
     from trainer.dataformat import DataError, validate_file
 
+    limit = settings.max_upload_bytes
     if path.stat().st_size > limit:
         raise too_large(limit)
     try:
@@ -123,6 +154,7 @@ def _validate_and_store(
     try:
         with open(path, "rb") as fh:
             blob = store.put(iter(lambda: fh.read(CHUNK), b""), session, max_bytes=limit)
+        check_storage(session, owner_id, settings.max_stored_bytes_per_key, blob.size, "this upload", "file")
         row = File(
             owner_id=owner_id,
             filename=filename,

@@ -10,6 +10,10 @@ request created, with the same status code; a concurrent duplicate loses on the 
 that created it (`request_hash`): the same key with a different body is a 400
 `idempotency_key_reused`, not the first job.
 
+Quota: a create (or a resume) that would give the key more than `max_active_jobs_per_key` jobs
+validating, queued or running is a 429 `quota_exceeded` (api/quotas.py); the count and the insert
+happen under the owner's quota lock, so concurrent creates cannot overshoot it.
+
 Cancel/pause/resume go through core.jobstates (request_cancel, request_pause, resume). A request
 the job's status does not allow (cancelling a finished job, resuming a running one) is a 400, not a
 409: it will never succeed, and the openai SDK retries 409s.
@@ -40,11 +44,13 @@ from api.queries import (
     newest_first_after,
     owned_job,
 )
+from api.quotas import check_active_jobs
 from api.request_models import MAX_SEED, JobCreate
 from api.request_text import json_router
 from api.schemas import FineTuningJob, ListEnvelope, to_job
 from core import jobstates
 from core.models import ApiKey, Event, File, Job
+from core.quotas import lock_owner
 from core.settings import Settings
 from core.status import JobStatus
 from trainer.config import PRESETS, TrainConfig, model_config_from_preset
@@ -207,6 +213,13 @@ def create_job(
         if existing is not None:
             return _replayed(existing, fingerprint)
     job = _new_job(session, key.owner_id, body, settings)
+    # The owner's quota lock, held until the commit below: the count and the insert are one step.
+    lock_owner(session, key.owner_id)
+    if idempotency_key:  # a concurrent twin may have committed while we waited for the lock
+        existing = _existing(session, key.owner_id, idempotency_key)
+        if existing is not None:
+            return _replayed(existing, fingerprint)
+    check_active_jobs(session, key.owner_id, settings.max_active_jobs_per_key)
     job.idempotency_key = idempotency_key or None
     job.request_hash = fingerprint
     session.add(job)
@@ -318,10 +331,14 @@ def pause_job(job_id: str, session: SessionDep, key: CurrentKey) -> FineTuningJo
 
 
 @router.post("/jobs/{job_id}/resume", response_model=FineTuningJob, summary="Resume a paused job")
-def resume_job(job_id: str, request: Request, session: SessionDep, key: CurrentKey) -> FineTuningJob:
+def resume_job(
+    job_id: str, request: Request, session: SessionDep, key: CurrentKey, settings: SettingsDep
+) -> FineTuningJob:
     needs: dict[str, bool] = {}
 
     def action(s: Session, job: Job) -> Job:
+        if job.status == JobStatus.PAUSED:  # it becomes queued: one more active job
+            check_active_jobs(s, key.owner_id, settings.max_active_jobs_per_key)
         job, needs["enqueue"] = jobstates.resume(s, job)
         return job
 

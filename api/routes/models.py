@@ -107,6 +107,7 @@ def model_content(
         store=store,
         factory=request.app.state.session_factory,
         work_dir=settings.work_path,
+        max_stored_bytes=settings.max_stored_bytes_per_key,
     )
     return StreamingResponse(
         store.open(download.blob_id),
