@@ -11,17 +11,22 @@ timeout, and a killed worker's job would come back at a time we do not control.
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import TYPE_CHECKING
 
 from celery import Celery
 from kombu import Queue
 
+from core.broker_faults import describe
+from core.broker_queues import move_to_head
 from core.settings import QUEUES
 
 if TYPE_CHECKING:
     from core.settings import Settings
 
 TRAIN_TASK = "fromscratch.train_job"
+log = logging.getLogger(__name__)
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -41,6 +46,11 @@ def make_celery(settings: Settings) -> Celery:
         task_acks_late=False,
         worker_prefetch_multiplier=1,  # long tasks: never reserve a second job while training one
         broker_connection_retry_on_startup=True,
+        # a worker outlives any broker outage (Celery's default gives up after 100 reconnect tries)
+        broker_connection_max_retries=None,
+        # acts only on late-ack tasks (ours ack early); set, it also stops Celery's deprecation warning
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        worker_enable_prefetch_count_reduction=False,  # nothing to reduce: the prefetch is 1
         # one routing table: the queue given at send time (job.queue) wins over this default
         task_queues=[Queue(name, routing_key=name) for name in QUEUES],
         task_default_queue=settings.default_queue,
@@ -51,8 +61,19 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-def enqueue_job(celery: Celery, job_id: str, queue: str) -> None:
-    """Send the training task for `job_id` to `queue`. Call only after the job row is committed."""
+def enqueue_job(celery: Celery, job_id: str, queue: str, *, front: bool = False) -> None:
+    """Send the training task for `job_id` to `queue`. Call only after the job row is committed.
+
+    `front=True` for a job that goes back to the queue (its worker shut down or was lost, or its
+    message was lost): the job had its turn already, so its message goes to the head of the queue
+    instead of behind every job sent since (core/broker_queues.py). Sending several, the last one
+    sent is taken first. Should the move fail, the message stays where it was sent: late, not lost."""
     if queue not in QUEUES:
         raise ValueError(f"unknown queue {queue!r}: use one of {QUEUES}")
-    celery.send_task(TRAIN_TASK, args=[job_id], queue=queue)
+    task_id = str(uuid.uuid4())
+    celery.send_task(TRAIN_TASK, args=[job_id], queue=queue, task_id=task_id)
+    if front:
+        try:
+            move_to_head(celery, queue, task_id)
+        except Exception as exc:  # noqa: BLE001 - sent already; its place is a nicety
+            log.warning("job %s: sent, but not moved to the head of %s (%s)", job_id, queue, describe(exc))

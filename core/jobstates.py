@@ -17,7 +17,8 @@ release, requeue_expired) commit themselves because other processes must see the
 own writes (e.g. the final checkpoint row together with `succeeded`).
 
 `attempts` counts claims since the job was created or last resumed: a crash-requeue keeps it, a
-user's resume resets it (a pause is not a failure).
+user's resume resets it (a pause is not a failure), and a graceful hand-off (`hand_back`: the
+worker shut down) gives its claim back. So `max_attempts` bounds crashes and lost leases only.
 """
 
 from __future__ import annotations
@@ -204,6 +205,15 @@ def release_lease(session: Session, job_id: str, worker_id: str) -> bool:
     )
     session.commit()
     return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def hand_back(session: Session, job: Job) -> Job:
+    """A worker shutting down gives its held job back: `queued`, lease released, and the claim not
+    counted as an attempt (a hand-off is not a failure). The caller commits, then sends the job's
+    message to the head of its queue: the job had its turn."""
+    transition(session, job, JobStatus.QUEUED, attempts=max(job.attempts - 1, 0))
+    add_event(session, job.id, "The worker shut down; the job goes back to the head of the queue")
+    return job
 
 
 def requeue_expired(session: Session, max_attempts: int) -> list[tuple[str, str]]:

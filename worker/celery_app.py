@@ -4,7 +4,8 @@
 `core.broker.make_celery` (JSON only, prefetch 1, acks early, one routing table). The task module is
 listed in `imports`, so `celery -A worker.celery_app:app worker` (what `fromscratch worker` runs)
 registers `fromscratch.train_job` without a circular import. The reaper thread starts when the
-worker is ready (see worker/reaper.py).
+worker is ready (see worker/reaper.py); a broker outage is logged as two lines, not one a
+reconnect try (worker/broker_log.py).
 """
 
 from __future__ import annotations
@@ -21,9 +22,17 @@ app: Celery = make_celery(get_settings())
 app.conf.imports = ("worker.tasks",)
 
 
-def enqueue_job(job_id: str, queue: str) -> None:
-    """Send `fromscratch.train_job(job_id)` to `queue`. Call only after the job row is committed."""
-    _enqueue_job(app, job_id, queue)
+def enqueue_job(job_id: str, queue: str, *, front: bool = False) -> None:
+    """Send `fromscratch.train_job(job_id)` to `queue` (to its head with `front`: a job going back
+    to the queue). Call only after the job row is committed."""
+    _enqueue_job(app, job_id, queue, front=front)
+
+
+@signals.worker_init.connect
+def _quiet_broker_outages(sender: object = None, **_: Any) -> None:
+    from worker.broker_log import install_outage_filter
+
+    install_outage_filter()
 
 
 @signals.worker_ready.connect

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from core.jobstates import add_event, transition
+from core.broker_faults import describe
+from core.jobstates import add_event, hand_back, transition
 from core.models import Job
 from core.naming import checkpoint_model_id, final_model_id
 from core.settings import Settings
@@ -219,19 +220,19 @@ class JobRun:
     def _requeue_for_shutdown(self, queue: str, step: int | None) -> JobStatus:
         with self.sf() as session:
             job = self._held(session)
-            transition(session, job, JobStatus.QUEUED)
+            hand_back(session, job)  # not a failed attempt
             session.commit()
         log.info(
-            "worker shutting down: job %s re-queued%s",
+            "worker shutting down: job %s re-queued at the head of the queue%s",
             self.job_id,
             f" from step {step}" if step is not None else "",
         )
         try:
             from worker.celery_app import enqueue_job
 
-            enqueue_job(self.job_id, queue)
-        except Exception:  # the reaper re-sends messages for queued jobs nobody holds
-            log.warning("could not re-send job %s; the reaper will", self.job_id, exc_info=True)
+            enqueue_job(self.job_id, queue, front=True)
+        except Exception as exc:  # the reaper re-sends the messages the broker does not hold
+            log.warning("could not re-send job %s (%s); the reaper will", self.job_id, describe(exc))
         return JobStatus.QUEUED
 
     def _fail(self, code: str, message: str, param: str | None = None) -> JobStatus | None:
