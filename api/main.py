@@ -24,6 +24,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.db_errors import install_database_error_handler
 from api.errors import ERROR_RESPONSES, install_error_handlers
 from api.generation import ModelCache
 from api.logs import install_log_redaction
@@ -119,6 +120,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = registry
 
     install_error_handlers(app)
+    install_database_error_handler(app, engine)  # 503 while the database is down
     install_log_redaction()
     app.add_middleware(TextURLMiddleware)  # a URL holding NUL is a 400 (api/request_text.py)
     app.add_middleware(LatencyMiddleware, histogram=latency)

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+PG_CONNECT_TIMEOUT_SECONDS = 10
 
 
 def normalize_url(url: str) -> str:
@@ -50,6 +51,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
+    if parsed.get_backend_name() == "postgresql":
+        # an unreachable host fails a connection in seconds, not after TCP's minutes-long timeout
+        kwargs["connect_args"] = {
+            "connect_timeout": PG_CONNECT_TIMEOUT_SECONDS,
+            **kwargs.get("connect_args", {}),
+        }
     return create_engine(url, **kwargs)
 
 

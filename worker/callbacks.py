@@ -9,6 +9,11 @@ writing at once and stops training at the next step.
 Metrics are buffered and written in one transaction every `metrics_flush_seconds` (or every
 `FLUSH_ROWS` rows), together with the job's denormalised progress columns, so a 10 000-step run
 costs a few hundred small transactions, not 10 000 (worker.metric_rows).
+
+While the database is unreachable training goes on: the rows stay buffered and are written when it
+comes back (worker.db_retry). A checkpoint waits until the rows up to its step and its upload are
+written, so a resume from it finds every earlier step; past `db_retry_seconds` the writes raise
+DatabaseUnavailable and the attempt is given up (worker.job_run).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.models import Job
 from trainer.loop import Callbacks
 from worker.checkpoint_store import store_checkpoint
+from worker.db_retry import DbRetry
 from worker.lease import LeaseLost
 from worker.metric_rows import MetricValues, write_progress
 
@@ -64,6 +70,7 @@ class ServiceCallbacks(Callbacks):
         shutdown: threading.Event | None = None,
         flush_rows: int = FLUSH_ROWS,
         stop_check_seconds: float = STOP_CHECK_SECONDS,
+        db_retry_seconds: float,
     ):
         self.session_factory = session_factory
         self.store = store
@@ -87,6 +94,9 @@ class ServiceCallbacks(Callbacks):
         self.last_val_loss: float | None = None
         self.stored_steps: list[int] = []
         self.first_step_written = False  # the first loss of a run is written at once (time to first loss)
+        self.metrics_db = DbRetry("metrics writes", db_retry_seconds)
+        self.checkpoint_db = DbRetry("checkpoint writes", db_retry_seconds)
+        self.requests_db = DbRetry("cancel/pause checks", action="paused")  # metrics writes give up
 
     # ------------------------------------------------------------------ trainer hooks
     def on_start(self, info: StartInfo) -> None:
@@ -125,7 +135,9 @@ class ServiceCallbacks(Callbacks):
         if self.cause in ("cancel", "lease_lost") or self.lease_lost.is_set():
             return
         try:
-            self.flush()
+            self.flush(wait=True)  # the rows up to this step first: a resume from it must find them all
+            if self.lease_lost.is_set():
+                return
             store_checkpoint(
                 self.session_factory,
                 self.store,
@@ -139,6 +151,7 @@ class ServiceCallbacks(Callbacks):
                 keep=self.keep_checkpoints,
                 scratch=self.scratch,
                 max_stored_bytes=self.max_stored_bytes,
+                retry=self.checkpoint_db,
             )
             self.stored_steps.append(step)
         except LeaseLost:
@@ -173,32 +186,45 @@ class ServiceCallbacks(Callbacks):
             self.first_step_written = bool(self.buffer)
             self.flush()
 
-    def flush(self) -> None:
-        """Write buffered metrics and the job's progress in one transaction (if the lease holds)."""
+    def flush(self, wait: bool = False) -> None:
+        """Write buffered metrics and the job's progress in one transaction (if the lease holds).
+        While the database is unreachable the rows stay buffered for the next flush; `wait`
+        retries until they are written (DatabaseUnavailable past db_retry_seconds)."""
         self.last_flush = time.monotonic()
         if self.lease_lost.is_set() or (not self.buffer and not self.progress):
             return
         try:
-            with self.session_factory() as session:
-                if not write_progress(session, self.job_id, self.worker_id, self.progress, self.buffer):
-                    session.rollback()
-                    self._lose_lease()
-                    return
-                session.commit()
-        except Exception:
-            # Keep the rows for the next flush: a database hiccup must not lose the loss curve.
-            log.warning("metrics flush for %s failed; will retry", self.job_id, exc_info=True)
+            if wait:
+                self.metrics_db.call(self._write_buffer)
+            elif not self.metrics_db.try_once(self._write_buffer):
+                return
+        except LeaseLost:
+            self._lose_lease()
             return
         self.buffer, self.progress = {}, {}
 
+    def _write_buffer(self) -> None:
+        with self.session_factory() as session:
+            if not write_progress(session, self.job_id, self.worker_id, self.progress, self.buffer):
+                session.rollback()
+                raise LeaseLost(self.job_id)
+            session.commit()
+
     def _read_requests(self) -> None:
-        try:
+        row: Any = None
+
+        def read() -> None:
+            nonlocal row
             with self.session_factory() as session:
                 row = session.execute(
                     select(Job.cancel_requested, Job.pause_requested, Job.lease_owner).where(
                         Job.id == self.job_id
                     )
                 ).one_or_none()
+
+        try:
+            if not self.requests_db.try_once(read):
+                return  # the database is away: nobody can ask for anything meanwhile
         except Exception:
             log.warning("could not read cancel/pause requests for %s", self.job_id, exc_info=True)
             return

@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.db_faults import describe, is_connection_error
 from core.models import Checkpoint, Export, Job, utcnow
 from worker.checkpoint_quota import prune_over_quota
 from worker.lease import LeaseLost, lock_held_job
 
 if TYPE_CHECKING:
     from core.blobstore import BlobStore
+    from worker.db_retry import DbRetry
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +47,15 @@ def store_checkpoint(
     scratch: Path,
     extra: Callable[[Session, Job], None] | None = None,
     max_stored_bytes: int | None = None,
+    retry: DbRetry | None = None,
 ) -> str:
     """Tar `folder`, put it into the blob store and record the Checkpoint row (replacing an earlier
     row for the same step), all in one transaction that first checks the lease. `extra(session, job)`
-    runs in that transaction too (the runner finishes the job there). Returns the checkpoint id."""
+    runs in that transaction too (the runner finishes the job there). With `retry`, the upload and
+    that transaction are retried through a database outage (worker.db_retry). Returns the checkpoint id."""
     tar_path = tar_folder(folder, scratch / f"{folder.name}-{step}.tar")
-    try:
+
+    def upload_and_record() -> tuple[str, list[str]]:
         with session_factory() as session:
             # Upload first, then lock the job row only for the short bookkeeping transaction (a long
             # upload must not block heartbeats or the API's cancel request behind a row lock).
@@ -90,7 +95,12 @@ def store_checkpoint(
             if extra is not None:
                 extra(session, job)
             session.commit()
-            ckpt_id = ckpt.id
+            return ckpt.id, doomed
+
+    try:
+        # a dropped connection or an outage: the whole upload again (a fresh blob; the half-written
+        # one stays incomplete, never readable, and the reaper's blob gc removes it)
+        ckpt_id, doomed = retry.call(upload_and_record) if retry is not None else upload_and_record()
         for blob_id in doomed:
             _delete_blob(session_factory, store, blob_id)
         return ckpt_id
@@ -142,5 +152,8 @@ def _delete_blob(session_factory: sessionmaker[Session], store: BlobStore, blob_
         with session_factory() as session:
             store.delete(blob_id, session)
             session.commit()
-    except Exception:  # the reaper's blob gc gets another chance; never fail training over this
-        log.warning("could not delete blob %s", blob_id, exc_info=True)
+    except Exception as error:  # the reaper's blob gc gets another chance; never fail training over this
+        if is_connection_error(error):  # an outage: one line, not a traceback per blob
+            log.warning("could not delete blob %s (%s)", blob_id, describe(error))
+        else:
+            log.warning("could not delete blob %s", blob_id, exc_info=True)

@@ -31,9 +31,10 @@ def classify_exception(exc: BaseException) -> JobFailure:
         return JobFailure("invalid_hyperparameters", f"The job's configuration was refused: {exc}", exc.param)
     if is_out_of_memory(exc):
         return out_of_memory(exc)
+    # Only the exception's type: its text can hold SQL, parameters or paths (the worker logs it).
     return JobFailure(
         "internal_error",
-        f"The worker hit an internal error ({type(exc).__name__}: {exc}). "
+        f"The worker hit an internal error ({type(exc).__name__}). "
         "Retrying the job may help; if it fails again, report it with the job id.",
     )
 

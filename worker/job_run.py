@@ -1,9 +1,15 @@
 """`JobRun`: one claimed job from its inputs to its final state (steps 3-6 of worker.runner's
 docstring), each step a method: read the job, honour early stop requests, prepare the inputs, mark
-it running, train, and end it as succeeded, paused, cancelled, re-queued or failed."""
+it running, train, and end it as succeeded, paused, cancelled, re-queued or failed.
+
+Every database write is retried through a brief outage (worker.db_retry: `self.db` here, the
+metrics and checkpoint writes in worker.callbacks). When the database stays away longer than
+`db_retry_seconds` the attempt is given up (`_give_up`), never the job: it goes back to the queue
+and resumes from its last stored checkpoint, like after a crash."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import traceback
@@ -11,6 +17,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from core import db_faults
 from core.broker_faults import describe
 from core.jobstates import add_event, hand_back, transition
 from core.models import Job
@@ -20,6 +27,7 @@ from core.status import JobStatus
 from trainer.loop import TrainResult, train
 from worker.callbacks import ServiceCallbacks
 from worker.checkpoint_store import store_checkpoint
+from worker.db_retry import DatabaseUnavailable, DbRetry
 from worker.failures import JobFailure, classify_exception
 from worker.job_inputs import JobSnapshot, TrainingInputs, prepare_inputs
 from worker.lease import LeaseLost, lock_held_job
@@ -44,6 +52,7 @@ class JobRun:
         self.lease_lost = lease_lost
         self.job_dir = job_dir
         self.cache_dir = settings.work_path / "cache"
+        self.db = DbRetry("job updates", settings.db_retry_seconds)
 
     # ------------------------------------------------------------------ top level
     def run(self) -> JobStatus | None:
@@ -53,9 +62,13 @@ class JobRun:
         except LeaseLost:
             log.warning("job %s: lease lost; leaving the job to its new owner", self.job_id)
             return None
+        except DatabaseUnavailable as exc:
+            return self._give_up(exc)
         except JobFailure as exc:
             return self._fail(exc.code, exc.message, exc.param)
         except Exception as exc:
+            if db_faults.is_connection_error(exc):  # where no retry covers: not the job's fault
+                return self._give_up(exc)
             failure = classify_exception(exc)
             if failure.code == "internal_error":
                 log.error("job %s failed with an internal error\n%s", self.job_id, traceback.format_exc())
@@ -68,14 +81,16 @@ class JobRun:
         snapshot = self._read_snapshot()
         if (stopped := self._requested_stop()) is not None:
             return stopped
-        inputs = prepare_inputs(
-            self.sf,
-            self.store,
-            job_id=self.job_id,
-            snapshot=snapshot,
-            cache_dir=self.cache_dir,
-            job_dir=self.job_dir,
-            device_setting=self.settings.device,
+        inputs = self.db.call(  # downloads and caches: safe to run again after a dropped connection
+            lambda: prepare_inputs(
+                self.sf,
+                self.store,
+                job_id=self.job_id,
+                snapshot=snapshot,
+                cache_dir=self.cache_dir,
+                job_dir=self.job_dir,
+                device_setting=self.settings.device,
+            )
         )
         if (stopped := self._requested_stop()) is not None:  # preparing the data may take a while
             return stopped
@@ -86,14 +101,21 @@ class JobRun:
 
     # ------------------------------------------------------------------ steps
     def _read_snapshot(self) -> JobSnapshot:
-        with self.sf() as session:
-            return JobSnapshot.of(self._held(session), session)
+        def read() -> JobSnapshot:
+            with self.sf() as session:
+                return JobSnapshot.of(self._held(session), session)
+
+        return self.db.call(read)
 
     def _requested_stop(self) -> JobStatus | None:
         """Honour cancel/pause/shutdown that arrived before training started."""
-        with self.sf() as session:
-            job = self._held(session)
-            cancel, pause = job.cancel_requested, job.pause_requested
+
+        def read() -> tuple[bool, bool]:
+            with self.sf() as session:
+                job = self._held(session)
+                return job.cancel_requested, job.pause_requested
+
+        cancel, pause = self.db.call(read)
         if cancel:
             return self._finish(JobStatus.CANCELLED)
         if pause:
@@ -108,17 +130,21 @@ class JobRun:
         (training logs them again) and record the resume as an event."""
         resumed = inputs.resume_path is not None
         step = inputs.resume_step if resumed else 0
-        with self.sf() as session:
-            job = self._held(session)
-            deleted = delete_metrics_after(session, self.job_id, step if resumed else -1)
-            if resumed:
-                message = f"Resuming from the checkpoint at step {step}"
-                if deleted:
-                    message += f" ({deleted} metric rows after it will be logged again)"
-                log.info("job %s: %s", self.job_id, message)
-                add_event(session, self.job_id, message, data={"step": step})
-            transition(session, job, JobStatus.RUNNING, step=step)
-            session.commit()
+
+        def write() -> None:
+            with self.sf() as session:
+                job = self._held(session)
+                deleted = delete_metrics_after(session, self.job_id, step if resumed else -1)
+                if resumed:
+                    message = f"Resuming from the checkpoint at step {step}"
+                    if deleted:
+                        message += f" ({deleted} metric rows after it will be logged again)"
+                    log.info("job %s: %s", self.job_id, message)
+                    add_event(session, self.job_id, message, data={"step": step})
+                transition(session, job, JobStatus.RUNNING, step=step)
+                session.commit()
+
+        self.db.call(write)
 
     def _callbacks(self, snapshot: JobSnapshot, inputs: TrainingInputs) -> ServiceCallbacks:
         return ServiceCallbacks(
@@ -133,13 +159,17 @@ class JobRun:
             max_stored_bytes=self.settings.max_stored_bytes_per_key,
             lease_lost=self.lease_lost,
             shutdown=shutdown_event,
+            db_retry_seconds=self.settings.db_retry_seconds,
         )
 
     def _train(self, inputs: TrainingInputs, callbacks: ServiceCallbacks) -> TrainResult:
+        # the run's own rotation (this worker's disk) keeps no more than the database does
+        keep = self._keep(inputs.train_cfg.keep_checkpoints)
+        train_cfg = inputs.train_cfg.model_copy(update={"keep_checkpoints": keep})
         try:
             result = train(
                 inputs.model_cfg,
-                inputs.train_cfg,
+                train_cfg,
                 inputs.data,
                 self.job_dir / "run",
                 callbacks,
@@ -147,8 +177,11 @@ class JobRun:
                 resume=inputs.resume_path or False,
                 init_from=inputs.init_from,
             )
-        finally:
-            callbacks.flush()
+        except BaseException:
+            with contextlib.suppress(DatabaseUnavailable):
+                callbacks.flush()  # the rows logged before the failure, if the database takes them now
+            raise
+        callbacks.flush(wait=True)
         if callbacks.cause == "lease_lost" or self.lease_lost.is_set():
             raise LeaseLost(self.job_id)
         return result
@@ -205,15 +238,18 @@ class JobRun:
             scratch=self.job_dir,
             extra=finish,
             max_stored_bytes=self.settings.max_stored_bytes_per_key,
+            retry=callbacks.checkpoint_db,
         )
         log.info("job %s succeeded: %s", self.job_id, model_id)
         return JobStatus.SUCCEEDED
 
     def _finish(self, status: JobStatus, message: str | None = None) -> JobStatus:
-        with self.sf() as session:
-            job = self._held(session)
-            transition(session, job, status)
-            session.commit()
+        def write() -> None:
+            with self.sf() as session:
+                transition(session, self._held(session), status)
+                session.commit()
+
+        self.db.call(write)
         log.info("job %s %s%s", self.job_id, status, f": {message}" if message else "")
         return status
 
@@ -236,14 +272,55 @@ class JobRun:
         return JobStatus.QUEUED
 
     def _fail(self, code: str, message: str, param: str | None = None) -> JobStatus | None:
-        try:
+        def write() -> None:
             with self.sf() as session:
                 job = self._held(session)
                 transition(
                     session, job, JobStatus.FAILED, error_code=code, error_message=message, error_param=param
                 )
                 session.commit()
+
+        try:
+            self.db.call(write)
         except LeaseLost:
             log.warning("job %s: lease lost before its failure (%s) could be recorded", self.job_id, code)
             return None
+        except DatabaseUnavailable as exc:  # the next attempt meets the failure again and records it
+            return self._give_up(exc)
         return JobStatus.FAILED
+
+    def _give_up(self, exc: Exception) -> JobStatus | None:
+        """End this attempt, not the job: the database stayed unreachable past db_retry_seconds (or
+        failed where nothing retries). If it answers now the job is handed back to the queue
+        without counting the attempt (an outage is not the job's failure); otherwise its lease
+        lapses and a reaper re-queues it once the database is back (counted, like a crash).
+        Either way it resumes from its last stored checkpoint."""
+        log.warning("job %s: giving this attempt up (%s)", self.job_id, db_faults.describe(exc))
+        try:
+            with self.sf() as session:
+                job = self._held(session)
+                attempts = max(job.attempts - 1, 0)
+                if job.status == JobStatus.QUEUED:  # claimed, not started: give the claim back
+                    job.lease_owner, job.lease_expires_at, job.attempts = None, None, attempts
+                else:
+                    transition(session, job, JobStatus.QUEUED, attempts=attempts)
+                add_event(
+                    session,
+                    self.job_id,
+                    "The database was unreachable for too long: the job goes back to the queue and "
+                    "resumes from its last checkpoint",
+                    level="warning",
+                )
+                session.commit()
+                queue = job.queue
+        except Exception as error:  # still down (or the lease is gone): the reapers take it from here
+            reason = db_faults.describe(error)
+            log.warning("job %s: not handed back (%s); its lease will lapse", self.job_id, reason)
+            return None
+        try:
+            from worker.celery_app import enqueue_job
+
+            enqueue_job(self.job_id, queue)
+        except Exception as error:  # the reaper re-sends the messages the broker does not hold
+            log.warning("could not re-send job %s (%s); the reaper will", self.job_id, describe(error))
+        return JobStatus.QUEUED

@@ -11,6 +11,7 @@ import threading
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.db_faults import OutageLog, is_connection_error
 from core.jobstates import claim_job, renew_lease
 from core.models import Job
 from worker.running_quota import defer_if_owner_busy
@@ -68,14 +69,22 @@ class Heartbeat(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        # A database outage: tried again every beat, logged once. Never given up here: the job's
+        # writes give the attempt up (worker/db_retry.py), and the reapers leave a lease that expired
+        # during an outage to its worker's next beat (worker/reaper.py).
+        outage = OutageLog(f"heartbeat of {self.job_id}", log)
         while not self._stop_event.wait(self.interval):
             try:
                 with self.session_factory() as session:
                     ok = renew_lease(session, self.job_id, self.worker_id, self.lease_seconds)
                     session.commit()
-            except Exception:  # a database hiccup: try again next beat (the lease has slack)
-                log.warning("heartbeat for %s failed", self.job_id, exc_info=True)
+            except Exception as error:  # try again next beat (the lease has slack)
+                if is_connection_error(error):
+                    outage.failed(error)
+                else:
+                    log.warning("heartbeat for %s failed", self.job_id, exc_info=True)
                 continue
+            outage.reachable()
             if not ok:
                 log.warning("job %s: lease lost (another worker may own it now)", self.job_id)
                 self.lost.set()

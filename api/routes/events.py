@@ -71,6 +71,7 @@ from api.schemas import (
     to_metric_event,
     unix,
 )
+from core.db_faults import CONNECTION_ERRORS
 from core.models import ApiKey, Event, Job, Metric
 from core.status import ACTIVE, TERMINAL
 
@@ -306,12 +307,19 @@ async def _stream(
     while True:
         if await request.is_disconnected():
             return
-        if time.monotonic() - last_key_check >= recheck_seconds:
-            if not await run_in_threadpool(_key_is_live, factory, key_id):
-                yield _sse("error", KEY_REVOKED)
-                return
-            last_key_check = time.monotonic()
-        job, points, events = await run_in_threadpool(_poll, factory, job_id, cursor)
+        try:
+            if time.monotonic() - last_key_check >= recheck_seconds:
+                if not await run_in_threadpool(_key_is_live, factory, key_id):
+                    yield _sse("error", KEY_REVOKED)
+                    return
+                last_key_check = time.monotonic()
+            job, points, events = await run_in_threadpool(_poll, factory, job_id, cursor)
+        except CONNECTION_ERRORS:  # the database is away: keep the stream open and poll again
+            if time.monotonic() - last_write >= HEARTBEAT_SECONDS:
+                yield ": keep-alive\n\n"
+                last_write = time.monotonic()
+            await asyncio.sleep(POLL_SECONDS)
+            continue
         if job is None:
             return
         out: list[str] = []

@@ -1,5 +1,5 @@
 """Open endpoints (no key): /healthz (the process answers), /readyz (database and broker reachable,
-else 503 in the error envelope), /metrics (Prometheus text format).
+else 503 in the error envelope with `Retry-After`, the message naming which is down), /metrics (Prometheus text format).
 
 Prometheus metrics (one registry per app, so tests can build many apps):
 - `fromscratch_http_request_duration_seconds{method, route, status}` histogram: time to the
@@ -26,7 +26,9 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.db_errors import RETRY_AFTER_SECONDS
 from api.errors import error_response
+from core.db_faults import OutageLog, is_connection_error
 from core.models import Job
 from core.status import CLAIMABLE, JobStatus
 
@@ -40,6 +42,7 @@ router = APIRouter(tags=["health"])
 class JobsCollector(Collector):
     def __init__(self, session_factory: sessionmaker[Session]) -> None:
         self.session_factory = session_factory
+        self.outage = OutageLog("metrics scrape", log, action="reports fromscratch_database_up 0")
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("fromscratch_database_up", "1 when the scrape-time database queries succeeded")
@@ -54,11 +57,15 @@ class JobsCollector(Collector):
                 running = s.execute(
                     select(Job.id, Job.queue, Job.tokens_per_s).where(Job.status == JobStatus.RUNNING)
                 ).all()
-        except Exception:  # noqa: BLE001 - a scrape must not fail because the database is down
-            log.warning("metrics scrape: database query failed", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - a scrape must not fail because the database is down
+            if is_connection_error(exc):
+                self.outage.failed(exc)  # once per outage
+            else:
+                log.warning("metrics scrape: database query failed", exc_info=True)
             up.add_metric([], 0)
             yield up
             return
+        self.outage.reachable()
         up.add_metric([], 1)
         yield up
         jobs = GaugeMetricFamily("fromscratch_jobs", "Jobs by status", labels=["status"])
@@ -129,8 +136,10 @@ def readyz(request: Request) -> Response:
     except Exception as e:  # noqa: BLE001
         checks["broker"] = "unreachable"
         problems.append(f"broker unreachable ({type(e).__name__})")
-    if problems:
-        return error_response(503, "Not ready: " + "; ".join(problems), code="not_ready")
+    if problems:  # the message names what is down
+        message = "Not ready: " + "; ".join(problems)
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        return error_response(503, message, code="not_ready", headers=headers)
     return JSONResponse({"status": "ok", "checks": checks})
 
 
