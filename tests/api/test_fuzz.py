@@ -1,0 +1,134 @@
+"""schemathesis against a live server (uvicorn, real PostgreSQL and Redis), from the OpenAPI document
+the server serves, as two tenants: every operation stateless (its examples, coverage of boundary
+values, then fuzzing) and a stateful phase that follows the document's links (upload -> train on it
+-> read/cancel/pause the job). Bounded to FUZZ_SECONDS; asserted: no 5xx (schemathesis' check and
+the server's own request metrics), every response conforms to the schema with a documented status
+code and content type, and one tenant never gets the other's objects.
+
+Not enabled: `positive_data_acceptance` — a request can fit the schema and still be refused with a
+400 for what only the database knows (a training file that does not exist, an unknown cursor).
+The stream is fuzzed by the stateless phases (unknown job ids: 404 at once) but not followed by the
+stateful phase: the stream of a real job lasts until the job ends, and nothing trains here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fixtures.service import LiveServer
+
+FUZZ_SECONDS = 120  # schemathesis' budget for the whole run; with the server's start, under 3 minutes
+CHECKS = (
+    "not_a_server_error",
+    "status_code_conformance",
+    "content_type_conformance",
+    "response_headers_conformance",
+    "response_schema_conformance",
+    "negative_data_rejection",
+    "missing_required_header",
+    "unsupported_method",
+    "allow_header_conformance",
+    "use_after_free",
+    "ensure_resource_availability",
+    "ignored_auth",
+    "object_level_authorization",
+)
+CONFIG = """
+[generation]
+database = "none"
+
+[[operations]]
+include-path-regex = "/stream$"
+phases.stateful.enabled = false
+"""
+
+
+def _tenants_file(path: Path, keys: dict[str, str]) -> Path:
+    """A Web Fuzzing Commons auth file: one entry per tenant, the first one schemathesis' default."""
+    auth = [
+        {"name": name, "fixedHeaders": [{"name": "Authorization", "value": f"Bearer {key}"}]}
+        for name, key in keys.items()
+    ]
+    path.write_text(json.dumps({"auth": auth}))
+    return path
+
+
+def _server_statuses(server: LiveServer) -> Counter[str]:
+    """Responses the server answered, by status, from its own request histogram (GET /metrics)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    counts: Counter[str] = Counter()
+    for m in re.finditer(
+        r'^fromscratch_http_request_duration_seconds_count\{.*status="(\d+)"\} (\S+)$', text, re.M
+    ):
+        counts[m.group(1)] += int(float(m.group(2)))
+    return counts
+
+
+@pytest.mark.timeout(FUZZ_SECONDS + 120)
+@pytest.mark.service_settings(rate_limit="100000/second")  # the fuzzer is one busy client; see test_quotas
+def test_schemathesis_finds_no_5xx_and_no_schema_violation(
+    live_server: LiveServer, session_factory: Any, tmp_path: Path
+) -> None:
+    from core.keys import create_key
+
+    with session_factory() as session:
+        _, other_key = create_key(session, "fuzz-b", owner_id="owner-fuzz-b")
+        session.commit()
+    tenants = _tenants_file(
+        tmp_path / "tenants.json", {"tenant-a": live_server.api_key, "tenant-b": other_key}
+    )
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(CONFIG)
+    har = tmp_path / "fuzz.har"
+    cmd = [
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "--config-file",
+        str(config),
+        "run",
+        f"{live_server.url}/openapi.json",
+        "--auth-wfc",
+        str(tenants),
+        "--checks",
+        ",".join(CHECKS),
+        "--max-time",
+        str(FUZZ_SECONDS),
+        "--workers",
+        "2",
+        "--request-timeout",
+        "30",
+        "--report",
+        "har",
+        "--report-har-path",
+        str(har),
+        "--no-color",
+    ]
+    started = time.monotonic()
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=FUZZ_SECONDS + 90, cwd=tmp_path)
+    took = time.monotonic() - started
+    output = run.stdout[-20000:] + run.stderr[-5000:]
+
+    entries = json.loads(har.read_text())["log"]["entries"] if har.exists() else []
+    client_statuses = Counter(str(e["response"]["status"]) for e in entries)
+    server_statuses = _server_statuses(live_server)
+    summary = (
+        f"schemathesis: {len(entries)} responses in {took:.0f}s, by status {dict(sorted(client_statuses.items()))}; "
+        f"the server's metrics: {dict(sorted(server_statuses.items()))}"
+    )
+    print(summary)
+    assert run.returncode == 0, f"{summary}\n{output}"
+    assert "Selected: " in output and "Tested: " in output, output
+    assert not [s for s in server_statuses if s.startswith("5")], summary
+    assert "unhandled error" not in live_server.process.output(tail=200_000), live_server.process.output()
+    assert len(entries) > 1000, summary  # it really ran
