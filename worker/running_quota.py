@@ -4,10 +4,11 @@ held by workers (being validated or trained). Such a job is *deferred*: it is (o
 
 How a deferred job is sent again, without anyone polling:
 - when a worker lets go of a job (any ending: succeeded, failed, cancelled, paused, re-queued),
-  `resend_deferred` re-sends the deferred jobs of the same owner, oldest first, as many as there
-  are free running slots now (a deferred job is one whose newest event is the `waiting` event);
-- as a fallback (a worker killed between the two), the reaper's lost-message pass re-sends any
-  job waiting unheld for longer than its period (worker/reaper.py).
+  `resend_deferred` re-sends the deferred jobs of the same owner, as many as there are free running
+  slots now, to the head of the queue (they had their turn; a deferred job is one whose newest
+  event is the `waiting` event);
+- as a fallback (a worker killed between the two), the reaper's lost-message pass re-sends a job
+  whose message the broker no longer holds once its owner has a free slot (worker/reaper.py).
 
 The check and the claim run in one transaction under the owner's quota lock (core.quotas), so two
 workers claiming two jobs of the same owner at once cannot both take the last slot.
@@ -97,9 +98,10 @@ def resend_deferred(session_factory: sessionmaker[Session], job_id: str, max_run
             return []
         from worker.celery_app import enqueue_job
 
-        for waiting_id, queue in to_send:
+        # newest first: the last message moved to the head is taken first, so the oldest goes first
+        for waiting_id, queue in reversed(to_send):
             log.info("job %s: a running slot of its owner is free; sending it again", waiting_id)
-            enqueue_job(waiting_id, queue)
+            enqueue_job(waiting_id, queue, front=True)
     except Exception:  # noqa: BLE001 - the reaper's lost-message pass re-sends what we could not
         log.warning("could not re-send the deferred jobs after %s; the reaper will", job_id, exc_info=True)
         return []
