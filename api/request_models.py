@@ -61,7 +61,10 @@ Metadata = Annotated[
 
 Hyperparameters = Annotated[
     dict[str, Any],
-    Field(description="overrides of the preset's defaults (GET /v1/fine_tuning/presets); checked per field"),
+    Field(
+        description="the trainer's options, overriding the preset's architecture; their JSON Schema is "
+        "GET /v1/fine_tuning/hyperparameters"
+    ),
 ]
 
 

@@ -172,7 +172,8 @@ def follow_job(client: Client, job_id: str, json_summary: bool = False, poll_sec
                     # back off the stream; poll in between
                     next_stream_try = time.monotonic() + min(30.0, 2.0 * stream_failures)
             # the stream ended or dropped: catch up by polling (fills any gap) and re-read the job
-            page = client.metrics(job_id, after_step=state.step, limit=1000)
+            # from the last step shown, again: an evaluation can fill in its val_loss after it was read
+            page = client.metrics(job_id, after_step=state.step - 1, limit=1000)
             for m in page.get("data", []):
                 state.metric(m)
             state.job_update(client.get_job(job_id))
