@@ -13,7 +13,6 @@ loaded two-core machine a short lease could expire under a healthy worker.
 from __future__ import annotations
 
 import secrets
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from tests.fixtures.service import (
     LiveServer,
     ServiceProcess,
     _wait_http_ok,
+    api_server_cmd,
     cancel_unfinished_jobs,
     env_from_settings,
     free_port,
@@ -73,19 +73,7 @@ def e2e_server(e2e_settings: Any, session_factory: Any, e2e_worker: ServiceProce
         session.commit()
     port = free_port()
     env = env_from_settings(e2e_settings)
-    cmd = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "--factory",
-        "api.main:create_app",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
+    cmd = api_server_cmd(port)
     process = ServiceProcess(cmd=cmd, env=env, log_path=Path(e2e_settings.data_dir) / "api.log").start()
     url = f"http://127.0.0.1:{port}"
     try:
