@@ -226,7 +226,7 @@ class JobEvent(BaseModel):
     id: str
     object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
     created_at: int
-    level: str
+    level: Literal["info", "warn", "error"]
     message: str
     type: Literal["message", "metrics"] = "message"
     data: dict[str, Any] | None = None

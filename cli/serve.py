@@ -23,17 +23,18 @@ All of them read the same settings (`FROMSCRATCH_*`; `--data-dir` sets `FROMSCRA
 
 `fromscratch serve` is the embedded install: SQLite database and kombu's `sqla+sqlite` broker in the
 data dir (unless FROMSCRATCH_DATABASE_URL / FROMSCRATCH_BROKER_URL say otherwise), migrations run at
-start, an API key created and printed on the first start, one `fromscratch worker` subprocess
-supervised (restarted with backoff if it dies) and the API (uvicorn, `api.main:create_app`) in this
-process. Ctrl-C / SIGTERM stops the API, then asks the worker to stop (a running job checkpoints and
-goes back to the queue; it resumes on the next start) and waits for it.
+start, an API key created and printed on the first start, two `fromscratch worker` subprocesses
+supervised (restarted with backoff if they die): one training worker (queues cpu,gpu) and one
+inference worker (queue inference: completions and on-demand exports, models kept loaded), and
+the API (uvicorn, `api.main:create_app`, which never loads torch) in this process. Ctrl-C / SIGTERM stops the API, then asks the worker to stop (a running job checkpoints and
+goes back to the queue; it resumes on the next start) and waits for them.
 """
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "serve",
-        help="run the API, dashboard and one worker (embedded SQLite defaults)",
+        help="run the API, dashboard and the workers (embedded SQLite defaults)",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -85,20 +86,13 @@ def run_serve(args: argparse.Namespace) -> int:
         lines += ["  API keys: existing keys work; `fromscratch keys create --name NAME` makes another"]
     print("\n".join(lines), flush=True)
 
-    supervisor = None
+    supervisors: list[WorkerSupervisor] = []
     if not args.no_worker:
-        cmd = [
-            sys.executable,
-            "-m",
-            "cli.main",
-            "worker",
-            "--queues",
-            "cpu,gpu",
-            "--loglevel",
-            args.log_level,
-        ]
-        supervisor = WorkerSupervisor(cmd, dict(os.environ))
-        supervisor.start()
+        for queues in ("cpu,gpu", "inference"):
+            cmd = [sys.executable, "-m", "cli.main", "worker", "--queues", queues, "--loglevel", args.log_level]
+            supervisors.append(WorkerSupervisor(cmd, dict(os.environ), name=f"worker {queues}"))
+        for supervisor in supervisors:
+            supervisor.start()
 
     import uvicorn
 
@@ -122,13 +116,16 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         uvicorn.Server(config).run()
     finally:
-        if supervisor is not None:
+        if supervisors:
             print(
-                "fromscratch serve: stopping the worker (a running job checkpoints and is re-queued)",
+                "fromscratch serve: stopping the workers (a running job checkpoints and is re-queued)",
                 file=sys.stderr,
                 flush=True,
             )
-            supervisor.stop()
+            for supervisor in supervisors:  # both asked first, so they shut down side by side
+                supervisor.request_stop()
+            for supervisor in supervisors:
+                supervisor.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print("fromscratch serve: stopped", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""The worker subprocess `fromscratch serve` keeps alive beside its API."""
+"""The worker subprocesses `fromscratch serve` keeps alive beside its API (one supervisor each)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ class WorkerSupervisor(threading.Thread):
     """Keeps one worker subprocess running: restarts it (1 s, 2 s, ... up to 30 s apart) when it
     dies, and stops it with SIGTERM (then SIGKILL after a timeout) on `stop()`."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str]):
-        super().__init__(name="worker-supervisor", daemon=True)
+    def __init__(self, cmd: list[str], env: dict[str, str], name: str = "worker"):
+        super().__init__(name=f"supervisor of {name}", daemon=True)
+        self.label = name
         self.cmd, self.env = cmd, env
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = threading.Event()
@@ -47,7 +48,7 @@ class WorkerSupervisor(threading.Thread):
             if time.monotonic() - started >= HEALTHY_RUN_SECONDS:
                 backoff = 1.0
             print(
-                f"fromscratch serve: the worker exited with code {proc.returncode}; restarting it in "
+                f"fromscratch serve: the {self.label} exited with code {proc.returncode}; restarting it in "
                 f"{backoff:.0f}s",
                 file=sys.stderr,
                 flush=True,
@@ -57,16 +58,26 @@ class WorkerSupervisor(threading.Thread):
                 return
             backoff = min(backoff * 2, RESTART_BACKOFF_MAX)
 
-    def stop(self, timeout: float = WORKER_STOP_TIMEOUT) -> None:
+    def request_stop(self) -> None:
+        """SIGTERM the worker without waiting (stop() then waits)."""
         with self._lock:
             self.stopping.set()
             proc = self.proc
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = WORKER_STOP_TIMEOUT) -> None:
+        with self._lock:
+            already = self.stopping.is_set()
+            self.stopping.set()
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            if not already:
+                proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                print("fromscratch serve: the worker did not stop in time; killing it", file=sys.stderr)
+                print(f"fromscratch serve: the {self.label} did not stop in time; killing it", file=sys.stderr)
                 proc.kill()
                 proc.wait()
         self.join(timeout=5)

@@ -20,12 +20,14 @@ from kombu import Queue
 
 from core.broker_faults import describe
 from core.broker_queues import move_to_head
-from core.settings import QUEUES
+from core.settings import INFERENCE_QUEUE, QUEUES, WORKER_QUEUES
 
 if TYPE_CHECKING:
     from core.settings import Settings
 
 TRAIN_TASK = "fromscratch.train_job"
+EXPORT_TASK = "fromscratch.export_model"  # args: [export id] (an `exports` row, status preparing)
+INFERENCE_TASK = "fromscratch.inference"  # args: [inference request id]
 log = logging.getLogger(__name__)
 
 
@@ -52,9 +54,13 @@ def make_celery(settings: Settings) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=True,
         worker_enable_prefetch_count_reduction=False,  # nothing to reduce: the prefetch is 1
         # one routing table: the queue given at send time (job.queue) wins over this default
-        task_queues=[Queue(name, routing_key=name) for name in QUEUES],
+        task_queues=[Queue(name, routing_key=name) for name in WORKER_QUEUES],
         task_default_queue=settings.default_queue,
-        task_routes={TRAIN_TASK: {"queue": settings.default_queue}},
+        task_routes={
+            TRAIN_TASK: {"queue": settings.default_queue},
+            EXPORT_TASK: {"queue": INFERENCE_QUEUE},
+            INFERENCE_TASK: {"queue": INFERENCE_QUEUE},
+        },
         worker_send_task_events=False,
         worker_hijack_root_logger=False,
     )
@@ -77,3 +83,11 @@ def enqueue_job(celery: Celery, job_id: str, queue: str, *, front: bool = False)
             move_to_head(celery, queue, task_id)
         except Exception as exc:  # noqa: BLE001 - sent already; its place is a nicety
             log.warning("job %s: sent, but not moved to the head of %s (%s)", job_id, queue, describe(exc))
+
+
+def send_to_inference_worker(celery: Celery, task_name: str, row_id: str) -> None:
+    """Send an export or inference task (EXPORT_TASK / INFERENCE_TASK) for the row `row_id` to the
+    inference queue. Call only after the row is committed; raises when the broker is unreachable."""
+    if task_name not in (EXPORT_TASK, INFERENCE_TASK):
+        raise ValueError(f"{task_name!r} is not a task of the {INFERENCE_QUEUE} queue")
+    celery.send_task(task_name, args=[row_id], queue=INFERENCE_QUEUE)

@@ -245,7 +245,7 @@ def requeue_expired(session: Session, max_attempts: int) -> list[tuple[str, str]
                     session,
                     job.id,
                     f"worker lost; re-queued (attempt {job.attempts + 1} of {max_attempts})",
-                    level="warning",
+                    level="warn",
                     data={"attempt": job.attempts + 1, "max_attempts": max_attempts},
                 )
                 to_enqueue.append((job.id, job.queue))

@@ -165,6 +165,8 @@ class Job(Base):
     train_loss: Mapped[float | None] = mapped_column(Float, default=None)
     val_loss: Mapped[float | None] = mapped_column(Float, default=None)
     tokens_per_s: Mapped[float | None] = mapped_column(Float, default=None)
+    # ids of the File rows written when the job succeeded (the `fine-tune-results` CSV)
+    result_files: Mapped[list[str]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -193,7 +195,7 @@ class Event(Base):
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(40), unique=True, default=lambda: new_id("ftevent"))
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    level: Mapped[str] = mapped_column(String(8), default="info")
+    level: Mapped[str] = mapped_column(String(8), default="info")  # info | warn | error (OpenAI's)
     type: Mapped[str] = mapped_column(String(16), default="message")
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any] | None] = mapped_column(default=None)
@@ -217,16 +219,44 @@ class Checkpoint(Base):
 
 
 class Export(Base):
-    """A model converted for a consumer, produced on first download and kept."""
+    """A model converted for a consumer. Rows of `export_formats` are written `ready` by the worker
+    that trained the job; any other (model, format) is inserted `preparing` by the API and turned
+    `ready` (or `failed`, with `error`) by a worker's export task. `blob_id` is set once ready."""
 
     __tablename__ = "exports"
     __table_args__ = (UniqueConstraint("model_id", "format", name="uq_exports_model_format"),)
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("export"))
     model_id: Mapped[str] = mapped_column(String(200), index=True)
-    format: Mapped[str] = mapped_column(String(16))  # gguf | hf | onnx | checkpoint
-    blob_id: Mapped[str] = mapped_column(ForeignKey("blobs.id"))
+    owner_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    format: Mapped[str] = mapped_column(String(16))  # gguf | hf | onnx, `-<dtype>` unless f32
+    status: Mapped[str] = mapped_column(String(16), default="ready")  # preparing | ready | failed
+    blob_id: Mapped[str | None] = mapped_column(ForeignKey("blobs.id"), default=None)
     filename: Mapped[str] = mapped_column(String(300))
+    error: Mapped[str | None] = mapped_column(Text, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class InferenceRequest(Base):
+    """One completion asked of an inference worker: the API inserts it `queued` and sends its id;
+    the worker sets `running`, appends the generated text to `output` as it goes (what is there is
+    final: a stop sequence's possible prefix is held back), then `done` (or `failed`, `error`).
+    The API relays `output` and deletes the row; a row deleted early tells the worker to stop."""
+
+    __tablename__ = "inference_requests"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("infer"))
+    owner_id: Mapped[str] = mapped_column(String(64), index=True)
+    model_id: Mapped[str] = mapped_column(String(200))
+    blob_id: Mapped[str] = mapped_column(String(40))  # the checkpoint blob holding the weights
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)  # prompt, max_tokens, temperature, ...
+    status: Mapped[str] = mapped_column(String(16), default="queued")  # queued|running|done|failed
+    output: Mapped[str] = mapped_column(Text, default="")
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    finish_reason: Mapped[str | None] = mapped_column(String(16), default=None)  # stop | length
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
 class DeletedModel(Base):

@@ -14,7 +14,10 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-QUEUES = ("cpu", "gpu")
+QUEUES = ("cpu", "gpu")  # training queues (a job's `queue`)
+# completions and on-demand exports: a worker of its own, so a worker busy training never blocks them
+INFERENCE_QUEUE = "inference"
+WORKER_QUEUES = (*QUEUES, INFERENCE_QUEUE)
 GiB = 1 << 30
 
 
@@ -80,6 +83,19 @@ class Settings(BaseSettings):
         default=120.0, gt=0, description="how long a worker retries a failing database write"
     )
 
+    # -- inference and exports (the `inference` queue's workers) --
+    inference_concurrency: int = Field(
+        default=4, ge=1, le=64, description="requests one inference worker serves at once (threads)"
+    )
+    max_loaded_models: int = Field(default=4, ge=1, description="models an inference worker keeps loaded (LRU)")
+    inference_wait_seconds: float = Field(
+        default=60.0, gt=0, description="how long a completion waits for an inference worker to take it"
+    )
+    max_inference_seconds: float = Field(default=600.0, gt=0, description="longest one completion may run")
+    export_stale_seconds: float = Field(
+        default=900.0, gt=0, description="an export still preparing after this long is sent again"
+    )
+
     @model_validator(mode="after")
     def _derive(self) -> Settings:
         # Resolved here (not in defaults) so an overridden data_dir moves every derived path.
@@ -92,10 +108,15 @@ class Settings(BaseSettings):
         self.broker_url = _absolute_sqlite_url(self.broker_url, Path.cwd())
         self.blob_dir = (self.blob_dir or self.data_dir / "blobs").expanduser().resolve()
         self.work_dir = (self.work_dir or self.data_dir / "work").expanduser().resolve()
-        unknown = [q for q in self.queues if q not in QUEUES]
+        unknown = [q for q in self.queues if q not in WORKER_QUEUES]
         if unknown or not self.queues:
             raise ValueError(
-                f"worker_queues={self.worker_queues!r}: use a comma-separated subset of {QUEUES}"
+                f"worker_queues={self.worker_queues!r}: use a comma-separated subset of {WORKER_QUEUES}"
+            )
+        if INFERENCE_QUEUE in self.queues and len(self.queues) > 1:
+            raise ValueError(
+                f"worker_queues={self.worker_queues!r}: the {INFERENCE_QUEUE!r} queue needs a worker of its "
+                "own (a thread pool serving many requests; training workers run one job at a time)"
             )
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ValueError(

@@ -2,7 +2,7 @@
 failed for storing too much. When a stored checkpoint takes the owner past the quota, the job's
 oldest step checkpoints are dropped (never its newest, its final one, or one a download was
 exported from) until the owner is inside the quota again or nothing more can go, and the job gets
-one `warning` event saying so (once per job)."""
+one `warn` event saying so (once per job)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def prune_over_quota(session: Session, job_id: str, owner_id: str, limit: int) -
 
 def _warn_once(session: Session, job_id: str, used: int, limit: int, dropped: int) -> None:
     warnings: list[dict[str, Any] | None] = list(
-        session.scalars(select(Event.data).where(Event.job_id == job_id, Event.level == "warning"))
+        session.scalars(select(Event.data).where(Event.job_id == job_id, Event.level == "warn"))
     )
     if any(data and data.get("quota") == QUOTA for data in warnings):
         return
@@ -70,6 +70,6 @@ def _warn_once(session: Session, job_id: str, used: int, limit: int, dropped: in
         f"This key's storage is over its quota ({QUOTA}={limit} bytes, setting "
         f"FROMSCRATCH_{QUOTA.upper()}): the job keeps only its newest checkpoints "
         f"({dropped} older ones dropped now).{still} Delete files or models to keep more.",
-        level="warning",
+        level="warn",
         data={"quota": QUOTA, "limit": limit, "dropped": dropped},
     )

@@ -1,7 +1,9 @@
-"""`fromscratch worker [--queues cpu,gpu] [--loglevel info]`: one Celery worker process.
+"""`fromscratch worker [--queues cpu,gpu|inference] [--loglevel info]`: one Celery worker process.
 
-Pool `solo`, concurrency 1, prefetch 1: a worker runs one training job at a time in its main
-process (run one worker process per GPU; scale with more processes or machines). Settings come
+Training queues (cpu, gpu): pool `solo`, concurrency 1, prefetch 1: a worker runs one training job
+at a time in its main process (run one worker process per GPU; scale with more processes or
+machines). The `inference` queue (completions and on-demand exports) needs a worker of its own:
+a thread pool of `FROMSCRATCH_INFERENCE_CONCURRENCY` threads sharing the models it keeps loaded. Settings come
 from `FROMSCRATCH_*` like every other subcommand; `--queues` overrides `FROMSCRATCH_WORKER_QUEUES`.
 
 SIGTERM or Ctrl-C: the running job writes a checkpoint, goes back to `queued` and is re-sent, then
@@ -28,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--queues",
         "-Q",
         default=None,
-        help="comma-separated queues to consume: cpu, gpu (default: FROMSCRATCH_WORKER_QUEUES or cpu)",
+        help="comma-separated queues to consume: cpu, gpu; or inference alone "
+        "(default: FROMSCRATCH_WORKER_QUEUES or cpu)",
     )
     p.add_argument("--loglevel", "-l", default="info", help="debug, info, warning, error (default info)")
     p.add_argument(
@@ -61,12 +64,17 @@ def run_worker(args: argparse.Namespace) -> int:
     )
     from worker.celery_app import app
 
+    from core.settings import INFERENCE_QUEUE
+
     hostname = args.hostname or f"fromscratch-{os.getpid()}@{socket.gethostname()}"
+    if settings.queues == [INFERENCE_QUEUE]:
+        pool = ["--pool=threads", f"--concurrency={settings.inference_concurrency}"]
+    else:
+        pool = ["--pool=solo", "--concurrency=1"]
     argv = [
         "worker",
         f"--queues={','.join(settings.queues)}",
-        "--pool=solo",
-        "--concurrency=1",
+        *pool,
         "--prefetch-multiplier=1",
         f"--loglevel={args.loglevel}",
         f"--hostname={hostname}",

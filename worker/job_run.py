@@ -309,7 +309,7 @@ class JobRun:
                     self.job_id,
                     "The database was unreachable for too long: the job goes back to the queue and "
                     "resumes from its last checkpoint",
-                    level="warning",
+                    level="warn",
                 )
                 session.commit()
                 queue = job.queue

@@ -37,7 +37,7 @@ def new_owner() -> str:
 
 def warnings_of(session_factory: Any, job_id: str) -> list[Event]:
     with session_factory() as s:
-        rows = s.scalars(select(Event).where(Event.job_id == job_id, Event.level == "warning")).all()
+        rows = s.scalars(select(Event).where(Event.job_id == job_id, Event.level == "warn")).all()
         s.expunge_all()
         return list(rows)
 
