@@ -89,7 +89,16 @@ def run_serve(args: argparse.Namespace) -> int:
     supervisors: list[WorkerSupervisor] = []
     if not args.no_worker:
         for queues in ("cpu,gpu", "inference"):
-            cmd = [sys.executable, "-m", "cli.main", "worker", "--queues", queues, "--loglevel", args.log_level]
+            cmd = [
+                sys.executable,
+                "-m",
+                "cli.main",
+                "worker",
+                "--queues",
+                queues,
+                "--loglevel",
+                args.log_level,
+            ]
             supervisors.append(WorkerSupervisor(cmd, dict(os.environ), name=f"worker {queues}"))
         for supervisor in supervisors:
             supervisor.start()

@@ -77,7 +77,9 @@ class WorkerSupervisor(threading.Thread):
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                print(f"fromscratch serve: the {self.label} did not stop in time; killing it", file=sys.stderr)
+                print(
+                    f"fromscratch serve: the {self.label} did not stop in time; killing it", file=sys.stderr
+                )
                 proc.kill()
                 proc.wait()
         self.join(timeout=5)

@@ -87,11 +87,16 @@ class Settings(BaseSettings):
     inference_concurrency: int = Field(
         default=4, ge=1, le=64, description="requests one inference worker serves at once (threads)"
     )
-    max_loaded_models: int = Field(default=4, ge=1, description="models an inference worker keeps loaded (LRU)")
+    max_loaded_models: int = Field(
+        default=4, ge=1, description="models an inference worker keeps loaded (LRU)"
+    )
     inference_wait_seconds: float = Field(
         default=60.0, gt=0, description="how long a completion waits for an inference worker to take it"
     )
     max_inference_seconds: float = Field(default=600.0, gt=0, description="longest one completion may run")
+    max_completion_tokens: int = Field(
+        default=2048, ge=1, description="tokens one completion may generate (max_tokens above it is a 400)"
+    )
     export_stale_seconds: float = Field(
         default=900.0, gt=0, description="an export still preparing after this long is sent again"
     )

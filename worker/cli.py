@@ -62,9 +62,8 @@ def run_worker(args: argparse.Namespace) -> int:
         level=args.loglevel.upper(),
         format="[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: %(message)s",
     )
-    from worker.celery_app import app
-
     from core.settings import INFERENCE_QUEUE
+    from worker.celery_app import app
 
     hostname = args.hostname or f"fromscratch-{os.getpid()}@{socket.gethostname()}"
     if settings.queues == [INFERENCE_QUEUE]:

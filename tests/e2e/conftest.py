@@ -1,5 +1,6 @@
-"""One live service for all of tests/e2e: a real `fromscratch worker` subprocess and a uvicorn API
-server (`api.main:create_app`), on the test session's real PostgreSQL and Redis.
+"""One live service for all of tests/e2e: a real `fromscratch worker` subprocess (training), one
+`fromscratch worker --queues inference` (completions, on-demand exports; started by the tests that
+need it) and a uvicorn API server (`api.main:create_app`), on the test session's real PostgreSQL and Redis.
 
 The fixtures in tests/fixtures/service.py are function-scoped (one worker and server per test);
 here they are package-scoped, so the end-to-end and SDK tests share one worker and one server and
@@ -61,6 +62,17 @@ def e2e_worker(e2e_settings: Any, session_factory: Any) -> Iterator[ServiceProce
     yield process
     process.stop()
     cancel_unfinished_jobs(session_factory, since=started)
+
+
+@pytest.fixture(scope="package")
+def e2e_inference_worker(e2e_settings: Any) -> Iterator[ServiceProcess]:
+    """One `fromscratch worker --queues inference` subprocess for the package (completions and
+    on-demand exports)."""
+    cmd = fromscratch_cmd("worker", "--queues", "inference", "--loglevel", "info")
+    log = Path(e2e_settings.data_dir) / "inference-worker.log"
+    process = ServiceProcess(cmd=cmd, env=env_from_settings(e2e_settings), log_path=log).start()
+    yield process
+    process.stop()
 
 
 @pytest.fixture(scope="package")

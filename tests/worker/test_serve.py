@@ -1,5 +1,5 @@
 """`fromscratch serve` as a user runs it: a subprocess on a fresh data dir (SQLite database, kombu's
-sqla+sqlite broker, one supervised worker), driven through its HTTP API."""
+sqla+sqlite broker, two supervised workers: training and inference), driven through its HTTP API."""
 
 from __future__ import annotations
 
@@ -116,6 +116,17 @@ def test_serve_embedded_end_to_end(serve) -> None:  # type: ignore[no-untyped-de
         assert job["fine_tuned_model"]
         assert job["trained_tokens"] == 30 * 4 * 128
 
+        # the model answers through the inference worker `serve` started (embedded broker too)
+        r = client.post(
+            "/v1/completions",
+            json={"model": job["fine_tuned_model"], "prompt": "ROMEO:", "max_tokens": 8, "seed": 1},
+        )
+        assert r.status_code == 200, f"{r.text}\n{process.output()}"
+        assert r.json()["usage"]["completion_tokens"] > 0
+        # the formats the job exported (default gguf, hf) are there at once
+        r = client.get(f"/v1/models/{job['fine_tuned_model']}/content", params={"format": "gguf"})
+        assert r.status_code == 200 and r.content[:4] == b"GGUF", r.text[:200]
+
         # a second key made beside the running server, through the same settings
         made = subprocess.run(
             fromscratch_cmd("keys", "create", "--name", "x"),
@@ -138,17 +149,20 @@ def test_serve_embedded_end_to_end(serve) -> None:  # type: ignore[no-untyped-de
 
 def test_serve_restarts_a_dead_worker_and_stops_cleanly(serve) -> None:  # type: ignore[no-untyped-def]
     process, url, _ = serve
-    worker = wait_until(
-        lambda: next(iter(_children(process.pid)), None), timeout=60, message="the worker subprocess"
+    workers = wait_until(
+        lambda: _children(process.pid) if len(_children(process.pid)) == 2 else None,
+        timeout=60,
+        message="the training and inference worker subprocesses",
     )
-    os.kill(worker, signal.SIGKILL)
+    killed = min(workers)
+    os.kill(killed, signal.SIGKILL)
     replacement = wait_until(
-        lambda: next((p for p in _children(process.pid) if p != worker and _pid_alive(p)), None),
+        lambda: next((p for p in _children(process.pid) if p not in workers and _pid_alive(p)), None),
         timeout=60,
         message=lambda: f"a restarted worker\n{process.output()}",
     )
     assert "restarting it" in process.output()
 
     assert process.stop(timeout=90) == 0, process.output()
-    assert not _pid_alive(replacement)
+    assert not any(_pid_alive(p) for p in (workers - {killed}) | {replacement})
     assert "stopped" in process.output()
