@@ -1,10 +1,19 @@
 """A stand-in for the API inside the browser (Playwright request routing), for testing the dashboard's
 own code against the static files alone: each /v1 path answers from a Python function, and every
-request is counted. The statuses are the real ones (core.status), as the API serves them."""
+request is counted. The statuses are the real ones (core.status), as the API serves them.
+
+Streamed answers (the completions endpoints) come from an EventStream: a real HTTP server that
+writes each Server-Sent Event only when the test releases it, so a test sees what the page shows
+between two events, and whether the page hung up."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import queue
+import select
+import socket
+import threading
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +40,7 @@ class StubApi:
     def __init__(self, page: Any) -> None:
         self.calls: Counter[str] = Counter()  # "GET /fine_tuning/statuses" -> how many times
         self.sent: list[Any] = []  # the JSON bodies of POSTs, in order
+        self.streams: dict[tuple[str, str], EventStream] = {}
         self.answers: dict[tuple[str, str], Answer] = {
             ("GET", "/fine_tuning/statuses"): ok({"object": "fine_tuning.statuses", **status_sets()}),
             ("GET", "/fine_tuning/jobs"): ok({"object": "list", "data": [], "has_more": False}),
@@ -39,6 +49,10 @@ class StubApi:
 
     def on(self, method: str, path: str, answer: Answer) -> None:
         self.answers[(method, path)] = answer
+
+    def stream(self, method: str, path: str, events: EventStream) -> None:
+        """Answer (method, path) from `events` (a streamed answer, see EventStream)."""
+        self.streams[(method, path)] = events
 
     def _handle(self, route: Any) -> None:
         request = route.request
@@ -49,6 +63,11 @@ class StubApi:
         body = json.loads(request.post_data) if request.post_data else None
         if body is not None:
             self.sent.append(body)
+        events = self.streams.get((request.method, path))
+        if events is not None:
+            # route.fulfill hands the page a whole body at once: the stream comes from a real server
+            route.continue_(url=events.url + url.path)
+            return
         answer = self.answers.get((request.method, path))
         if answer is None:
             route.fulfill(status=404, json={"error": {"message": f"no stub for {key}"}})
@@ -56,6 +75,127 @@ class StubApi:
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         status, payload = answer(query, body)
         route.fulfill(status=status, json=payload)
+
+
+# ------------------------------------------------------------------------------ streamed answers
+DONE = "[DONE]"
+
+
+def chat_chunk(
+    content: str | None = None, *, finish: str | None = None, role: bool = False
+) -> dict[str, Any]:
+    """A chat.completion.chunk as OpenAI streams it (delta.content)."""
+    delta: dict[str, Any] = {"role": "assistant"} if role else {}
+    if content is not None:
+        delta["content"] = content
+    return {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": "ft:stub",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def completion_chunk(text: str, *, finish: str | None = None) -> dict[str, Any]:
+    """A text_completion chunk as OpenAI streams it (choices[0].text)."""
+    return {
+        "id": "cmpl-stub",
+        "object": "text_completion",
+        "created": 1_700_000_000,
+        "model": "ft:stub",
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def usage_chunk(kind: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """The last chunk when stream_options.include_usage is set: no choices, the usage."""
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    return {
+        "id": "stub",
+        "object": kind,
+        "created": 1_700_000_000,
+        "model": "ft:stub",
+        "choices": [],
+        "usage": usage,
+    }
+
+
+class EventStream:
+    """A real HTTP server (a thread) that answers every request with 200 text/event-stream and writes
+    the events the test `send`s, each when it is sent; `end()` closes the answer. `hung_up` is set
+    when the client closes the connection before the end (the page's Stop)."""
+
+    def __init__(self) -> None:
+        self.pending: queue.Queue[bytes | None] = queue.Queue()
+        self.hung_up = threading.Event()
+        self.started = threading.Event()  # a request is being answered
+        events = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.end_headers()  # HTTP/1.0: the answer ends when the connection closes
+                events.started.set()
+                events.answer(self.wfile, self.connection)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def send(self, *events: dict[str, Any] | str) -> None:
+        """Queue `data:` events (a dict as JSON, a string as is: DONE) for the answer being written."""
+        for e in events:
+            data = e if isinstance(e, str) else json.dumps(e)
+            self.pending.put(f"data: {data}\n\n".encode())
+
+    def end(self) -> None:
+        self.pending.put(None)
+
+    def answer(self, out: Any, conn: socket.socket) -> None:
+        """Write what is sent until end(); stop early when the client hangs up."""
+        while True:
+            try:
+                item = self.pending.get(timeout=0.05)
+            except queue.Empty:
+                if self._closed_by_peer(conn):
+                    self.hung_up.set()
+                    return
+                continue
+            if item is None:
+                return
+            try:
+                out.write(item)
+                out.flush()
+            except OSError:
+                self.hung_up.set()
+                return
+
+    @staticmethod
+    def _closed_by_peer(conn: socket.socket) -> bool:
+        readable, _, _ = select.select([conn], [], [], 0)
+        if not readable:
+            return False
+        try:
+            return conn.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def close(self) -> None:
+        self.pending.put(None)
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def sign_in_with_stub(page: Any, static_url: str, route: str = "#/jobs") -> None:

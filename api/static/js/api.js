@@ -1,6 +1,7 @@
 // The public /v1 API from the browser: fetch with the Bearer key, the {"error": {...}} envelope as
-// ApiError, uploads through XMLHttpRequest (for upload progress), the job's Server-Sent Events
-// stream read with fetch() (EventSource cannot send an Authorization header), and model downloads.
+// ApiError, uploads through XMLHttpRequest (for upload progress), Server-Sent Events read with
+// fetch() (EventSource can neither send an Authorization header nor POST): the job's stream and the
+// streamed completions, and model downloads.
 
 const KEY_STORAGE = "fromscratch.apiKey";
 
@@ -136,6 +137,25 @@ export class SSEParser {
   }
 }
 
+/** Feed a fetch Response's text/event-stream body through an SSEParser, onEvent(ev) per event. */
+async function readEvents(res, onEvent) {
+  if (!res.body) throw new ApiError(0, { message: "streaming is not supported by this browser" });
+  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+  const parser = new SSEParser();
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      for (const ev of parser.feed(value)) onEvent(ev);
+    }
+  } catch (e) {
+    reader.cancel().catch(() => {}); // onEvent gave up on the stream: close the connection too
+    throw e;
+  } finally {
+    reader.releaseLock();
+  }
+}
+
 /**
  * Read GET /v1/fine_tuning/jobs/{id}/stream and call onEvent({event, data, id}) for each event.
  * Resolves when the server ends the stream; rejects on errors (ApiError for HTTP errors).
@@ -146,18 +166,27 @@ export async function streamJob(jobId, { lastEventId, signal, onEvent }) {
   const url = `/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}/stream`;
   const res = await fetch(url, { headers, signal, cache: "no-store" });
   if (!res.ok) throw await errorFrom(res);
-  if (!res.body) throw new ApiError(0, { message: "streaming is not supported by this browser" });
-  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
-  const parser = new SSEParser();
+  await readEvents(res, onEvent);
+}
+
+/**
+ * POST a JSON body to /v1<path> and read the text/event-stream answer (EventSource cannot POST):
+ * onEvent({event, data, id}) per event. A non-2xx answer throws its {"error": {...}} as ApiError
+ * before anything is read; aborting `signal` rejects with an AbortError.
+ */
+export async function postEventStream(path, body, { signal, onEvent }) {
+  let res;
   try {
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      for (const ev of parser.feed(value)) onEvent(ev);
-    }
-  } finally {
-    reader.releaseLock();
+    res = await fetch(`/v1${path}`, {
+      method: "POST", signal, cache: "no-store", body: JSON.stringify(body),
+      headers: authHeaders({ "Content-Type": "application/json", Accept: "text/event-stream" }),
+    });
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new ApiError(0, { message: "cannot reach the server (network error)" });
   }
+  if (!res.ok) throw await errorFrom(res);
+  await readEvents(res, onEvent);
 }
 
 /** Parse `filename="x"` out of a Content-Disposition header. */

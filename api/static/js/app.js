@@ -1,6 +1,7 @@
-// Hash routes: #/jobs[?after=ID], #/jobs/<id>, #/new, #/signin. Each view is mounted into <main>
-// and returns {destroy()} so its timers, streams and charts stop when the route changes. Signed-in
-// views get the statuses the API serves (fetched once after sign-in, see served.js).
+// Hash routes: #/jobs[?after=ID], #/jobs/<id>, #/new, #/playground[?model=ID&mode=chat|completion],
+// #/signin. Each view is mounted into <main> and returns {destroy()} so its timers, streams and
+// charts stop when the route changes. Signed-in views get the statuses the API serves (fetched once
+// after sign-in, see served.js).
 
 import { clearKey, getKey, onUnauthorized } from "./api.js";
 import { forgetServed, loadStatuses } from "./served.js";
@@ -8,6 +9,7 @@ import { el } from "./util.js";
 import { mountJob } from "./views/job.js";
 import { mountJobs } from "./views/jobs.js";
 import { mountNewJob } from "./views/newjob.js";
+import { mountPlayground } from "./views/playground.js";
 import { mountSignIn } from "./views/signin.js";
 
 const main = document.getElementById("main");
@@ -35,8 +37,9 @@ async function route() {
     notice = null;
     return;
   }
+  const section = ["new", "playground"].includes(parts[0]) ? parts[0] : "jobs";
   for (const a of nav.querySelectorAll("a[data-route]")) {
-    const active = a.dataset.route === (parts[0] === "new" ? "new" : "jobs") && !(parts[0] === "jobs" && parts[1]);
+    const active = a.dataset.route === section && !(parts[0] === "jobs" && parts[1]);
     if (active) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
   document.title = "fromscratch";
@@ -50,6 +53,7 @@ async function route() {
   }
   if (seq !== routing) return;
   if (parts[0] === "new") current = mountNewJob(main);
+  else if (parts[0] === "playground") current = mountPlayground(main, { params });
   else if (parts[0] === "jobs" && parts[1]) current = mountJob(main, { id: parts[1], statuses });
   else current = mountJobs(main, { after: params.get("after") || undefined, statuses });
 }

@@ -1,6 +1,7 @@
 // The "Generate text" card: prompt and sampling options, POST /v1/models/{id}/generate.
 
 import { el } from "../../util.js";
+import { tryItLink } from "../playground/models.js";
 import { fillModelSelect, modelSelect } from "./models.js";
 
 const field = (id, label, control) => el("div", { class: "field" }, el("label", { for: id }, label), control);
@@ -16,6 +17,7 @@ export function generateCard({ endpoints }) {
   const seed = el("input", { id: "gen-seed", type: "number", placeholder: "random" });
   const button = el("button", { type: "submit", class: "primary", disabled: true }, "Generate");
   const output = el("pre", { class: "gen-output", id: "gen-output", "aria-live": "polite" });
+  const tryIt = tryItLink(model); // the playground with the chosen model (streamed chat, completions)
   const node = el("form", { class: "card", "aria-labelledby": "gen-h" },
     el("h2", { id: "gen-h" }, "Generate text"),
     field("gen-model", "Model or checkpoint", model),
@@ -25,7 +27,7 @@ export function generateCard({ endpoints }) {
       field("gen-temperature", "Temperature", temperature),
       field("gen-top-k", "Top-k", topK),
       field("gen-seed", "Seed", seed)),
-    el("div", { class: "actions" }, button), output);
+    el("div", { class: "actions" }, button, tryIt.node), output);
 
   let available = 0; // how many models the picker offers
 
@@ -59,6 +61,7 @@ export function generateCard({ endpoints }) {
     setModels(models) {
       available = models.length;
       fillModelSelect(model, models);
+      tryIt.update();
       button.disabled = !available;
     },
   };

@@ -1,0 +1,60 @@
+// The sampling controls: max_tokens, temperature, top_p, seed and stop sequences, as the request
+// fields OpenAI's completions take. An empty box is left out (the server's default applies); a
+// field the API names in an error is marked and focused.
+
+import { el } from "../../util.js";
+
+// the request field's name as the tooltip: these are the API's own parameters
+const field = (id, label, control, help) => el("div", { class: "field", title: control.name },
+  el("label", { for: id }, label), control, help ? el("p", { class: "help", id: `${id}-help` }, help) : null);
+
+const number = (id, name, attrs) => el("input", { id, name, type: "number", step: "any", ...attrs });
+
+/** "\n" and "\t" typed as two characters mean a newline and a tab (a stop sequence is often "\n"). */
+export function parseStops(text) {
+  return text.split("\n").filter((line) => line !== "")
+    .map((line) => line.replace(/\\(n|t|\\)/g, (_, c) => (c === "n" ? "\n" : c === "t" ? "\t" : "\\")));
+}
+
+export function samplingFields() {
+  const inputs = {
+    max_tokens: number("pg-max-tokens", "max_tokens", { min: 1, step: 1, value: 128 }),
+    temperature: number("pg-temperature", "temperature", { min: 0, max: 2, value: 0.8 }),
+    top_p: number("pg-top-p", "top_p", { min: 0, max: 1, value: 1 }),
+    seed: number("pg-seed", "seed", { step: 1, placeholder: "random" }),
+    stop: el("textarea", { id: "pg-stop", name: "stop", rows: 2, placeholder: "none",
+      "aria-describedby": "pg-stop-help" }),
+  };
+  const node = el("section", { class: "card pg-sampling", "aria-labelledby": "pg-sampling-h" },
+    el("h2", { id: "pg-sampling-h" }, "Sampling"),
+    el("div", { class: "grid grid-4" },
+      field("pg-max-tokens", "Max tokens", inputs.max_tokens),
+      field("pg-temperature", "Temperature", inputs.temperature),
+      field("pg-top-p", "Top-p", inputs.top_p),
+      field("pg-seed", "Seed", inputs.seed)),
+    field("pg-stop", "Stop sequences", inputs.stop, "One per line, up to 4; \\n is a newline."));
+
+  return {
+    node,
+    /** The request fields: numbers as typed, stop as a list; empty boxes are left out. */
+    values() {
+      const out = {};
+      for (const name of ["max_tokens", "temperature", "top_p", "seed"]) {
+        const text = inputs[name].value.trim();
+        if (text !== "") out[name] = Number(text);
+      }
+      const stops = parseStops(inputs.stop.value);
+      if (stops.length) out.stop = stops;
+      return out;
+    },
+    /** Mark the control the API named in an error (`param`); false when none of these is it. */
+    markInvalid(param) {
+      for (const input of Object.values(inputs)) input.removeAttribute("aria-invalid");
+      const input = inputs[String(param || "").split(/[.[]/)[0]];
+      if (!input) return false;
+      input.setAttribute("aria-invalid", "true");
+      input.focus();
+      return true;
+    },
+  };
+}
