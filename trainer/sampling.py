@@ -7,7 +7,7 @@ decoding continues; this costs one prefill per ctx/2 new tokens instead of one p
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -53,7 +53,58 @@ def sample_next(
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-@torch.no_grad()
+def stream_ids(
+    model: Llama,
+    ids: Sequence[int],
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    eos_id: int | None = None,
+) -> Generator[int, None, None]:
+    """Yield up to max_new_tokens new ids continuing `ids`, one at a time as each is sampled,
+    stopping before `eos_id` (which is not yielded). `ids` must not be empty (start from BOS for no
+    prompt). The one decoding loop: generate_ids and complete collect it; the inference worker
+    streams it. The model must not be training meanwhile (several threads may share it in eval
+    mode); closing the generator early stops the decoding."""
+    if not ids:
+        raise ValueError("stream_ids needs at least one token of context (use the BOS id)")
+    if max_new_tokens <= 0:
+        return
+    param = next(model.parameters())
+    device, ctx = param.device, model.cfg.ctx
+    generator = None
+    if temperature >= MIN_TEMPERATURE:
+        generator = torch.Generator(device=device)
+        # torch.Generator() starts from a fixed seed; draw a fresh one when none is asked for.
+        generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
+    tokens = list(ids)
+
+    def prefill(window: list[int]) -> tuple[KVCache, torch.Tensor]:
+        cache = KVCache(model.cfg, 1, device, param.dtype)
+        logits, _ = model(torch.tensor([window], dtype=torch.long, device=device), cache=cache)
+        return cache, logits[0, -1]
+
+    # no_grad is per thread and would not survive the yields of a decorated generator on its own
+    with torch.no_grad():
+        cache, logits = prefill(tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2) :])
+    for n in range(1, max_new_tokens + 1):
+        nxt = sample_next(logits, temperature, top_k, top_p, generator)
+        if eos_id is not None and nxt == eos_id:
+            return
+        tokens.append(nxt)
+        yield nxt
+        if n == max_new_tokens:
+            return  # no need to run the model for a token nobody will sample
+        with torch.no_grad():
+            if cache.pos >= ctx:
+                cache, logits = prefill(tokens[-max(1, ctx // 2) :])
+            else:
+                logits, _ = model(torch.tensor([[nxt]], dtype=torch.long, device=device), cache=cache)
+                logits = logits[0, -1]
+
+
 def generate_ids(
     model: Llama,
     ids: Sequence[int],
@@ -65,44 +116,14 @@ def generate_ids(
     eos_id: int | None = None,
 ) -> list[int]:
     """Continue `ids` by up to max_new_tokens tokens; returns the new ids only, stopping before
-    `eos_id` (which is not included). `ids` must not be empty (start from BOS for no prompt)."""
-    if not ids:
-        raise ValueError("generate_ids needs at least one token of context (use the BOS id)")
+    `eos_id` (which is not included). `ids` must not be empty (start from BOS for no prompt).
+    A model in training mode is put in eval mode for the call and back afterwards."""
     was_training = model.training
     model.eval()
-    param = next(model.parameters())
-    device, ctx = param.device, model.cfg.ctx
-    generator = None
-    if temperature >= MIN_TEMPERATURE:
-        generator = torch.Generator(device=device)
-        # torch.Generator() starts from a fixed seed; draw a fresh one when none is asked for.
-        generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-    tokens = list(ids)
-    out: list[int] = []
-
-    def prefill(window: list[int]) -> tuple[KVCache, torch.Tensor]:
-        cache = KVCache(model.cfg, 1, device, param.dtype)
-        logits, _ = model(torch.tensor([window], dtype=torch.long, device=device), cache=cache)
-        return cache, logits[0, -1]
-
-    cache, logits = prefill(tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2) :])
     try:
-        for _ in range(max_new_tokens):
-            nxt = sample_next(logits, temperature, top_k, top_p, generator)
-            if eos_id is not None and nxt == eos_id:
-                break
-            out.append(nxt)
-            tokens.append(nxt)
-            if len(out) == max_new_tokens:
-                break  # no need to run the model for a token nobody will sample
-            if cache.pos >= ctx:
-                cache, logits = prefill(tokens[-max(1, ctx // 2) :])
-            else:
-                logits, _ = model(torch.tensor([[nxt]], dtype=torch.long, device=device), cache=cache)
-                logits = logits[0, -1]
+        return list(stream_ids(model, ids, max_new_tokens, temperature, top_k, top_p, seed, eos_id))
     finally:
         model.train(was_training)
-    return out
 
 
 class Completion(NamedTuple):

@@ -1,4 +1,5 @@
-"""Sampling: KV-cached greedy decoding equals a plain argmax loop; seeds, top-k/top-p, EOS, long outputs."""
+"""Sampling: KV-cached greedy decoding equals a plain argmax loop; seeds, top-k/top-p, EOS, long outputs;
+stream_ids yields the same tokens one at a time."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from trainer.model import Llama
-from trainer.sampling import complete, generate, generate_ids, sample_next
+from trainer.sampling import complete, generate, generate_ids, sample_next, stream_ids
 
 
 @pytest.fixture
@@ -122,3 +123,19 @@ def test_complete_counts_the_tokens_generated(model, byte_tokenizer):
         recounted_differs |= len(byte_tokenizer.encode(out.text)) != out.completion_tokens
     assert recounted_differs, "no sample had a lone byte: the test no longer shows the miscount"
     assert complete(model, byte_tokenizer, "", max_new_tokens=4, temperature=0).prompt_tokens == 0
+
+
+def test_stream_ids_yields_the_tokens_of_generate_ids_one_by_one(model):
+    """One decoding loop: generate_ids collects stream_ids, so a streamed completion is the same
+    tokens (past a context shift too); closing the stream early stops decoding."""
+    for kwargs in ({"temperature": 0}, {"temperature": 1.2, "seed": 4, "top_k": 50}):
+        whole = generate_ids(model, [3, 4], max_new_tokens=40, **kwargs)
+        stream = stream_ids(model, [3, 4], max_new_tokens=40, **kwargs)
+        assert next(stream) == whole[0]
+        assert [whole[0], *stream] == whole
+    first = generate_ids(model, [4, 5], max_new_tokens=3, temperature=0)
+    assert list(stream_ids(model, [4, 5], 3, temperature=0, eos_id=first[1])) == first[:1]
+    stream = stream_ids(model, [1], 1000, temperature=1.0, seed=0)
+    taken = [next(stream) for _ in range(3)]
+    stream.close()
+    assert list(stream) == [] and len(taken) == 3
