@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar, cast
 
 from pydantic import BaseModel, Field
 
+from core.jobstates import EventLevel
 from core.models import Checkpoint as CheckpointRow
 from core.models import Event as EventRow
 from core.models import File as FileRow
 from core.models import Job as JobRow
 from core.models import Metric as MetricRow
-from core.status import ACTIVE, JobStatus
+from core.status import ACTIVE, TERMINAL, JobStatus
 
 T = TypeVar("T")
 
@@ -86,7 +87,10 @@ class FileObject(BaseModel):
     status_details: str | None = None
     expires_at: int | None = None
     # ours
-    format: str = Field(description='"text" or "jsonl", as detected on upload')
+    format: str = Field(
+        description='"text" or "jsonl" (training data, as detected on upload), "csv" (a job\'s '
+        "`fine-tune-results` file)"
+    )
     sha256: str
 
 
@@ -135,7 +139,10 @@ class FineTuningJob(BaseModel):
     hyperparameters: dict[str, Any]
     training_file: str
     validation_file: str | None
-    result_files: list[str] = Field(default_factory=list)
+    result_files: list[str] = Field(
+        default_factory=list,
+        description="the `fine-tune-results` CSV of a succeeded job (GET /v1/files/{id}/content)",
+    )
     trained_tokens: int | None
     error: JobError | None
     seed: int
@@ -153,6 +160,11 @@ class FineTuningJob(BaseModel):
     attempts: int
     started_at: int | None
     base_model: str | None = Field(None, description="the model this job continues training from, if any")
+    pause_requested: bool = Field(
+        False,
+        description="a pause was asked of the running job: it stays `running` until its worker has "
+        "saved a checkpoint and stopped, then it is `paused`",
+    )
 
 
 def tokens_per_step(job: JobRow) -> int | None:
@@ -196,6 +208,7 @@ def to_job(job: JobRow) -> FineTuningJob:
         hyperparameters=hp,
         training_file=job.training_file,
         validation_file=job.validation_file,
+        result_files=list(job.result_files or []),
         trained_tokens=job.trained_tokens
         if job.status == JobStatus.SUCCEEDED or job.trained_tokens
         else None,
@@ -218,6 +231,7 @@ def to_job(job: JobRow) -> FineTuningJob:
         attempts=job.attempts,
         started_at=unix(job.started_at),
         base_model=job.base_model_id,
+        pause_requested=bool(job.pause_requested) and job.status not in TERMINAL,
     )
 
 
@@ -226,7 +240,7 @@ class JobEvent(BaseModel):
     id: str
     object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
     created_at: int
-    level: Literal["info", "warn", "error"]
+    level: EventLevel
     message: str
     type: Literal["message", "metrics"] = "message"
     data: dict[str, Any] | None = None
@@ -275,8 +289,10 @@ def to_metric_event(job_id: str, m: MetricRow, total_steps: int | None) -> JobEv
 
 def to_event(e: EventRow) -> JobEvent:
     kind: Literal["message", "metrics"] = "metrics" if e.type == "metrics" else "message"
+    # add_event writes only EventLevel values (a test checks every writer); pydantic checks it again
+    level = cast(EventLevel, e.level)
     return JobEvent(
-        id=e.id, created_at=unix(e.created_at) or 0, level=e.level, message=e.message, type=kind, data=e.data
+        id=e.id, created_at=unix(e.created_at) or 0, level=level, message=e.message, type=kind, data=e.data
     )
 
 

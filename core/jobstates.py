@@ -6,8 +6,16 @@
           └──────────────▶ paused ◀──┘ (resume: paused ─▶ queued)
 
 Who holds a job: a worker that claimed it (`lease_owner`, lease renewed by heartbeat). A held
-job's status changes only through its worker; the API records cancel/pause as flags the worker
-obeys between steps. A job nobody holds (waiting in the queue, paused) changes state at once.
+job's status changes only through its worker, with one exception: cancel. A pause is recorded as
+a flag (`pause_requested`) the worker obeys between steps (it saves a checkpoint first), so the
+job reads `running` until it is `paused`. A cancel is final at once: the job becomes `cancelled`
+(with `cancel_requested` set, which the worker reads between steps) while its worker still holds
+the lease; that worker's own final transition, whatever it asks for (succeeded, failed, paused,
+queued, cancelled), then only lets go of the lease and the job stays `cancelled` (`_let_go`). So a
+cancel answers `cancelled` and every later read agrees, and the worker's cleanup is unchanged: it
+stops, writes nothing more once it let go, and its running slot counts until then (the running
+quota counts held jobs). The reaper releases the lease of a cancelled job whose worker died. A job
+nobody holds (waiting in the queue, paused) changes state at once.
 
 Concurrency: every status change is a compare-and-set UPDATE on (status, lease_owner), so the API,
 the worker and the reaper can race without overwriting each other; the loser gets
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal, get_args
 
 from sqlalchemy import ColumnElement, inspect, select, update
 from sqlalchemy.orm import Session
@@ -61,6 +69,10 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 # Leaving for one of these ends the worker's hold on the job.
 _RELEASES_LEASE = TERMINAL | {JobStatus.QUEUED, JobStatus.PAUSED}
 
+# The levels an Event may have (OpenAI's FineTuningJobEvent.level); add_event refuses any other.
+EventLevel = Literal["info", "warn", "error"]
+EVENT_LEVELS: frozenset[str] = frozenset(get_args(EventLevel))
+
 
 class IllegalTransition(Exception):
     """A status change the state machine does not allow (or a request that makes no sense in the
@@ -80,10 +92,12 @@ def add_event(
     session: Session,
     job_id: str,
     message: str,
-    level: str = "info",
+    level: EventLevel = "info",
     data: dict[str, Any] | None = None,
     type: str = "message",
 ) -> Event:
+    if level not in EVENT_LEVELS:  # the API serves levels as OpenAI's SDK types them
+        raise ValueError(f"event level {level!r} is not one of {sorted(EVENT_LEVELS)}")
     event = Event(job_id=job_id, message=message, level=level, data=data, type=type)
     session.add(event)
     return event
@@ -115,7 +129,7 @@ def _check(current: str, new_status: str) -> None:
         )
 
 
-def _status_message(job: Job, new_status: str) -> tuple[str, str, dict[str, Any]]:
+def _status_message(job: Job, new_status: str) -> tuple[str, EventLevel, dict[str, Any]]:
     data: dict[str, Any] = {"status": new_status}
     if new_status == JobStatus.FAILED:
         data["error"] = {"code": job.error_code, "message": job.error_message, "param": job.error_param}
@@ -123,11 +137,19 @@ def _status_message(job: Job, new_status: str) -> tuple[str, str, dict[str, Any]
     return f"Job status: {new_status}", "info", data
 
 
-def transition(session: Session, job: Job, new_status: str, **fields: Any) -> Job:
+def transition(
+    session: Session, job: Job, new_status: str, *, keep_lease: bool = False, **fields: Any
+) -> Job:
     """Move `job` to `new_status` (setting any other Job columns given in `fields`), stamp
-    started_at/finished_at, release the lease when the worker's hold ends, and write the
-    lifecycle Event. Raises IllegalTransition, or ConcurrentUpdate when the row changed under us.
-    The caller commits."""
+    started_at/finished_at, release the lease when the worker's hold ends (unless `keep_lease`:
+    a cancel of a held job), and write the lifecycle Event. Raises IllegalTransition, or
+    ConcurrentUpdate when the row changed under us. The caller commits.
+
+    A job cancelled while a worker holds it is already final: its worker's transition only lets go
+    of the lease when it ends the hold, and changes nothing when it does not (running: the worker
+    stops at its next step, when it reads `cancel_requested`)."""
+    if job.status == JobStatus.CANCELLED and job.lease_owner is not None and not keep_lease:
+        return _let_go(session, job) if new_status in _RELEASES_LEASE else job
     old = job.status
     _check(old, new_status)
     unknown = set(fields) - set(inspect(Job).column_attrs.keys())
@@ -139,7 +161,7 @@ def transition(session: Session, job: Job, new_status: str, **fields: Any) -> Jo
         values.setdefault("started_at", now)
     if new_status in TERMINAL:
         values.setdefault("finished_at", now)
-    if new_status in _RELEASES_LEASE:
+    if new_status in _RELEASES_LEASE and not keep_lease:
         values.setdefault("lease_owner", None)
         values.setdefault("lease_expires_at", None)
     if new_status in TERMINAL or new_status == JobStatus.PAUSED:
@@ -153,6 +175,16 @@ def transition(session: Session, job: Job, new_status: str, **fields: Any) -> Jo
         )
     message, level, data = _status_message(job, new_status)
     add_event(session, job.id, message, level=level, data=data)
+    return job
+
+
+def _let_go(session: Session, job: Job) -> Job:
+    """The worker of a job cancelled under it ends its hold: the lease is released, the job stays
+    cancelled, and nothing the worker meant to record (a final model, an error) is written."""
+    if not _cas(session, job, {"lease_owner": None, "lease_expires_at": None, "pause_requested": False}):
+        session.refresh(job)
+        raise ConcurrentUpdate(f"job {job.id} changed while its worker let go (now {job.status})")
+    add_event(session, job.id, "The worker stopped: the job was cancelled", data={"step": job.step})
     return job
 
 
@@ -212,7 +244,8 @@ def hand_back(session: Session, job: Job) -> Job:
     counted as an attempt (a hand-off is not a failure). The caller commits, then sends the job's
     message to the head of its queue: the job had its turn."""
     transition(session, job, JobStatus.QUEUED, attempts=max(job.attempts - 1, 0))
-    add_event(session, job.id, "The worker shut down; the job goes back to the head of the queue")
+    if job.status == JobStatus.QUEUED:  # not when it was cancelled meanwhile (the hold just ended)
+        add_event(session, job.id, "The worker shut down; the job goes back to the head of the queue")
     return job
 
 
@@ -231,7 +264,9 @@ def requeue_expired(session: Session, max_attempts: int) -> list[tuple[str, str]
     for job in expired:
         # guard every change by the lease still being expired: a late heartbeat wins
         still_expired = Job.lease_expires_at < now
-        if job.cancel_requested:
+        if job.status in TERMINAL:  # cancelled while held, its worker gone: only the lease is left
+            _cas(session, job, {"lease_owner": None, "lease_expires_at": None}, still_expired)
+        elif job.cancel_requested:
             _transition_if_expired(session, job, JobStatus.CANCELLED, still_expired)
         elif job.pause_requested:
             _transition_if_expired(session, job, JobStatus.PAUSED, still_expired)
@@ -302,38 +337,43 @@ def _retrying(session: Session, job: Job, attempt: Callable[[Job], Job]) -> Job:
     return attempt(job)
 
 
-def _request_stop(session: Session, job: Job, target: str, flag: str, verb: str, event: str) -> Job:
-    """Cancel or pause: a job nobody holds moves to `target` at once; a held one gets `flag` set and
-    its worker stops between steps. Asking again is a no-op; terminal jobs raise."""
+def _refuse_if_finished(job: Job, verb: str) -> None:
+    if job.status in TERMINAL:
+        raise IllegalTransition(f"job {job.id} already {job.status}; it cannot be {verb}", current=job.status)
+
+
+def request_cancel(session: Session, job: Job) -> Job:
+    """Cancel: the job is `cancelled` at once. A held one keeps its lease, with `cancel_requested`
+    set: its worker stops at its next step, without a checkpoint, and lets go (see `transition`).
+    Asking again is a no-op; other terminal jobs raise."""
 
     def attempt(job: Job) -> Job:
-        if job.status == target:
+        if job.status == JobStatus.CANCELLED:
             return job
-        if job.status in TERMINAL:
-            raise IllegalTransition(
-                f"job {job.id} already {job.status}; it cannot be {verb}", current=job.status
-            )
-        if job.lease_owner is None:
-            return transition(session, job, target)
-        if not getattr(job, flag):
-            if not _cas(session, job, {flag: True}):
-                raise ConcurrentUpdate("job changed", current=job.status)
-            add_event(session, job.id, event)
-        return job
+        _refuse_if_finished(job, "cancelled")
+        held = job.lease_owner is not None
+        return transition(session, job, JobStatus.CANCELLED, keep_lease=held, cancel_requested=held)
 
     return _retrying(session, job, attempt)
 
 
-def request_cancel(session: Session, job: Job) -> Job:
-    """Cancel (see _request_stop); a cancelled job's worker stops without a checkpoint."""
-    return _request_stop(
-        session, job, JobStatus.CANCELLED, "cancel_requested", "cancelled", "Cancellation requested"
-    )
-
-
 def request_pause(session: Session, job: Job) -> Job:
-    """Pause (see _request_stop); a paused job's worker saves a checkpoint first."""
-    return _request_stop(session, job, JobStatus.PAUSED, "pause_requested", "paused", "Pause requested")
+    """Pause: a job nobody holds is `paused` at once; a held one gets `pause_requested` and stays
+    `running` until its worker has saved a checkpoint and stopped. Asking again is a no-op."""
+
+    def attempt(job: Job) -> Job:
+        if job.status == JobStatus.PAUSED:
+            return job
+        _refuse_if_finished(job, "paused")
+        if job.lease_owner is None:
+            return transition(session, job, JobStatus.PAUSED)
+        if not job.pause_requested:
+            if not _cas(session, job, {"pause_requested": True}):
+                raise ConcurrentUpdate("job changed", current=job.status)
+            add_event(session, job.id, "Pause requested")
+        return job
+
+    return _retrying(session, job, attempt)
 
 
 def resume(session: Session, job: Job) -> tuple[Job, bool]:

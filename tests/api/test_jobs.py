@@ -228,12 +228,20 @@ def test_pause_resume_cancel(client: TestClient, tenant: Tenant, factory: Factor
         assert_envelope(client.post(f"{JOBS}/{job_id}/{action}", headers=tenant.headers), 400)
 
 
-def test_cancel_of_a_held_job_is_a_request(client: TestClient, tenant: Tenant, factory: Factory) -> None:
+def test_cancel_of_a_held_job_is_final_at_once(client: TestClient, tenant: Tenant, factory: Factory) -> None:
     job_id = factory.job(tenant.owner_id, status="running", lease_owner="worker-x")
     r = client.post(f"{JOBS}/{job_id}/cancel", headers=tenant.headers)
-    assert r.status_code == 200 and r.json()["status"] == "running"
-    factory.set_status(job_id, "succeeded")
-    err = assert_envelope(client.post(f"{JOBS}/{job_id}/cancel", headers=tenant.headers), 400)
+    assert r.status_code == 200 and r.json()["status"] == "cancelled" and r.json()["finished_at"] is not None
+    assert client.get(f"{JOBS}/{job_id}", headers=tenant.headers).json()["status"] == "cancelled"
+    listed = client.get(f"{JOBS}?status=cancelled", headers=tenant.headers).json()["data"]
+    assert job_id in [j["id"] for j in listed]
+    assert client.get(f"{JOBS}?status=running", headers=tenant.headers).json()["data"] == []
+    factory.set_status(job_id, "succeeded")  # its worker finished meanwhile: it only lets go
+    again = client.post(f"{JOBS}/{job_id}/cancel", headers=tenant.headers)
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
+    assert again.json()["fine_tuned_model"] is None and again.json()["result_files"] == []
+    done = factory.job(tenant.owner_id, status="succeeded")
+    err = assert_envelope(client.post(f"{JOBS}/{done}/cancel", headers=tenant.headers), 400)
     assert "succeeded" in err["message"]
 
 

@@ -192,20 +192,21 @@ def test_expired_lease_requeues_then_fails_after_max_attempts(any_factory: sessi
     assert fresh(any_factory, live.id).lease_owner == "healthy"
 
 
-def test_expired_lease_honours_a_pending_cancel(any_factory: sessionmaker[Session]) -> None:
+def test_expired_lease_of_a_cancelled_job_is_released(any_factory: sessionmaker[Session]) -> None:
     with any_factory() as s:
         job = make_job(s)
         claim_job(s, job.id, "w1", 30)
         job = s.get(Job, job.id)
-        request_cancel(s, job)
+        request_cancel(s, job)  # cancelled at once; the worker dies before it lets go
         s.commit()
     _expire(any_factory, job.id)
     with any_factory() as s:
         assert requeue_expired(s, max_attempts=3) == []
-    assert fresh(any_factory, job.id).status == "cancelled"
+    row = fresh(any_factory, job.id)
+    assert (row.status, row.lease_owner, row.lease_expires_at) == ("cancelled", None, None)
 
 
-def test_cancel_unheld_at_once_held_by_flag(any_factory: sessionmaker[Session]) -> None:
+def test_cancel_is_final_at_once_held_or_not(any_factory: sessionmaker[Session]) -> None:
     with any_factory() as s:
         waiting = make_job(s, status="queued")
         request_cancel(s, waiting)
@@ -222,11 +223,47 @@ def test_cancel_unheld_at_once_held_by_flag(any_factory: sessionmaker[Session]) 
         request_cancel(s, held)
         s.commit()
     row = fresh(any_factory, held.id)
-    assert (row.status, row.cancel_requested, row.lease_owner) == ("running", True, "w1")
-    with any_factory() as s:  # the worker obeys between steps
-        transition(s, s.get(Job, held.id), "cancelled")
+    # cancelled for every reader, while its worker keeps the lease until it has stopped
+    assert (row.status, row.cancel_requested, row.lease_owner) == ("cancelled", True, "w1")
+    assert row.finished_at is not None
+    with any_factory() as s:
+        assert request_cancel(s, s.get(Job, held.id)).status == "cancelled"  # asking again: a no-op
+        with pytest.raises(IllegalTransition, match="cancelled"):
+            request_pause(s, s.get(Job, held.id))
+        with pytest.raises(IllegalTransition, match="cancelled"):
+            resume(s, s.get(Job, held.id))
+        s.rollback()
+        transition(s, s.get(Job, held.id), "running")  # the worker had not started yet: nothing changes
         s.commit()
-        assert events(s, held)[-2:] == ["Cancellation requested", "Job status: cancelled"]
+    assert (fresh(any_factory, held.id).status, fresh(any_factory, held.id).lease_owner) == (
+        "cancelled",
+        "w1",
+    )
+    with any_factory() as s:  # the worker finishes what it was doing: it only lets go
+        transition(s, s.get(Job, held.id), "succeeded", fine_tuned_model="ft:llama-tiny:x")
+        s.commit()
+        assert events(s, held)[-2:] == ["Job status: cancelled", "The worker stopped: the job was cancelled"]
+    row = fresh(any_factory, held.id)
+    assert (row.status, row.lease_owner, row.fine_tuned_model) == ("cancelled", None, None)
+
+
+@pytest.mark.parametrize("target", ["cancelled", "failed", "paused", "queued"])
+def test_a_cancelled_jobs_worker_lets_go_whatever_it_asks(
+    any_factory: sessionmaker[Session], target: str
+) -> None:
+    with any_factory() as s:
+        job = make_job(s)
+        claim_job(s, job.id, "w1", 30)
+        job = s.get(Job, job.id)
+        transition(s, job, "running")
+        request_cancel(s, job)
+        s.commit()
+        job = s.get(Job, job.id)
+        fields = {"error_code": "internal_error"} if target == "failed" else {}
+        transition(s, job, target, **fields)
+        s.commit()
+    row = fresh(any_factory, job.id)
+    assert (row.status, row.lease_owner, row.error_code) == ("cancelled", None, None)
 
 
 def test_pause_and_resume(any_factory: sessionmaker[Session]) -> None:

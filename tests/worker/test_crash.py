@@ -39,8 +39,13 @@ def test_cancel_mid_run(service_settings, session_factory, worker_proc) -> None:
     job_id = make_job(service_settings, session_factory, train=long_run(100_000))
     _wait_for_step(session_factory, job_id, 10, worker_proc)
     _request(session_factory, job_id, request_cancel)
-    job = wait_for_status(session_factory, job_id, "cancelled", timeout=30, diagnostics=worker_proc.output)
-    assert job.lease_owner is None and job.fine_tuned_model is None
+    assert get_job(session_factory, job_id).status == "cancelled"  # at once; the worker stops next
+    job = wait_until(
+        lambda: (j := get_job(session_factory, job_id)).lease_owner is None and j,
+        timeout=30,
+        message=lambda: f"the worker to let go of {job_id}\n{worker_proc.output()}",
+    )
+    assert job.status == "cancelled" and job.fine_tuned_model is None
     assert job.step < 100_000
     # the worker is free for the next job
     nxt = make_job(service_settings, session_factory, train=long_run(30))
