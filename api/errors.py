@@ -16,6 +16,14 @@ an unknown field is "Unrecognized request argument supplied: X" with code `unkno
 We never answer 409 for a request that can never succeed (the openai SDK retries 408/409/429/5xx):
 a state conflict such as cancelling a finished job is a 400.
 
+Retries: api/response_headers.py puts `x-should-retry: false` on every 400/401/403/404/405/409/413/
+422 and `Retry-After` on every 429/503, and `x-request-id` on everything. Here an APIError can say
+itself whether a retry may help (`retry`: the header `x-should-retry: true|false`); a quota 429
+(`quota_exceeded`) is `false` by default: a retry seconds later meets the same quota (job slots free
+when jobs finish, storage when the owner deletes something), so the SDK raises at once instead of
+waiting out its retries (`Retry-After` stays, for clients that schedule a later try themselves).
+A throttling 429 (`rate_limit_exceeded`) and a 503 are retried by the SDK after `Retry-After`.
+
 An error quotes what the caller sent only in part: `quote_input` cuts a quoted value to
 `MAX_QUOTED_CHARS`, `param` paths are cut the same way, and a message is never longer than
 `MAX_MESSAGE_CHARS` (a 1 MB `model` value is not echoed back in a 1 MB error).
@@ -35,9 +43,13 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.response_headers import REQUEST_ID_HEADER, SHOULD_RETRY_HEADER, request_id
+
 log = logging.getLogger("fromscratch.api")
 
 _DEFAULT_TYPES = {401: "invalid_request_error", 403: "invalid_request_error", 404: "invalid_request_error"}
+# error codes whose answer a retry cannot change, whatever their status (see the module docstring)
+NOT_RETRYABLE_CODES = frozenset({"quota_exceeded"})
 
 
 def error_type_for(status: int) -> str:
@@ -57,6 +69,7 @@ class APIError(Exception):
         code: str | None = None,
         type: str | None = None,
         headers: dict[str, str] | None = None,
+        retry: bool | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -64,6 +77,10 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.type = type or error_type_for(status)
+        if retry is None and code in NOT_RETRYABLE_CODES:
+            retry = False
+        if retry is not None:
+            headers = {**(headers or {}), SHOULD_RETRY_HEADER: "true" if retry else "false"}
         self.headers = headers
 
     def body(self) -> dict[str, Any]:
@@ -235,10 +252,13 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    # Starlette answers this one outside every middleware: the request id is added here
+    rid = request_id(request.scope)
     return error_response(
         500,
         "The server had an error while processing your request; it has been logged.",
         code="internal_error",
+        headers={REQUEST_ID_HEADER: rid} if rid else None,
     )
 
 

@@ -31,6 +31,7 @@ from api.logs import install_log_redaction
 from api.openapi import api_routes, install_openapi
 from api.rate_limit import RateLimiter
 from api.request_text import TextURLMiddleware
+from api.response_headers import ResponseHeadersMiddleware
 from api.routes import checkpoints, events, files, health, hyperparameters, jobs, models, statuses
 from core.settings import Settings, get_settings
 
@@ -124,6 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_log_redaction()
     app.add_middleware(TextURLMiddleware)  # a URL holding NUL is a 400 (api/request_text.py)
     app.add_middleware(LatencyMiddleware, histogram=latency)
+    app.add_middleware(ResponseHeadersMiddleware)  # outermost: x-request-id, x-should-retry, Retry-After
     routers = [
         module.router
         for module in (health, files, jobs, hyperparameters, statuses, events, checkpoints, models)

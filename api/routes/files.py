@@ -18,7 +18,10 @@ before the File row is committed (concurrent uploads cannot overshoot it); nothi
 
 DELETE is refused (400) while a job that has not finished uses the file. A file a finished job
 refers to keeps its row (the job's `training_file` must stay a valid reference) but its bytes are
-freed (blob_id None) and it is marked `deleted_at`, which every route treats as gone.
+freed (blob_id None) and it is marked `deleted_at`, which every route treats as gone. A job's
+results CSV (purpose `fine-tune-results`, format `csv`, written by the worker when the job succeeds:
+worker/result_file.py) is listed and downloaded like any file; deleting it also takes its id out of
+the job's `result_files`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Text, and_, cast, or_, select
+from sqlalchemy.orm import Session
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
 from api.errors import APIError, not_found, quote_input
@@ -51,6 +55,9 @@ from core.status import TERMINAL
 router = APIRouter(prefix="/v1", tags=["files"])
 
 CHUNK = 1 << 20
+# File.format -> the media type of its content ("text" and anything else: plain text)
+MEDIA_TYPES = {"jsonl": "application/jsonl", "csv": "text/csv; charset=utf-8"}
+RESULTS_PURPOSE = "fine-tune-results"  # a job's metrics CSV (worker/result_file.py)
 # The body is read by api/uploads.py, not by FastAPI: describe it for the OpenAPI document.
 UPLOAD_BODY = {
     "requestBody": {
@@ -221,7 +228,7 @@ def get_file(file_id: str, session: SessionDep, key: CurrentKey) -> FileObject:
     "/files/{file_id}/content",
     summary="Download a file's bytes",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/jsonl": {}, "text/plain": {}}}},
+    responses={200: {"content": {"application/jsonl": {}, "text/plain": {}, "text/csv": {}}}},
 )
 def file_content(
     file_id: str, session: SessionDep, key: CurrentKey, store: BlobStoreDep
@@ -230,7 +237,7 @@ def file_content(
     if f.blob_id is None:  # only deleted files have no bytes, and owned_file skips those
         raise not_found("file", file_id)
     chunks = store.open(f.blob_id)
-    media = "application/jsonl" if f.format == "jsonl" else "text/plain; charset=utf-8"
+    media = MEDIA_TYPES.get(f.format, "text/plain; charset=utf-8")
     return StreamingResponse(
         chunks,
         media_type=media,
@@ -239,6 +246,18 @@ def file_content(
             "Content-Disposition": content_disposition(f.filename),
         },
     )
+
+
+def _drop_from_result_files(session: Session, f: File) -> None:
+    """A deleted results file leaves its job's `result_files`, so the job never names a file that
+    reads as 404. (The list is JSON text on both databases: `["file-..."]`.)"""
+    naming = session.scalars(
+        select(Job).where(
+            Job.owner_id == f.owner_id, cast(Job.result_files, Text).contains(f'"{f.id}"', autoescape=True)
+        )
+    ).all()
+    for job in naming:
+        job.result_files = [i for i in job.result_files or [] if i != f.id]
 
 
 def content_disposition(filename: str) -> str:
@@ -263,6 +282,8 @@ def delete_file(file_id: str, session: SessionDep, key: CurrentKey, store: BlobS
             param="file_id",
             code="file_in_use",
         )
+    if f.purpose == RESULTS_PURPOSE:
+        _drop_from_result_files(session, f)
     old_blob = f.blob_id
     if users:
         # Finished jobs still name this file: keep the row (marked deleted), free the bytes.

@@ -35,6 +35,7 @@ from api.deps import CurrentKey, SessionDep, SettingsDep
 from api.errors import APIError
 from api.hyperparams import HyperparameterError, Resolved, check_context, resolve
 from api.job_limits import JobTooLarge, check_job_limits
+from api.metadata_filter import MAX_VALUE_CHARS, metadata_conditions, parse_metadata_filter
 from api.queries import (
     AfterId,
     ModelRef,
@@ -279,17 +280,39 @@ def _undo_resume(session: Session, job: Job) -> None:
         jobstates.transition(session, job, JobStatus.PAUSED)
 
 
-@router.get("/jobs", response_model=ListEnvelope[FineTuningJob], summary="List your jobs, newest first")
+# `metadata[key]=value` is a deepObject query parameter, which FastAPI cannot declare itself
+METADATA_PARAMETER = {
+    "name": "metadata",
+    "in": "query",
+    "required": False,
+    "style": "deepObject",
+    "explode": True,
+    "description": "only jobs whose metadata holds every pair: metadata[key]=value (what the openai SDK "
+    "sends for jobs.list(metadata={...})); metadata=null: only jobs without metadata",
+    "schema": {"type": "object", "additionalProperties": {"type": "string", "maxLength": MAX_VALUE_CHARS}},
+}
+
+
+@router.get(
+    "/jobs",
+    response_model=ListEnvelope[FineTuningJob],
+    summary="List your jobs, newest first",
+    openapi_extra={"parameters": [METADATA_PARAMETER]},
+)
 def list_jobs(
+    request: Request,
     session: SessionDep,
     key: CurrentKey,
     after: AfterId = None,
     limit: Annotated[int, Query(ge=1, le=100, description="page size")] = 20,
     status: Annotated[JobStatus | None, Query(description="only jobs in this status")] = None,
 ) -> ListEnvelope[FineTuningJob]:
+    wanted = parse_metadata_filter(request.query_params.multi_items())
     q = select(Job).where(Job.owner_id == key.owner_id)
     if status:
         q = q.where(Job.status == status)
+    if wanted.given:
+        q = q.where(*metadata_conditions(wanted, session.get_bind().dialect.name))
     if after:
         cursor = session.scalar(select(Job).where(Job.id == after, Job.owner_id == key.owner_id))
         if cursor is None:
