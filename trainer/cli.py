@@ -28,7 +28,8 @@ def _add_train_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         allow_abbrev=False,
         usage="fromscratch train DATA --out DIR [options]  (see --help)",
         description="Train a LLaMA-architecture model from scratch. Writes OUT/metrics.jsonl, "
-        "OUT/checkpoints/step-XXXXXXXX/, OUT/best/ and OUT/final/.",
+        "OUT/checkpoints/step-XXXXXXXX/, OUT/best/, OUT/final/ and the --export-formats of the final "
+        "model in OUT/exports/ (model.gguf, hf/, model.onnx).",
     )
     p.add_argument("data", metavar="DATA", type=Path, help="training data: a UTF-8 text file or JSONL")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
@@ -151,6 +152,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"{result.stop_reason} at step {result.step} ({result.tokens_seen:,} tokens){val}; "
         f"checkpoint: {result.final_checkpoint}"
     )
+    if result.stop_reason in ("completed", "time_limit") and result.final_checkpoint is not None:
+        _write_exports(result.final_checkpoint, train_cfg.export_formats, args.out / "exports")
     if result.stop_reason == "completed" and args.samples > 0 and result.final_checkpoint is not None:
         from trainer.checkpoint import load_model
 
@@ -168,6 +171,18 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
             print(f"--- sample {i + 1} ---\n{prompt}{text}")
     return 0
+
+
+def _write_exports(ckpt: Path, formats: typing.Sequence[str], out_dir: Path) -> None:
+    """--export-formats of the final checkpoint into OUT/exports/ (model.gguf, hf/, model.onnx).
+    A format the model cannot be exported as is a warning: the trained model stands."""
+    from trainer.export.final import export_final
+
+    for fmt, written in export_final(ckpt, formats, out_dir).items():
+        if isinstance(written, Path):
+            print(f"export {fmt}: {written}")
+        else:
+            print(f"warning: no {fmt} export: {written}", file=sys.stderr)
 
 
 def _add_sample_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from trainer.config_errors import ConfigError, problems_from_validation
 
@@ -32,6 +32,19 @@ def _integral(value: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_integral)]
+
+
+def _distinct(values: list[Any]) -> list[Any]:
+    """A list field of choices is a set: each choice at most once (kept in the order given)."""
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+        raise ValueError(f"names {twice[0]!r} twice")
+    return values
+
+
+# A list field's items are a Literal's choices, each at most once (trainer.schema: kind "list").
+Distinct = AfterValidator(_distinct)
+ExportFormat = Literal["gguf", "hf", "onnx"]
 
 
 def param(
@@ -367,6 +380,13 @@ class TrainConfig(_Config):
         title="Checkpoints kept",
         ge=1,
         le=1000,
+    )
+    # exports of the final checkpoint (fromscratch train: OUT/exports/; a job: stored with its model)
+    export_formats: Annotated[list[ExportFormat], Distinct] = param(
+        ["gguf", "hf"],
+        "formats exported from the final model as training ends, the others on first download "
+        "(command line: comma-separated, none for no exports)",
+        title="Exports at the end",
     )
     # data sampling
     samples_after_nl: bool = param(

@@ -51,6 +51,10 @@ def _message(error: ErrorDetails, what: str) -> str:
         return f"must be a finite number, got {got}"
     if kind.startswith("bool_"):
         return f"must be true or false, got {got}"
+    if kind == "list_type":
+        return f"must be a list, got {got}"
+    if kind == "value_error":  # a validator's own ValueError: its message is already in words
+        return str(ctx.get("error", error["msg"]))
     if kind == "extra_forbidden":
         return f"unknown {what} field"
     return str(error["msg"])

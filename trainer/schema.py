@@ -5,6 +5,10 @@
 - `json_schema()`: the JSON Schema of a job's `hyperparameters` (GET /v1/fine_tuning/hyperparameters),
   which the dashboard renders its new-job form from.
 
+Kinds: int, float, bool, choice (a `Literal`) and list (`Annotated[list[Literal[...]], Distinct]`: a
+set of choices; on a command line comma-separated, `none` for the empty list; in JSON an array of
+the enum; in the form one checkbox per choice).
+
 Nothing here names a particular field except OpenAI's `learning_rate_multiplier` (an API alias that
 scales `learning_rate`; it has no trainer field). Import-light: no torch.
 """
@@ -24,7 +28,7 @@ from trainer.config import DEFAULT_PRESET, PRESETS, ModelConfig, TrainConfig, mo
 from trainer.config_errors import ConfigError, problems_from_validation
 
 Section = Literal["model", "train"]
-Kind = Literal["int", "float", "bool", "choice"]
+Kind = Literal["int", "float", "bool", "choice", "list"]  # list: a set of a Literal's choices
 
 # OpenAI's multiplier of the default learning rate: accepted by the API and `jobs create` only.
 LEARNING_RATE_MULTIPLIER = "learning_rate_multiplier"
@@ -53,7 +57,7 @@ class Hyperparameter:
 
     @property
     def python_type(self) -> type:
-        return {"int": int, "float": float, "bool": bool, "choice": str}[self.kind]
+        return {"int": int, "float": float, "bool": bool, "choice": str, "list": list}[self.kind]
 
 
 def _kind(annotation: Any) -> tuple[Kind, tuple[str, ...] | None, bool]:
@@ -64,6 +68,8 @@ def _kind(annotation: Any) -> tuple[Kind, tuple[str, ...] | None, bool]:
         annotation = next(a for a in args if a is not type(None))
     if get_origin(annotation) is Literal:
         return "choice", tuple(get_args(annotation)), nullable
+    if get_origin(annotation) is list:  # list[Literal[...]]: any of the choices, each at most once
+        return "list", tuple(get_args(get_args(annotation)[0])), nullable
     base = get_args(annotation)[0] if get_args(annotation) else annotation  # Annotated[int, ...] -> int
     kind: Kind = {bool: "bool", int: "int", float: "float"}[base]  # type: ignore[assignment]
     return kind, None, nullable
@@ -164,13 +170,20 @@ def cli_options() -> list[Hyperparameter]:
 
 
 # ------------------------------------------------------------------------------------ CLI options
+def shown_value(value: Any) -> str:
+    """A value as a command line takes it: a list as comma-separated choices (`none` when empty)."""
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value)) or "none"
+    return str(value)
+
+
 def default_text(h: Hyperparameter) -> str:
     if h.section == "model":
         shown = h.null_means if h.default is None else h.default
         return f"from the preset; {DEFAULT_PRESET}: {shown}"
     if h.default is None:
         return f"unset = {h.null_means}" if h.null_means else "unset"
-    return str(h.default)
+    return shown_value(h.default)
 
 
 def _number(kind: type, auto: bool) -> Callable[[str], Any]:
@@ -180,6 +193,25 @@ def _number(kind: type, auto: bool) -> Callable[[str], Any]:
         return "auto" if auto and text == "auto" else kind(text)
 
     parse.__name__ = kind.__name__  # argparse names the type in its error messages
+    return parse
+
+
+def _choice_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    """argparse type of a list option: comma-separated choices (`gguf,hf`); `none` or an empty
+    value is the empty list. A repeated choice is left for the config to refuse, naming the field."""
+
+    def parse(text: str) -> list[str]:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        if items == ["none"]:
+            return []
+        unknown = [item for item in items if item not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"{unknown[0]!r} is not one of {', '.join(choices)} (comma-separated; none for no items)"
+            )
+        return items
+
+    parse.__name__ = "list"
     return parse
 
 
@@ -203,6 +235,9 @@ def add_options(
         elif h.kind == "choice":
             assert h.choices is not None
             kwargs.update(choices=list(h.choices), metavar="|".join(h.choices))
+        elif h.kind == "list":
+            assert h.choices is not None
+            kwargs.update(type=_choice_list(h.choices), metavar=",".join(h.choices))
         else:
             kwargs.update(type=_number(h.python_type, accept_auto and h.accepts_auto), metavar=h.kind.upper())
         groups[h.section].add_argument(h.option, help=help_text, **kwargs)
@@ -210,7 +245,9 @@ def add_options(
 
 # ------------------------------------------------------------------------------------ JSON Schema
 def _property(h: Hyperparameter) -> dict[str, Any]:
-    json_type = {"int": "integer", "float": "number", "bool": "boolean", "choice": "string"}[h.kind]
+    json_type = {"int": "integer", "float": "number", "bool": "boolean", "choice": "string", "list": "array"}[
+        h.kind
+    ]
     prop: dict[str, Any] = {
         "title": h.title,
         "description": h.help,
@@ -222,7 +259,10 @@ def _property(h: Hyperparameter) -> dict[str, Any]:
         "x-advanced": h.advanced,
         "x-option": h.option,
     }
-    if h.choices is not None:
+    if h.kind == "list":
+        assert h.choices is not None
+        prop |= {"items": {"type": "string", "enum": list(h.choices)}, "uniqueItems": True}
+    elif h.choices is not None:
         prop["enum"] = list(h.choices)
     if h.null_means is not None:
         prop["x-null-means"] = h.null_means
@@ -235,7 +275,16 @@ def _property(h: Hyperparameter) -> dict[str, Any]:
     return prop
 
 
-_TYPE_KEYS = {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum"}
+_TYPE_KEYS = {
+    "type",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "enum",
+    "items",
+    "uniqueItems",
+}
 
 
 def json_schema() -> dict[str, Any]:

@@ -42,7 +42,8 @@ def _option_line(help_text: str, option: str) -> str:
 
 
 def _shown(value: Any) -> str:
-    return str(value)
+    """A default as a help text shows it (a list comma-separated, as the option takes it)."""
+    return schema.shown_value(value)
 
 
 def test_every_config_field_is_in_the_clis_the_served_schema_and_the_form(
@@ -76,7 +77,7 @@ def test_every_config_field_is_in_the_clis_the_served_schema_and_the_form(
             assert served["properties"].get(h.name, {}).get("x-section") != h.section, h.name
             continue
         line = _option_line(jobs_help, h.option)
-        assert str(h.null_means if expected is None else expected) in line, (h.name, line)
+        assert str(h.null_means if expected is None else _shown(expected)) in line, (h.name, line)
         prop = served["properties"][h.name]
         assert prop["default"] == expected and prop["description"] == h.help, (h.name, prop)
         assert prop["x-option"] == h.option

@@ -7,9 +7,16 @@ import { defaultPreset, defaultValue, schemaFields } from "./schema.js";
 
 export const fieldId = (name) => `hp-${name}`;
 
-/** The control of one field: a select (choice), a checkbox (bool) or a text box (numbers, "auto"). */
+/** The control of one field: a select (choice), a checkbox (bool), a group of checkboxes (list: a
+ *  set of choices) or a text box (numbers, "auto"). */
 function control(f) {
   const attrs = { id: fieldId(f.name), name: f.name, "aria-describedby": `help-${f.name} err-${f.name}` };
+  if (f.kind === "list") {
+    return el("div", { id: attrs.id, class: "choices", role: "group", tabindex: -1,
+      "aria-labelledby": `label-${f.name}`, "aria-describedby": attrs["aria-describedby"] },
+    f.choices.map((c) => el("label", { class: "choice" },
+      el("input", { type: "checkbox", id: `${attrs.id}-${c}`, name: f.name, value: c }), c)));
+  }
   if (f.kind === "choice") {
     const empty = f.default === null ? el("option", { value: "" }, f.nullMeans || "default") : null;
     return el("select", attrs, empty, f.choices.map((c) => el("option", { value: c }, c)));
@@ -21,6 +28,7 @@ function control(f) {
 
 /** The typed value of a control: null when left empty (the default applies). */
 function parse(f, input) {
+  if (f.kind === "list") return [...input.querySelectorAll("input:checked")].map((box) => box.value);
   if (f.kind === "bool") return input.checked;
   if (f.kind === "choice") return input.value === "" ? null : input.value;
   const text = input.value.trim();
@@ -31,6 +39,11 @@ function parse(f, input) {
 }
 
 const shown = (value) => (value === null || value === undefined ? "" : String(value));
+
+/** Two values of a field are the same; lists are sets (the order of their choices does not matter). */
+const same = (a, b) => (Array.isArray(a) && Array.isArray(b)
+  ? a.length === b.length && a.every((x) => b.includes(x))
+  : a === b);
 
 /** schema: the served JSON Schema; errors: FieldErrors. */
 export function hyperparameterFields({ schema, errors }) {
@@ -47,7 +60,10 @@ export function hyperparameterFields({ schema, errors }) {
     const wrap = el("div", { class: f.kind === "bool" ? "field field-check" : "field", title: text || null,
       dataset: { field: f.name, kind: f.kind } });
     if (f.kind === "bool") wrap.append(input, el("label", { for: input.id }, f.label));
-    else wrap.append(el("label", { for: input.id }, f.label, el("span", { class: "param-name" }, f.name)), input);
+    else if (f.kind === "list") {
+      wrap.append(el("span", { class: "label", id: `label-${f.name}` }, f.label,
+        el("span", { class: "param-name" }, f.name)), input);
+    } else wrap.append(el("label", { for: input.id }, f.label, el("span", { class: "param-name" }, f.name)), input);
     wrap.append(help, errors.slot(f.name, input));
     return wrap;
   }
@@ -57,7 +73,9 @@ export function hyperparameterFields({ schema, errors }) {
     const input = inputs.get(f.name);
     const d = defaultValue(schema, f, preset);
     if (f.kind === "bool") input.checked = !!d;
-    else if (f.kind === "choice") input.value = shown(d);
+    else if (f.kind === "list") {
+      for (const box of input.querySelectorAll("input")) box.checked = (d || []).includes(box.value);
+    } else if (f.kind === "choice") input.value = shown(d);
     else {
       input.value = shown(d);
       input.placeholder = d === null || d === undefined ? f.nullMeans || "default" : "";
@@ -67,6 +85,7 @@ export function hyperparameterFields({ schema, errors }) {
 
   const untouched = (f) => {
     const input = inputs.get(f.name);
+    if (f.kind === "list") return same(parse(f, input), defaultValue(schema, f, preset) || []);
     return f.kind === "bool" ? input.checked === (input.dataset.default === "true") : input.value === input.dataset.default;
   };
 
@@ -94,7 +113,7 @@ export function hyperparameterFields({ schema, errors }) {
       const out = {};
       for (const f of fields) {
         const value = parse(f, inputs.get(f.name));
-        if (value === null || value === (defaultValue(schema, f, preset) ?? null)) continue;
+        if (value === null || same(value, defaultValue(schema, f, preset) ?? null)) continue;
         out[f.name] = value;
       }
       return out;

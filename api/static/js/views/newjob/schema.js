@@ -8,8 +8,8 @@ export function schemaFields(schema) {
     name,
     label: p.title || name,
     help: p.description || "",
-    kind: p["x-kind"], // int | float | bool | choice
-    choices: p.enum || [],
+    kind: p["x-kind"], // int | float | bool | choice | list (a set of choices: an array of an enum)
+    choices: p.enum || (p.items && p.items.enum) || [],
     default: p.default ?? null,
     architecture: p["x-section"] === "model", // its default follows the preset
     advanced: !!p["x-advanced"],
