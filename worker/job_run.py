@@ -33,6 +33,7 @@ from worker.job_inputs import JobSnapshot, TrainingInputs, prepare_inputs
 from worker.lease import LeaseLost, lock_held_job
 from worker.metric_rows import delete_metrics_after
 from worker.process import Resources, shutdown_event
+from worker.result_file import write_result_file
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +224,7 @@ class JobRun:
             transition(
                 session, job, JobStatus.SUCCEEDED, fine_tuned_model=model_id, step=step, trained_tokens=tokens
             )
+            write_result_file(session, self.store, job)  # the results CSV commits with the success
 
         store_checkpoint(
             self.sf,
