@@ -1,12 +1,13 @@
 """The FastAPI application: `create_app(settings=None)` (uvicorn: `--factory api.main:create_app`).
 
 State on `app.state`: `settings`, `engine`, `session_factory`, `blobstore`, `celery`, plus
-`registry` (Prometheus), `model_cache` (loaded models for /generate), `rate_limiter` (requests
-per key, api/rate_limit.py), `api_routes` (the routes of the routers below: api/openapi.py
-documents them, api/errors.py answers a 405 with their methods).
+`registry` (Prometheus), `rate_limiter` (requests per key, api/rate_limit.py), `api_routes` (the
+routes of the routers below: api/openapi.py documents them, api/errors.py answers a 405 with their
+methods). No model is ever loaded here: completions run in the inference workers.
 
 Routers, one per resource: files, jobs (+ presets), statuses, events (events, metrics, SSE stream),
-checkpoints, models (+ content, generate), health (healthz, readyz, metrics). The dashboard's
+checkpoints, models (+ content), completions (completions, chat completions, generate: run by the
+inference workers, api/inference.py), health (healthz, readyz, metrics). The dashboard's
 static files (`api/static/`) are mounted at `/` after the routers, so every API path wins.
 Every error is JSON in OpenAI's envelope (api/errors.py).
 """
@@ -26,13 +27,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.db_errors import install_database_error_handler
 from api.errors import ERROR_RESPONSES, install_error_handlers
-from api.generation import ModelCache
 from api.logs import install_log_redaction
 from api.openapi import api_routes, install_openapi
 from api.rate_limit import RateLimiter
 from api.request_text import TextURLMiddleware
 from api.response_headers import ResponseHeadersMiddleware
-from api.routes import checkpoints, events, files, health, hyperparameters, jobs, models, statuses
+from api.routes import (
+    checkpoints,
+    completions,
+    events,
+    files,
+    health,
+    hyperparameters,
+    jobs,
+    models,
+    statuses,
+)
 from core.settings import Settings, get_settings
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -115,7 +125,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = session_factory
     app.state.blobstore = blobstore_from_settings(settings, session_factory)
     app.state.celery = celery
-    app.state.model_cache = ModelCache()
     app.state.rate_limiter = RateLimiter.from_settings(settings)
     registry, latency = health.make_registry(session_factory)
     app.state.registry = registry
@@ -126,10 +135,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(TextURLMiddleware)  # a URL holding NUL is a 400 (api/request_text.py)
     app.add_middleware(LatencyMiddleware, histogram=latency)
     app.add_middleware(ResponseHeadersMiddleware)  # outermost: x-request-id, x-should-retry, Retry-After
-    routers = [
-        module.router
-        for module in (health, files, jobs, hyperparameters, statuses, events, checkpoints, models)
-    ]
+    modules = (health, files, jobs, hyperparameters, statuses, events, checkpoints, models, completions)
+    routers = [module.router for module in modules]
     for router in routers:
         app.include_router(router)
     app.state.api_routes = list(api_routes(routers))  # for 405's Allow (api/errors.py)

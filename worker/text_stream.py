@@ -9,7 +9,8 @@ Two things make the newest text not final yet:
 - the text could be the beginning of a stop sequence: the longest tail of it that is a prefix of
   one is held back until the next tokens tell. When a stop sequence appears, the text before it
   is the output and the stop sequence itself is not.
-What `push` and `finish` return is never taken back, so it can be published at once.
+What `push` and `finish` return is never taken back, so it can be published at once. A NUL
+character becomes U+FFFD as well: no text of this service holds one (PostgreSQL text cannot).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class TextStream:
         return self._release(self._decoder.decode(b"", final=True), final=True)
 
     def _release(self, text: str, final: bool) -> str:
-        pending = self._pending + text
+        pending = self._pending + text.replace("\x00", "\ufffd")
         cut = first_stop(pending, self.stops)
         if cut is not None:
             self.stopped = True

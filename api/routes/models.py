@@ -1,10 +1,10 @@
-"""/v1/models: your finished models and checkpoints (not deleted), download, generate, delete.
+"""/v1/models: your finished models and checkpoints (not deleted), download, delete.
 
 Model ids contain colons (`ft:llama-tiny:abc123:ckpt-step-50`), so the routes use `{model_id:path}`;
-the `/content` and `/generate` routes are registered before the bare one so their suffix is not
-swallowed into the id. DELETE hides the model for good (a `deleted_models` row: 404 everywhere
-afterwards, no longer a base for new jobs) and frees its exports; a checkpoint's bytes stay
-while its job still lists them.
+the `/content` route is registered before the bare one so its suffix is not swallowed into the id
+(`/generate`, a POST the bare GET/DELETE never take, is in api/routes/completions.py). DELETE hides
+the model for good (a `deleted_models` row: 404 everywhere afterwards, no longer a base for new
+jobs) and frees its exports; a checkpoint's bytes stay while its job still lists them.
 """
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
-from api.errors import APIError, quote_input
 from api.exports import ExportDtype, ExportFormat, delete_exports, prepare_download
-from api.generation import generate_text
 from api.queries import ModelRef, is_deleted, owned_model
-from api.request_models import GenerateRequest
 from api.request_text import json_router
 from api.routes.files import content_disposition
-from api.schemas import Deleted, GenerateResponse, ListEnvelope, Model, unix
+from api.schemas import Deleted, ListEnvelope, Model, unix
 from core.models import Checkpoint, DeletedModel, Job
 from core.naming import root_preset
 from core.status import JobStatus
@@ -115,53 +112,6 @@ def model_content(
         headers={
             "Content-Length": str(download.size),
             "Content-Disposition": content_disposition(download.filename),
-        },
-    )
-
-
-@router.post(
-    "/models/{model_id:path}/generate",
-    response_model=GenerateResponse,
-    summary="Generate text from a model or checkpoint",
-)
-def generate(
-    model_id: str,
-    body: GenerateRequest,
-    request: Request,
-    session: SessionDep,
-    key: CurrentKey,
-    store: BlobStoreDep,
-    settings: SettingsDep,
-) -> GenerateResponse:
-    ref = owned_model(session, key.owner_id, model_id)
-    if ref.checkpoint is None:
-        raise APIError(
-            404,
-            f"Model {quote_input(model_id)} has no stored weights.",
-            param="model",
-            code="model_not_found",
-        )
-    blob_id = ref.checkpoint.blob_id
-    session.commit()
-    text, n_prompt, n_completion = generate_text(
-        request.app.state.model_cache,
-        blob_id,
-        store,
-        settings.work_path,
-        prompt=body.prompt,
-        max_tokens=body.max_tokens,
-        temperature=body.temperature,
-        top_k=body.top_k,
-        top_p=body.top_p,
-        seed=body.seed,
-    )
-    return GenerateResponse(
-        model=model_id,
-        text=text,
-        usage={
-            "prompt_tokens": n_prompt,
-            "completion_tokens": n_completion,
-            "total_tokens": n_prompt + n_completion,
         },
     )
 

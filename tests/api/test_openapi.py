@@ -10,7 +10,17 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from api.request_text import CheckedJSONRoute
-from api.routes import checkpoints, events, files, health, hyperparameters, jobs, models, statuses
+from api.routes import (
+    checkpoints,
+    completions,
+    events,
+    files,
+    health,
+    hyperparameters,
+    jobs,
+    models,
+    statuses,
+)
 
 ENVELOPE = {"$ref": "#/components/schemas/ErrorResponse"}
 OPEN = {"/healthz", "/readyz", "/metrics"}
@@ -64,6 +74,8 @@ def test_every_operation_documents_its_4xx_with_the_envelope(spec: dict[str, Any
         ("GET", "/v1/fine_tuning/jobs/{job_id}/metrics"): {"400", "401", "404", "429"},
         ("GET", "/v1/fine_tuning/jobs/{job_id}/stream"): {"400", "401", "404", "429"},
         ("POST", "/v1/models/{model_id}/generate"): {"400", "401", "404", "413", "429"},
+        ("POST", "/v1/completions"): {"400", "401", "404", "413", "429"},
+        ("POST", "/v1/chat/completions"): {"400", "401", "404", "413", "429"},
         ("GET", "/healthz"): set(),
     }
     for method, path, op in operations(spec):
@@ -98,14 +110,19 @@ def test_links_name_real_operations(spec: dict[str, Any]) -> None:
 def test_every_route_with_a_json_body_checks_it() -> None:
     """Routes that take a JSON body are CheckedJSONRoutes (api/request_text.py): their strings are
     checked once for lone surrogates and their size is bounded."""
-    routers = (health, files, jobs, hyperparameters, statuses, events, checkpoints, models)
+    routers = (health, files, jobs, hyperparameters, statuses, events, checkpoints, models, completions)
     with_body = [
         route
         for module in routers
         for route in module.router.routes
         if isinstance(route, APIRoute) and route.body_field is not None
     ]
-    assert {r.path for r in with_body} >= {"/v1/fine_tuning/jobs", "/v1/models/{model_id:path}/generate"}
+    assert {r.path for r in with_body} >= {
+        "/v1/fine_tuning/jobs",
+        "/v1/models/{model_id:path}/generate",
+        "/v1/completions",
+        "/v1/chat/completions",
+    }
     assert all(isinstance(r, CheckedJSONRoute) for r in with_body), [
         r.path for r in with_body if not isinstance(r, CheckedJSONRoute)
     ]

@@ -32,6 +32,11 @@ def test_bytes_that_never_form_a_character_become_replacement_characters() -> No
     assert out[-1] == "\ufffd"  # the unfinished character at the end, flushed by finish()
 
 
+def test_nul_becomes_a_replacement_character() -> None:
+    out, _ = run([b"a\x00", b"\x00b"], [])
+    assert "".join(out) == "a\ufffd\ufffdb"
+
+
 def test_a_stop_sequence_cuts_the_text_and_is_left_out() -> None:
     out, stopped = run([b"Hello", b" wor", b"ld", b"!"], ["world"])
     assert stopped and "".join(out) == "Hello "
@@ -65,13 +70,13 @@ def test_a_stop_sequence_inside_a_multibyte_character_stream() -> None:
 
 def test_published_text_equals_the_decoded_text_cut_at_the_first_stop() -> None:
     rng = random.Random(7)
-    alphabet = "ab€\n<|é".encode() + b"\xff\xc3"
+    alphabet = "ab€\n<|é".encode() + b"\xff\xc3\x00"
     for _ in range(500):
         data = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
         cuts = sorted(rng.sample(range(len(data) + 1), k=min(len(data), rng.randint(0, 10))))
         chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
         stops = rng.sample(["\n<|", "b€", "aa", "é\n", "\ufffda"], k=rng.randint(0, 3))
-        decoded = data.decode("utf-8", errors="replace")
+        decoded = data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
         cut = first_stop(decoded, stops)
         out, stopped = run(chunks, stops)
         assert "".join(out) == (decoded if cut is None else decoded[:cut]), (data, chunks, stops)

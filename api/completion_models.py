@@ -1,0 +1,300 @@
+"""The bodies of `POST /v1/completions` and `POST /v1/chat/completions` and their answers, in OpenAI's
+shapes (so the `openai` SDK sends and parses them unchanged).
+
+Requests refuse unknown fields (400 "Unrecognized request argument", naming it). OpenAI's fields
+this service does not implement are accepted at their default values only; any other value is a
+400 naming the field (`unsupported()`, code `unsupported_parameter`): logprobs, echo, best_of > 1,
+suffix, logit_bias, presence/frequency_penalty != 0, and for chat tools and response formats
+other than text. `n` must be 1. `user` and `metadata` are accepted and ignored. `top_k` is our
+extension (OpenAI has none).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from api.request_models import INT64_MAX, INT64_MIN, MAX_PROMPT_CHARS
+
+MAX_STOP_SEQUENCES = 4
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 1024
+FinishReason = Literal["stop", "length"]
+
+
+def _one_prompt(value: Any) -> Any:
+    """OpenAI takes a prompt or a batch of them; one prompt, alone or in a list of one, is served."""
+    if isinstance(value, list):
+        if len(value) == 1 and isinstance(value[0], str):
+            return value[0]
+        raise PydanticCustomError(
+            "prompt_batch",
+            "expected a string (or a list of exactly one string): one prompt per request here; "
+            "token-id prompts are not supported",
+        )
+    return value
+
+
+def _stop_list(value: Any) -> Any:
+    """`stop`: a string or a list of up to MAX_STOP_SEQUENCES strings; always a list here."""
+    if isinstance(value, str):
+        return [value]
+    return value
+
+
+def _text_content(value: Any) -> Any:
+    """A message's content: a string, or a list of text parts ({"type": "text", "text": ...})."""
+    if isinstance(value, list):
+        texts = []
+        for part in value:
+            if not (
+                isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            ):
+                raise PydanticCustomError(
+                    "content_parts", 'expected a string or a list of {"type": "text", "text": string} parts'
+                )
+            texts.append(part["text"])
+        return "".join(texts)
+    return value
+
+
+Prompt = Annotated[str, BeforeValidator(_one_prompt), Field(max_length=MAX_PROMPT_CHARS)]
+Stop = Annotated[
+    list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]] | None,
+    BeforeValidator(_stop_list),
+    Field(
+        max_length=MAX_STOP_SEQUENCES,
+        description="up to 4 sequences where generation stops; the text returned does not contain them",
+    ),
+]
+Seed = Annotated[
+    int | None, Field(ge=INT64_MIN, le=2**64 - 1, description="the same seed gives the same text")
+]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool | None = Field(None, description="send a last chunk with `usage` before [DONE]")
+    include_obfuscation: bool | None = Field(None, description="accepted and ignored")
+
+
+class SamplingFields(BaseModel):
+    """What both endpoints take."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str = Field(min_length=1, max_length=256, description="a fine-tuned model or checkpoint id")
+    max_tokens: int | None = Field(
+        None, ge=1, le=INT64_MAX, description="tokens to generate at most (the server bounds it)"
+    )
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="0 is greedy decoding (default 1)")
+    top_p: float | None = Field(None, ge=0.0, le=1.0, description="nucleus sampling (default 1)")
+    top_k: int | None = Field(
+        None, ge=1, le=INT64_MAX, description="our extension: sample from the k likeliest"
+    )
+    n: int | None = Field(None, ge=1, le=128, description="only 1 is supported")
+    seed: Seed = None
+    stop: Stop = None
+    stream: bool | None = Field(None, description="answer Server-Sent Events, each a chunk of the completion")
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="only 0 is supported")
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="only 0 is supported")
+    logit_bias: dict[str, float] | None = Field(None, description="not supported: leave out or {}")
+    user: str | None = Field(None, max_length=256, description="accepted and ignored")
+
+    @field_validator("n")
+    @classmethod
+    def _only_one(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise PydanticCustomError("n_unsupported", "only n=1 is supported: one completion per request")
+        return value
+
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, message) of the first OpenAI feature asked for that this service lacks."""
+        for field in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, field) not in (None, 0):
+                return field, f"{field} is not supported: leave it out or 0"
+        if self.logit_bias:
+            return "logit_bias", "logit_bias is not supported: leave it out or {}"
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "stream_options is only allowed when stream is true"
+        return None
+
+    def sampling_params(self) -> dict[str, Any]:
+        """temperature, top_p, top_k, seed, stop as the inference worker reads them (OpenAI's
+        defaults filled in; a top_p of 0 keeps only the likeliest token: greedy)."""
+        temperature = 1.0 if self.temperature is None else self.temperature
+        top_p = None if self.top_p in (None, 1.0) else self.top_p
+        if top_p == 0:
+            temperature, top_p = 0.0, None
+        return {
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "stop": [s for s in self.stop or [] if s],
+        }
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [{"model": "ft:llama-tiny:abc123", "prompt": "ROMEO:", "max_tokens": 32}]
+        },
+    )
+
+    prompt: Prompt = ""
+    max_tokens: int | None = Field(
+        16, ge=1, le=INT64_MAX, description="tokens to generate at most (default 16)"
+    )
+    logprobs: int | None = Field(None, ge=0, le=5, description="not supported: leave out")
+    echo: bool | None = Field(None, description="only false is supported")
+    best_of: int | None = Field(None, ge=1, le=20, description="only 1 is supported")
+    suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description="not supported: leave out")
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.logprobs is not None:
+            return "logprobs", "logprobs is not supported: leave it out"
+        if self.echo:
+            return "echo", "echo is not supported: leave it out or false"
+        if self.best_of not in (None, 1):
+            return "best_of", "best_of is not supported: leave it out or 1"
+        if self.suffix:
+            return "suffix", "suffix (insertion) is not supported: leave it out"
+        return super().unsupported()
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: Annotated[str, BeforeValidator(_text_content)] = Field(max_length=MAX_PROMPT_CHARS)
+    name: str | None = Field(None, max_length=256, description="accepted and ignored")
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: str = Field(max_length=64)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {"model": "ft:llama-tiny:abc123", "messages": [{"role": "user", "content": "Hello"}]}
+            ]
+        },
+    )
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: int | None = Field(
+        None, ge=1, le=INT64_MAX, description="tokens to generate at most (max_tokens is the older name)"
+    )
+    logprobs: bool | None = Field(None, description="only false is supported")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="not supported: leave out")
+    response_format: ResponseFormat | None = Field(None, description='only {"type": "text"} is supported')
+    tools: list[dict[str, Any]] | None = Field(
+        None, max_length=128, description="not supported: leave out or []"
+    )
+    tool_choice: Any = Field(None, description='only "none" is supported')
+    parallel_tool_calls: bool | None = Field(None, description="accepted and ignored (no tools)")
+    store: bool | None = Field(None, description="only false is supported (nothing is stored)")
+    metadata: dict[str, str] | None = Field(None, max_length=16, description="accepted and ignored")
+
+    @field_validator("messages")
+    @classmethod
+    def _bounded(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        total = sum(len(m.content) for m in messages)
+        if total > MAX_PROMPT_CHARS:
+            raise PydanticCustomError(
+                "messages_too_long",
+                "the messages hold {total} characters of content; at most {limit} are accepted",
+                {"total": total, "limit": MAX_PROMPT_CHARS},
+            )
+        return messages
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.logprobs:
+            return "logprobs", "logprobs is not supported: leave it out or false"
+        if self.top_logprobs is not None:
+            return "top_logprobs", "top_logprobs is not supported: leave it out"
+        if self.response_format is not None and self.response_format.type != "text":
+            return "response_format", 'only response_format {"type": "text"} is supported'
+        if self.tools:
+            return "tools", "tools are not supported: leave them out"
+        if self.tool_choice not in (None, "none"):
+            return "tool_choice", "tool_choice is not supported: leave it out or none"
+        if self.store:
+            return "store", "store is not supported: leave it out or false"
+        return super().unsupported()
+
+    def limit(self) -> tuple[str, int | None]:
+        """(the field that bounds the reply, its value): max_completion_tokens wins over max_tokens."""
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
+
+
+# ------------------------------------------------------------------------------------------ answers
+class Usage(BaseModel):
+    prompt_tokens: int = Field(description="tokens of the prompt as the model's tokenizer encodes it")
+    completion_tokens: int = Field(description="tokens generated")
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    text: str
+    index: int = 0
+    logprobs: None = None
+    finish_reason: FinishReason | None = Field(description="stop: EOS or a stop sequence; length: max_tokens")
+
+
+class Completion(BaseModel):
+    """A text completion (a chunk of one when streamed: same shape, `usage` only in the last)."""
+
+    id: str = Field(description="cmpl-...")
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: None = None
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(BaseModel):
+    id: str = Field(description="chatcmpl-...")
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChoice]
+    usage: Usage

@@ -1,0 +1,238 @@
+"""Completions through the inference workers. Torch-free: the API process never loads a model.
+
+`start_inference` inserts an `inference_requests` row (the owner, the model id, its checkpoint blob,
+the params the worker reads), commits, sends its id to the `inference` queue
+(core.broker.send_to_inference_worker) and waits until a worker has taken it (`queued` ->
+`running`). No worker within `inference_wait_seconds`: the row is deleted (only while still
+`queued`, so a worker that took it that instant keeps it) and the answer is 503
+`no_inference_worker`. The broker unreachable: the row is deleted, 503 `broker_unavailable`.
+
+`InferenceRun.deltas()` then polls the row every POLL_SECONDS (each read is a short query in a
+thread, never on the event loop) and yields what the worker appended to `output` (final text: the
+worker holds back what a stop sequence could still take); when the row is `done` it sets
+`result` (finish reason, token counts). `failed` is a 500 `inference_failed` with the worker's
+message. `close()` deletes the row, whatever happened: at the end, on an error, when the client
+went away (the route checks `request.is_disconnected()` between polls); a worker still generating
+notices the missing row at its next write and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from fastapi import FastAPI
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from api.errors import APIError, quote_input
+from api.queries import owned_model
+from core.models import InferenceRequest
+from core.settings import Settings
+
+log = logging.getLogger("fromscratch.api")
+
+POLL_SECONDS = 0.05
+# past inference_wait_seconds + max_inference_seconds, a worker that took the request died with it
+RESULT_GRACE_SECONDS = 30.0
+WORKER_HINT = "start one with `fromscratch worker --queues inference` (`fromscratch serve` runs one)"
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class RowState:
+    status: str
+    new_output: str  # what was appended to `output` after the characters already relayed
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None
+
+
+class ClientGone(Exception):
+    """The client disconnected while its completion was being generated."""
+
+
+class InferenceRun:
+    def __init__(self, app: FastAPI, row_id: str) -> None:
+        self.factory: sessionmaker[Session] = app.state.session_factory
+        self.settings: Settings = app.state.settings
+        self.id = row_id
+        self.relayed = 0  # characters of `output` yielded so far
+        self.result: InferenceResult | None = None
+        self.started = time.monotonic()
+        self.closed = False
+
+    # ------------------------------------------------------------------------------ waiting
+    async def wait_taken(self) -> None:
+        """Until a worker took the row; 503 `no_inference_worker` after inference_wait_seconds."""
+        deadline = self.started + self.settings.inference_wait_seconds
+        while True:
+            status = await run_in_threadpool(self._status)
+            if status != "queued":
+                return
+            if time.monotonic() >= deadline:
+                if await run_in_threadpool(self._withdraw_queued):
+                    wait = self.settings.inference_wait_seconds
+                    raise APIError(
+                        503,
+                        f"No inference worker took the request within {wait:g} s "
+                        f"(inference_wait_seconds): {WORKER_HINT}.",
+                        code="no_inference_worker",
+                    )
+                return  # taken in the meantime
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def deltas(self, is_disconnected: Any = None) -> AsyncIterator[str]:
+        """The text the worker appends, as it comes; sets `result` when done. `is_disconnected`
+        (an async callable) is asked between polls: a client gone raises ClientGone."""
+        settings = self.settings
+        deadline = (
+            self.started
+            + settings.inference_wait_seconds
+            + settings.max_inference_seconds
+            + RESULT_GRACE_SECONDS
+        )
+        while True:
+            state = await run_in_threadpool(self._read)
+            if state is None:
+                raise APIError(
+                    500, "The completion was withdrawn before it finished.", code="inference_failed"
+                )
+            if state.new_output:
+                self.relayed += len(state.new_output)
+                yield state.new_output
+            if state.status == "done":
+                self.result = InferenceResult(
+                    state.finish_reason or "stop", state.prompt_tokens, state.completion_tokens
+                )
+                return
+            if state.status == "failed":
+                raise APIError(
+                    500,
+                    f"The inference worker could not complete the request: {quote_input(state.error, 500)}",
+                    code="inference_failed",
+                )
+            if time.monotonic() >= deadline:
+                raise APIError(
+                    503,
+                    "The inference worker stopped answering (it may have been restarted); try again.",
+                    code="inference_worker_lost",
+                )
+            if is_disconnected is not None and await is_disconnected():
+                raise ClientGone(self.id)
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def close(self) -> None:
+        """Delete the row (also while the request is being cancelled: shielded)."""
+        if self.closed:
+            return
+        self.closed = True
+        with anyio.CancelScope(shield=True):
+            await run_in_threadpool(self._delete)
+
+    # ------------------------------------------------------------------------- database (threads)
+    def _status(self) -> str | None:
+        with self.factory() as session:
+            return session.scalar(select(InferenceRequest.status).where(InferenceRequest.id == self.id))
+
+    def _read(self) -> RowState | None:
+        with self.factory() as session:
+            row = session.execute(
+                select(
+                    InferenceRequest.status,
+                    func.substr(InferenceRequest.output, self.relayed + 1),
+                    InferenceRequest.finish_reason,
+                    InferenceRequest.prompt_tokens,
+                    InferenceRequest.completion_tokens,
+                    InferenceRequest.error,
+                ).where(InferenceRequest.id == self.id)
+            ).one_or_none()
+        if row is None:
+            return None
+        return RowState(row[0], row[1] or "", row[2], row[3], row[4], row[5])
+
+    def _withdraw_queued(self) -> bool:
+        with self.factory() as session:
+            result = session.execute(
+                delete(InferenceRequest).where(
+                    InferenceRequest.id == self.id, InferenceRequest.status == "queued"
+                )
+            )
+            session.commit()
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+    def _delete(self) -> None:
+        with self.factory() as session:
+            session.execute(delete(InferenceRequest).where(InferenceRequest.id == self.id))
+            session.commit()
+
+
+def _insert(factory: sessionmaker[Session], owner_id: str, model_id: str, params: dict[str, Any]) -> str:
+    with factory() as session:
+        ref = owned_model(session, owner_id, model_id)
+        if ref.checkpoint is None:
+            raise APIError(
+                404,
+                f"Model {quote_input(model_id)} has no stored weights.",
+                param="model",
+                code="model_not_found",
+            )
+        row = InferenceRequest(
+            owner_id=owner_id, model_id=ref.id, blob_id=ref.checkpoint.blob_id, params=params
+        )
+        session.add(row)
+        session.commit()
+        return row.id
+
+
+def _send(app: FastAPI, row_id: str) -> None:
+    from core.broker import INFERENCE_TASK, send_to_inference_worker
+
+    send_to_inference_worker(app.state.celery, INFERENCE_TASK, row_id)
+
+
+async def start_inference(app: FastAPI, owner_id: str, model_id: str, params: dict[str, Any]) -> InferenceRun:
+    """Insert the request, send it and wait until a worker took it (see the module docstring)."""
+    row_id = await run_in_threadpool(_insert, app.state.session_factory, owner_id, model_id, params)
+    run = InferenceRun(app, row_id)
+    try:
+        try:
+            await run_in_threadpool(_send, app, row_id)
+        except Exception as e:  # noqa: BLE001 - any broker failure
+            log.warning("could not send inference request %s: %s", row_id, e)
+            raise APIError(
+                503,
+                f"The request could not be sent to an inference worker: the broker is unreachable "
+                f"({type(e).__name__}). Try again later (GET /readyz shows when the service is ready).",
+                code="broker_unavailable",
+            ) from e
+        await run.wait_taken()
+    except BaseException:
+        await run.close()
+        raise
+    return run
+
+
+async def collect(run: InferenceRun, is_disconnected: Any = None) -> tuple[str, InferenceResult]:
+    """The whole completion (the row is deleted afterwards)."""
+    parts: list[str] = []
+    try:
+        async for delta in run.deltas(is_disconnected):
+            parts.append(delta)
+    finally:
+        await run.close()
+    assert run.result is not None
+    return "".join(parts), run.result

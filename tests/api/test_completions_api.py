@@ -1,0 +1,122 @@
+"""/v1/completions, /v1/chat/completions and /generate in the API process alone (real PostgreSQL and
+Redis, no inference worker): what is refused before anything is queued (400 naming the field, 404 for
+a model that is not yours), and what happens when no worker takes the request (503
+`no_inference_worker`) or the broker is down (503 `broker_unavailable`) — the request's row is gone
+either way. Completions themselves: tests/api/test_inference_service.py and tests/e2e/test_completions.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from core.models import InferenceRequest
+from core.settings import Settings
+from tests.api.conftest import Factory, Tenant, count
+from tests.api.test_errors import assert_envelope
+from tests.api.test_models import tiny_checkpoint_tar  # noqa: F401 - a fixture, used below
+
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
+@pytest.fixture
+def model_id(factory: Factory, tenant: Tenant, tiny_checkpoint_tar: bytes) -> str:  # noqa: F811
+    return factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)[1]
+
+
+def chat_body(model: str, **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "Hi"}], **extra}
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "param"),
+    [
+        (COMPLETIONS, {"n": 2}, "n"),
+        (CHAT, {"n": 3}, "n"),
+        (COMPLETIONS, {"max_tokens": 0}, "max_tokens"),
+        (COMPLETIONS, {"max_tokens": 2049}, "max_tokens"),  # past max_completion_tokens (2048)
+        (CHAT, {"max_completion_tokens": 5000}, "max_completion_tokens"),
+        (CHAT, {"max_tokens": 5000}, "max_tokens"),
+        (COMPLETIONS, {"prompt": ["one", "two"]}, "prompt"),
+        (COMPLETIONS, {"prompt": [1, 2, 3]}, "prompt"),
+        (COMPLETIONS, {"prompt": "x" * 200_001}, "prompt"),
+        (COMPLETIONS, {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        (COMPLETIONS, {"stop": 5}, "stop"),
+        (COMPLETIONS, {"temperature": 2.5}, "temperature"),
+        (COMPLETIONS, {"top_p": 1.5}, "top_p"),
+        (COMPLETIONS, {"seed": 2**64}, "seed"),
+        (COMPLETIONS, {"logprobs": 1}, "logprobs"),
+        (COMPLETIONS, {"echo": True}, "echo"),
+        (COMPLETIONS, {"best_of": 2}, "best_of"),
+        (COMPLETIONS, {"suffix": "end"}, "suffix"),
+        (COMPLETIONS, {"logit_bias": {"50256": -100}}, "logit_bias"),
+        (COMPLETIONS, {"presence_penalty": 0.5}, "presence_penalty"),
+        (CHAT, {"frequency_penalty": -1}, "frequency_penalty"),
+        (CHAT, {"logprobs": True}, "logprobs"),
+        (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
+        (COMPLETIONS, {"stream_options": {"include_usage": True}}, "stream_options"),
+        (COMPLETIONS, {"functions": []}, "functions"),  # not OpenAI's completions field: unknown
+        (CHAT, {"messages": []}, "messages"),
+        (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+        (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+        (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content"),
+        (CHAT, {"messages": [{"role": "user", "content": "x" * 150_000}] * 2}, "messages"),
+    ],
+)
+def test_invalid_requests_are_400_naming_the_field(
+    client: TestClient,
+    tenant: Tenant,
+    session_factory: Any,
+    model_id: str,
+    path: str,
+    extra: dict[str, Any],
+    param: str,
+) -> None:
+    body = chat_body(model_id, **extra) if path == CHAT else {"model": model_id, "prompt": "x", **extra}
+    err = assert_envelope(client.post(path, json=body, headers=tenant.headers), 400)
+    assert err["param"] == param, err
+    assert count(session_factory, InferenceRequest, InferenceRequest.owner_id == tenant.owner_id) == 0
+
+
+def test_unknown_models_are_404_and_another_owners_too(
+    client: TestClient, tenant: Tenant, other: Tenant, model_id: str
+) -> None:
+    for path, body in (
+        (COMPLETIONS, {"model": "ft:llama-tiny:nope", "prompt": "x"}),
+        (CHAT, chat_body("llama-tiny")),  # a preset is no trained model
+        ("/v1/models/ft:llama-tiny:nope/generate", {"prompt": "x"}),
+    ):
+        err = assert_envelope(client.post(path, json=body, headers=tenant.headers), 404)
+        assert (err["code"], err["param"]) == ("model_not_found", "model")
+    err = assert_envelope(client.post(CHAT, json=chat_body(model_id), headers=other.headers), 404)
+    assert err["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_no_inference_worker_is_503_and_the_request_is_withdrawn(
+    settings: Settings, tenant: Tenant, session_factory: Any, model_id: str, stream: bool
+) -> None:
+    quick = settings.model_copy(update={"inference_wait_seconds": 0.5})
+    with TestClient(create_app(quick)) as client:
+        for path, body in (
+            (COMPLETIONS, {"model": model_id, "prompt": "x", "stream": stream}),
+            (CHAT, chat_body(f"{model_id}:ckpt-step-50", stream=stream)),
+        ):
+            err = assert_envelope(client.post(path, json=body, headers=tenant.headers), 503)
+            assert err["code"] == "no_inference_worker"
+            assert "fromscratch worker --queues inference" in err["message"]
+    assert count(session_factory, InferenceRequest, InferenceRequest.owner_id == tenant.owner_id) == 0
+
+
+def test_broker_down_is_503_and_nothing_is_left(
+    settings: Settings, tenant: Tenant, session_factory: Any, model_id: str
+) -> None:
+    bad = settings.model_copy(update={"broker_url": "redis://127.0.0.1:1/0"})
+    with TestClient(create_app(bad)) as client:
+        r = client.post(COMPLETIONS, json={"model": model_id, "prompt": "x"}, headers=tenant.headers)
+        assert assert_envelope(r, 503)["code"] == "broker_unavailable"
+    assert count(session_factory, InferenceRequest, InferenceRequest.owner_id == tenant.owner_id) == 0

@@ -1,0 +1,219 @@
+"""One completion, run by an inference worker (`fromscratch worker --queues inference`, a thread pool).
+
+The API inserts an `inference_requests` row (`queued`, its `params`) and sends its id. Here:
+1. claim it: `queued -> running` as a conditional UPDATE (a replayed message, or a row the API
+   already gave up on and deleted, claims nothing and is dropped);
+2. load the model (worker/model_cache.py: an LRU shared by the pool's threads) and render the prompt:
+   `params.prompt` as it is, or `params.messages` in the chat template the trainer renders chat
+   JSONL with (trainer.dataformat.chat_template) followed by the assistant's header `<|assistant|>\\n`;
+   the reply then ends where the model starts the next message (`CHAT_STOP`, "\\n<|");
+3. generate token by token (trainer.sampling.stream_ids, seeded when `params.seed` is given),
+   turning the tokens into final text (worker/text_stream.py: whole UTF-8 characters only, the
+   possible beginning of a stop sequence held back, the stop sequence itself left out) and
+   appending it to the row's `output` every FLUSH_SECONDS. An UPDATE that matches no row means
+   the API deleted it (its client went away): generation stops there;
+4. finish: `done` with `prompt_tokens` (the prompt's tokens; an empty prompt starts from BOS, not
+   counted), `completion_tokens` (tokens generated, a stop sequence's included) and
+   `finish_reason` (`stop`: EOS or a stop sequence; `length`: max_tokens, or max_inference_seconds
+   ran out). Any exception: `failed` with the message in `error`.
+
+Housekeeping: rows older than the longest an API waits for one (inference_wait_seconds +
+max_inference_seconds + STALE_GRACE_SECONDS) are left only by an API process that died mid-request;
+the first request a worker process takes every SWEEP_EVERY_SECONDS deletes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import delete, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.models import InferenceRequest, utcnow
+from core.settings import Settings
+from trainer.dataformat import chat_template
+from worker.text_stream import TextStream
+
+if TYPE_CHECKING:
+    from trainer.model import Llama
+    from trainer.tokenizers import Tokenizer
+
+log = logging.getLogger(__name__)
+
+FLUSH_SECONDS = 0.1  # how often new text reaches the row (and a deleted row is noticed)
+CHAT_STOP = "\n<|"  # a chat reply ends where the next message's role marker begins
+ASSISTANT_HEADER = "<|assistant|>\n"
+SWEEP_EVERY_SECONDS = 60.0
+STALE_GRACE_SECONDS = 60.0
+
+
+def chat_prompt(messages: list[dict[str, str]]) -> str:
+    """The conversation as the trainer renders chat data, then the header of the reply to write."""
+    return chat_template(messages) + ASSISTANT_HEADER
+
+
+def prompt_and_stops(params: dict[str, Any]) -> tuple[str, list[str]]:
+    stops = list(params.get("stop") or [])
+    if params.get("messages") is not None:
+        return chat_prompt(params["messages"]), [*stops, CHAT_STOP]
+    return str(params.get("prompt") or ""), stops
+
+
+def run_inference(request_id: str, settings: Settings) -> None:
+    from worker.process import resources
+
+    res = resources(settings)
+    sweep_stale_requests(res.session_factory, settings)
+    params = claim(res.session_factory, request_id)
+    if params is None:
+        return
+    started = time.monotonic()
+    try:
+        blob_id, body = params
+        from worker.model_cache import model_cache
+
+        model, tokenizer = model_cache(settings.max_loaded_models).get(blob_id, res.store, settings.work_path)
+        outcome = generate_into_row(
+            res.session_factory, request_id, model, tokenizer, body, started + settings.max_inference_seconds
+        )
+    except Exception as exc:
+        log.warning("inference %s failed", request_id, exc_info=True)
+        message = describe_failure(exc)
+        with res.session_factory() as session:
+            session.execute(
+                update(InferenceRequest)
+                .where(InferenceRequest.id == request_id)
+                .values(status="failed", error=message, updated_at=utcnow())
+            )
+            session.commit()
+        return
+    log.info("inference %s: %s in %.2fs", request_id, outcome, time.monotonic() - started)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """`Type: message` of what went wrong, without the SQL and parameters a database error carries."""
+    exc = getattr(exc, "orig", None) or exc
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:500]}" if lines else type(exc).__name__
+
+
+def claim(session_factory: sessionmaker[Session], request_id: str) -> tuple[str, dict[str, Any]] | None:
+    """queued -> running; (blob id, params), or None when the row is gone or taken."""
+    with session_factory() as session:
+        taken = session.execute(
+            update(InferenceRequest)
+            .where(InferenceRequest.id == request_id, InferenceRequest.status == "queued")
+            .values(status="running", updated_at=utcnow())
+            .returning(InferenceRequest.blob_id, InferenceRequest.params)
+        ).one_or_none()
+        session.commit()
+    if taken is None:
+        return None
+    return str(taken[0]), dict(taken[1])
+
+
+class RowWriter:
+    """Appends final text to the row's `output`, at most every FLUSH_SECONDS."""
+
+    def __init__(self, session_factory: sessionmaker[Session], request_id: str) -> None:
+        self.session_factory, self.request_id = session_factory, request_id
+        self.buffer = ""
+        self.last_flush = time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last_flush >= FLUSH_SECONDS
+
+    def flush(self, **values: Any) -> bool:
+        """Write what is buffered (and `values`); False when the row is gone (the API deleted it)."""
+        changes: dict[str, Any] = {"updated_at": utcnow(), **values}
+        if self.buffer:
+            changes["output"] = InferenceRequest.output + self.buffer
+        with self.session_factory() as session:
+            result = session.execute(
+                update(InferenceRequest)
+                .where(InferenceRequest.id == self.request_id, InferenceRequest.status == "running")
+                .values(**changes)
+            )
+            session.commit()
+        self.buffer = ""
+        self.last_flush = time.monotonic()
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def generate_into_row(
+    session_factory: sessionmaker[Session],
+    request_id: str,
+    model: Llama,
+    tokenizer: Tokenizer,
+    params: dict[str, Any],
+    deadline: float,
+) -> str:
+    """Generate the completion into the row; returns a line for the log."""
+    from trainer.sampling import stream_ids
+
+    prompt, stops = prompt_and_stops(params)
+    prompt_ids = tokenizer.encode(prompt) if prompt else []
+    max_tokens = int(params["max_tokens"])
+    text = TextStream(stops)
+    writer = RowWriter(session_factory, request_id)
+    tokens = stream_ids(
+        model,
+        prompt_ids or [tokenizer.bos_id],
+        max_tokens,
+        temperature=float(params.get("temperature", 1.0)),
+        top_k=params.get("top_k"),
+        top_p=params.get("top_p"),
+        seed=params.get("seed"),
+        eos_id=tokenizer.eos_id,
+    )
+    n = 0
+    finish_reason = "stop"  # EOS, unless the loop says otherwise
+    try:
+        for token in tokens:
+            n += 1
+            writer.buffer += text.push(tokenizer.token_bytes(token))
+            if text.stopped:
+                break
+            if n == max_tokens or time.monotonic() >= deadline:
+                finish_reason = "length"
+                break
+            if writer.due() and not writer.flush(completion_tokens=n):
+                return f"stopped after {n} tokens: the request was withdrawn"
+    finally:
+        tokens.close()
+    writer.buffer += text.finish()
+    done = writer.flush(
+        status="done", prompt_tokens=len(prompt_ids), completion_tokens=n, finish_reason=finish_reason
+    )
+    if not done:
+        return f"{n} tokens, then the request was withdrawn"
+    return f"{len(prompt_ids)} prompt + {n} completion tokens, finish_reason {finish_reason}"
+
+
+_last_sweep = 0.0
+_sweep_lock = threading.Lock()
+
+
+def sweep_stale_requests(session_factory: sessionmaker[Session], settings: Settings) -> int:
+    """Delete the rows an API process that died left behind (at most once per SWEEP_EVERY_SECONDS
+    per process); returns how many."""
+    global _last_sweep
+    with _sweep_lock:
+        now = time.monotonic()
+        if _last_sweep and now - _last_sweep < SWEEP_EVERY_SECONDS:
+            return 0
+        _last_sweep = now
+    age = settings.inference_wait_seconds + settings.max_inference_seconds + STALE_GRACE_SECONDS
+    with session_factory() as session:
+        result = session.execute(
+            delete(InferenceRequest).where(InferenceRequest.created_at < utcnow() - timedelta(seconds=age))
+        )
+        session.commit()
+    n = int(result.rowcount)  # type: ignore[attr-defined]
+    if n:
+        log.info("deleted %d inference requests left by an API process that went away", n)
+    return n
