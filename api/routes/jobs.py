@@ -14,9 +14,14 @@ Quota: a create (or a resume) that would give the key more than `max_active_jobs
 validating, queued or running is a 429 `quota_exceeded` (api/quotas.py); the count and the insert
 happen under the owner's quota lock, so concurrent creates cannot overshoot it.
 
-Cancel/pause/resume go through core.jobstates (request_cancel, request_pause, resume). A request
-the job's status does not allow (cancelling a finished job, resuming a running one) is a 400, not a
-409: it will never succeed, and the openai SDK retries 409s.
+Cancel/pause/resume go through core.jobstates (request_cancel, request_pause, resume). A cancel
+answers `cancelled` at once, even while a worker still holds the job (it stops at its next step);
+a pause of a held job answers `running` with `pause_requested: true` until the worker has paused
+it. A request the job's status does not allow (cancelling a finished job, resuming a running one)
+is a 400, not a 409: it will never succeed, and the openai SDK retries 409s.
+
+List: newest first, `after`/`limit` pages, `status=` and the SDK's `metadata[key]=value` filter
+(api/metadata_filter.py), both applied before the page is cut.
 """
 
 from __future__ import annotations
