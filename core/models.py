@@ -115,7 +115,7 @@ class File(Base):
     purpose: Mapped[str] = mapped_column(String(32))
     bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
-    format: Mapped[str] = mapped_column(String(16))  # "text" | "jsonl"
+    format: Mapped[str] = mapped_column(String(16))  # "text" | "jsonl" (uploads) | "csv" (results)
     blob_id: Mapped[str | None] = mapped_column(ForeignKey("blobs.id"))  # None once deleted
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # A deleted file that finished jobs still name keeps its row (their training_file stays a valid
