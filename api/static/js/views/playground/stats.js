@@ -17,6 +17,7 @@ export function runStats() {
       chunks = 0;
       delete node.dataset.promptTokens;
       delete node.dataset.completionTokens;
+      delete node.dataset.chunks;
       node.textContent = "Waiting for the model…";
     },
     chunk() {
@@ -29,6 +30,7 @@ export function runStats() {
       const elapsed = performance.now() - started;
       const parts = [];
       const usage = result && result.usage;
+      node.dataset.chunks = chunks; // the pieces of text the stream brought (the tests read it)
       if (usage) {
         node.dataset.promptTokens = usage.prompt_tokens;
         node.dataset.completionTokens = usage.completion_tokens;
