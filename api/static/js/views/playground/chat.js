@@ -50,6 +50,7 @@ export function chatPane({ onSubmit }) {
       const user = messageNode("user", text);
       const answer = messageNode("assistant");
       answer.node.classList.add("streaming");
+      log.setAttribute("aria-busy", "true"); // screen readers read the answer once, when it is complete
       empty.remove();
       log.append(user.node, answer.node);
       input.value = "";
@@ -61,6 +62,7 @@ export function chatPane({ onSubmit }) {
         /** outcome: done | stopped | error. A turn that failed before any answer is taken back. */
         end(outcome) {
           answer.node.classList.remove("streaming");
+          log.removeAttribute("aria-busy");
           answer.body.normalize(); // one text node, not one per chunk
           if (outcome === "error" && !received) {
             user.node.remove();

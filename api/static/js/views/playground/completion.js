@@ -34,11 +34,13 @@ export function completionPane() {
       generated.replaceChildren();
       output.replaceChildren(echo, generated);
       output.classList.add("streaming");
+      output.setAttribute("aria-busy", "true"); // screen readers read the text once, when it is complete
       keep.hidden = true;
       return {
         append(piece) { generated.append(piece); output.scrollTop = output.scrollHeight; },
         end(outcome) {
           output.classList.remove("streaming");
+          output.removeAttribute("aria-busy");
           generated.normalize();
           output.dataset.outcome = outcome;
           keep.hidden = !generated.textContent;
