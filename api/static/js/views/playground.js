@@ -68,6 +68,8 @@ export function mountPlayground(root, { params }) {
     for (const [name, pane] of Object.entries(panes)) pane.node.hidden = name !== mode;
     submit.textContent = panes[mode].submitLabel;
     clear.textContent = mode === "chat" ? "Clear conversation" : "Clear";
+    stats.node.textContent = ""; // the last run's figures belong to the other pane
+    errorBox.hidden = true;
     syncAddress();
   }
 
