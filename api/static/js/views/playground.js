@@ -68,7 +68,7 @@ export function mountPlayground(root, { params }) {
     for (const [name, pane] of Object.entries(panes)) pane.node.hidden = name !== mode;
     submit.textContent = panes[mode].submitLabel;
     clear.textContent = mode === "chat" ? "Clear conversation" : "Clear";
-    stats.node.textContent = ""; // the last run's figures belong to the other pane
+    stats.clear(); // the last run's figures belong to the other pane
     errorBox.hidden = true;
     syncAddress();
   }
@@ -103,7 +103,7 @@ export function mountPlayground(root, { params }) {
   function clearPane() {
     panes[mode].clear();
     errorBox.hidden = true;
-    stats.node.textContent = "";
+    stats.clear();
     panes[mode].focus();
   }
 

@@ -11,13 +11,15 @@ export function runStats() {
 
   return {
     node,
+    clear() {
+      for (const name of ["promptTokens", "completionTokens", "chunks"]) delete node.dataset[name];
+      node.textContent = "";
+    },
     start() {
       started = performance.now();
       first = 0;
       chunks = 0;
-      delete node.dataset.promptTokens;
-      delete node.dataset.completionTokens;
-      delete node.dataset.chunks;
+      this.clear();
       node.textContent = "Waiting for the model…";
     },
     chunk() {
