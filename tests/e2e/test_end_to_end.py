@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.fixtures.service import SHAKESPEARE, LiveServer
+from tests.fixtures.service import SHAKESPEARE, LiveServer, ServiceProcess
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 STEPS, BATCH, CTX, EVAL_EVERY, CKPT_EVERY = 50, 8, 64, 10, 10
@@ -292,7 +292,10 @@ def test_checkpoints_listed(trained: Trained) -> None:
 
 
 def test_gguf_greedy_decodes_like_the_service_and_the_trainer(
-    trained: Trained, checkpoint_model: tuple[Any, Any], tmp_path: Path
+    trained: Trained,
+    checkpoint_model: tuple[Any, Any],
+    tmp_path: Path,
+    e2e_inference_worker: ServiceProcess,  # the service's sampler runs there
 ) -> None:
     import llama_cpp
 
