@@ -142,6 +142,8 @@ class Job(Base):
     seed: Mapped[int] = mapped_column(BigInteger)
     suffix: Mapped[str | None] = mapped_column(String(64), default=None)
     user_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, default=None)
+    # OpenAI's `integrations` as validated at creation: [{"type": "wandb", "wandb": {...}}, ...]
+    integrations: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, default=None)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
     # sha256 of the create request's body (api.request_models.JobCreate.fingerprint): the same
     # Idempotency-Key with another body is refused (None for jobs created before it was recorded)
@@ -181,6 +183,9 @@ class Metric(Base):
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     train_loss: Mapped[float | None] = mapped_column(Float, default=None)
     val_loss: Mapped[float | None] = mapped_column(Float, default=None)
+    # mean next-token accuracy over the tokens the loss covers (the step's batch / the evaluation)
+    train_accuracy: Mapped[float | None] = mapped_column(Float, default=None)
+    val_accuracy: Mapped[float | None] = mapped_column(Float, default=None)
     lr: Mapped[float | None] = mapped_column(Float, default=None)
     grad_norm: Mapped[float | None] = mapped_column(Float, default=None)
     tokens_per_s: Mapped[float | None] = mapped_column(Float, default=None)
