@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
 
 from api.request_models import INT64_MAX, INT64_MIN, MAX_PROMPT_CHARS
@@ -60,10 +60,42 @@ def _text_content(value: Any) -> Any:
     return value
 
 
-Prompt = Annotated[str, BeforeValidator(_one_prompt), Field(max_length=MAX_PROMPT_CHARS)]
+# The documents say what is accepted before the validators above normalise it
+Prompt = Annotated[
+    str,
+    BeforeValidator(_one_prompt),
+    Field(max_length=MAX_PROMPT_CHARS),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "maxLength": MAX_PROMPT_CHARS},
+                {
+                    "type": "array",
+                    "items": {"type": "string", "maxLength": MAX_PROMPT_CHARS},
+                    "minItems": 1,
+                    "maxItems": 1,
+                },
+            ],
+            "description": "the text to continue (one prompt; a list holding one is accepted too)",
+        }
+    ),
+]
 Stop = Annotated[
     list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]] | None,
     BeforeValidator(_stop_list),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "maxLength": MAX_STOP_CHARS},
+                {
+                    "type": "array",
+                    "items": {"type": "string", "maxLength": MAX_STOP_CHARS},
+                    "maxItems": MAX_STOP_SEQUENCES,
+                },
+                {"type": "null"},
+            ],
+        }
+    ),
     Field(
         max_length=MAX_STOP_SEQUENCES,
         description="up to 4 sequences where generation stops; the text returned does not contain them",
@@ -179,7 +211,25 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "user", "assistant"]
-    content: Annotated[str, BeforeValidator(_text_content)] = Field(max_length=MAX_PROMPT_CHARS)
+    content: Annotated[
+        str,
+        BeforeValidator(_text_content),
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "string", "maxLength": MAX_PROMPT_CHARS},
+                    {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                            "required": ["type", "text"],
+                        },
+                    },
+                ]
+            }
+        ),
+    ] = Field(max_length=MAX_PROMPT_CHARS)
     name: str | None = Field(None, max_length=256, description="accepted and ignored")
 
 

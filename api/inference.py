@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,9 @@ class RowState:
     error: str | None
 
 
+Disconnected = Callable[[], Awaitable[bool]]  # Request.is_disconnected
+
+
 class ClientGone(Exception):
     """The client disconnected while its completion was being generated."""
 
@@ -95,7 +98,7 @@ class InferenceRun:
                 return  # taken in the meantime
             await asyncio.sleep(POLL_SECONDS)
 
-    async def deltas(self, is_disconnected: Any = None) -> AsyncIterator[str]:
+    async def deltas(self, is_disconnected: Disconnected | None = None) -> AsyncIterator[str]:
         """The text the worker appends, as it comes; sets `result` when done. `is_disconnected`
         (an async callable) is asked between polls: a client gone raises ClientGone."""
         settings = self.settings
@@ -226,7 +229,9 @@ async def start_inference(app: FastAPI, owner_id: str, model_id: str, params: di
     return run
 
 
-async def collect(run: InferenceRun, is_disconnected: Any = None) -> tuple[str, InferenceResult]:
+async def collect(
+    run: InferenceRun, is_disconnected: Disconnected | None = None
+) -> tuple[str, InferenceResult]:
     """The whole completion (the row is deleted afterwards)."""
     parts: list[str] = []
     try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request, Response
@@ -107,7 +107,7 @@ def event(data: dict[str, Any]) -> str:
 DONE = "data: [DONE]\n\n"
 
 
-def event_stream(run: InferenceRun, request: Request, events: AsyncIterator[str]) -> StreamingResponse:
+def event_stream(run: InferenceRun, events: AsyncGenerator[str, None]) -> StreamingResponse:
     """The SSE answer: `events`, then the row is deleted (also when the client went away)."""
 
     async def body() -> AsyncIterator[str]:
@@ -119,6 +119,7 @@ def event_stream(run: InferenceRun, request: Request, events: AsyncIterator[str]
         except APIError as e:
             yield event(e.body())
         finally:
+            await events.aclose()
             await run.close()
 
     return StreamingResponse(
@@ -161,7 +162,7 @@ async def create_completion(
         return data
 
     if body.stream:
-        return event_stream(run, request, _events(run, request, chunk, body.include_usage))
+        return event_stream(run, _events(run, request, chunk, body.include_usage))
     text, result = await finished_text(run, request)
     return Completion(
         id=cid,
@@ -178,7 +179,7 @@ async def _events(
     chunk: Callable[[str, str | None], dict[str, Any]],
     include_usage: bool,
     first: dict[str, Any] | None = None,
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     """Chunks of the deltas, then one with the finish reason, the usage chunk, [DONE]. `chunk(text,
     finish_reason)` shapes one; `first` is sent before the text (chat: the role)."""
     if first is not None:
@@ -229,7 +230,7 @@ async def create_chat_completion(
 
     if body.stream:
         first = chunk("", None, {"role": "assistant", "content": ""})
-        return event_stream(run, request, _events(run, request, chunk, body.include_usage, first))
+        return event_stream(run, _events(run, request, chunk, body.include_usage, first))
     text, result = await finished_text(run, request)
     return ChatCompletion(
         id=cid,
