@@ -32,7 +32,7 @@ def no_horizontal_overflow(page: Any) -> None:
 
 
 def test_train_watch_and_download_in_the_browser(
-    new_page: Any, live_server: Any, worker_proc: Any, tmp_path: Path
+    new_page: Any, live_server: Any, worker_proc: Any, inference_worker: Any, tmp_path: Path
 ) -> None:
     page, log = new_page()
     sign_in(page, live_server.url, live_server.api_key)
