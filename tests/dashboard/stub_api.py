@@ -203,3 +203,88 @@ def sign_in_with_stub(page: Any, static_url: str, route: str = "#/jobs") -> None
     page.goto(static_url + "/")
     page.evaluate("localStorage.setItem('fromscratch.apiKey', 'fsk-test')")
     page.goto(f"{static_url}/{route}")
+
+
+# ------------------------------------------------------------------------------ jobs and metrics
+def job_object(
+    job_id: str,
+    *,
+    status: str = "succeeded",
+    model: str = "llama-tiny",
+    suffix: str | None = None,
+    seed: int = 1,
+    step: int = 0,
+    total_steps: int | None = None,
+    train: dict[str, Any] | None = None,
+    architecture: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A fine_tuning.job as the API serves it (the fields the dashboard reads); `train` and
+    `architecture` are its resolved configs (job.config.train / job.config.model)."""
+    return {
+        "id": job_id,
+        "object": "fine_tuning.job",
+        "created_at": 1_700_000_000,
+        "finished_at": 1_700_000_600 if status == "succeeded" else None,
+        "model": model,
+        "fine_tuned_model": None,
+        "organization_id": "org-stub",
+        "status": status,
+        "hyperparameters": {},
+        "training_file": "file-1",
+        "validation_file": None,
+        "result_files": [],
+        "trained_tokens": None,
+        "error": None,
+        "seed": seed,
+        "suffix": suffix,
+        "estimated_finish": None,
+        "integrations": None,
+        "metadata": None,
+        "method": {"type": "supervised", "supervised": {"hyperparameters": {}}},
+        "progress": {"step": step, "total_steps": total_steps, "train_loss": None, "val_loss": None,
+                     "tokens_per_s": None, "eta_seconds": None},
+        "config": {"model": architecture or {}, "train": train or {}},
+        "queue": "default",
+        "attempts": 1,
+        "started_at": 1_700_000_001,
+        "base_model": None,
+        "pause_requested": False,
+    }  # fmt: skip
+
+
+def metrics_page(points: list[dict[str, Any]], query: dict[str, str]) -> dict[str, Any]:
+    """GET /fine_tuning/jobs/{id}/metrics over `points` (step order): after_step and limit as the API
+    reads them; max_points is ignored (the stubs' jobs are short)."""
+    after = int(query.get("after_step", -(2**62)))
+    window = [p for p in points if p["step"] > after]
+    if "limit" in query:
+        limit = int(query["limit"])
+    else:  # 1000 by default, unbounded with max_points
+        limit = len(window) if "max_points" in query else 1000
+    return {"object": "list", "data": window[:limit], "has_more": len(window) > limit}
+
+
+class StubJobs:
+    """Jobs with their metrics behind a StubApi: GET /fine_tuning/jobs (newest first),
+    /fine_tuning/jobs/{id} and /fine_tuning/jobs/{id}/metrics. A test may change a job or its points
+    between requests (a live run)."""
+
+    def __init__(self, api: StubApi) -> None:
+        self.api = api
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.points: dict[str, list[dict[str, Any]]] = {}
+        api.on("GET", "/fine_tuning/jobs", lambda query, sent: (200, self.listing()))
+
+    def add(self, job: dict[str, Any], points: list[dict[str, Any]]) -> None:
+        job_id = job["id"]
+        self.jobs[job_id] = job
+        self.points[job_id] = points
+        self.api.on("GET", f"/fine_tuning/jobs/{job_id}", lambda query, sent: (200, self.jobs[job_id]))
+        self.api.on(
+            "GET",
+            f"/fine_tuning/jobs/{job_id}/metrics",
+            lambda query, sent: (200, metrics_page(self.points[job_id], query)),
+        )
+
+    def listing(self) -> dict[str, Any]:
+        return {"object": "list", "data": list(reversed(self.jobs.values())), "has_more": False}

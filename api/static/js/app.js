@@ -1,11 +1,12 @@
 // Hash routes: #/jobs[?after=ID], #/jobs/<id>, #/new, #/playground[?model=ID&mode=chat|completion],
-// #/signin. Each view is mounted into <main> and returns {destroy()} so its timers, streams and
-// charts stop when the route changes. Signed-in views get the statuses the API serves (fetched once
-// after sign-in, see served.js).
+// #/compare[?jobs=ID,ID,...], #/signin. Each view is mounted into <main> and returns {destroy()} so
+// its timers, streams and charts stop when the route changes. Signed-in views get the statuses the
+// API serves (fetched once after sign-in, see served.js).
 
 import { clearKey, getKey, onUnauthorized } from "./api.js";
 import { forgetServed, loadStatuses } from "./served.js";
 import { el } from "./util.js";
+import { mountCompare } from "./views/compare.js";
 import { mountJob } from "./views/job.js";
 import { mountJobs } from "./views/jobs.js";
 import { mountNewJob } from "./views/newjob.js";
@@ -37,7 +38,7 @@ async function route() {
     notice = null;
     return;
   }
-  const section = ["new", "playground"].includes(parts[0]) ? parts[0] : "jobs";
+  const section = ["new", "playground", "compare"].includes(parts[0]) ? parts[0] : "jobs";
   for (const a of nav.querySelectorAll("a[data-route]")) {
     const active = a.dataset.route === section && !(parts[0] === "jobs" && parts[1]);
     if (active) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
@@ -54,6 +55,7 @@ async function route() {
   if (seq !== routing) return;
   if (parts[0] === "new") current = mountNewJob(main);
   else if (parts[0] === "playground") current = mountPlayground(main, { params });
+  else if (parts[0] === "compare") current = mountCompare(main, { params, statuses });
   else if (parts[0] === "jobs" && parts[1]) current = mountJob(main, { id: parts[1], statuses });
   else current = mountJobs(main, { after: params.get("after") || undefined, statuses });
 }

@@ -1,10 +1,13 @@
 // A small line chart on <canvas>: several series against a shared x axis (steps), linear or log
 // y axis, "nice" ticks, a hover read-out, crisp on high-DPI screens. Series hold bounded arrays
 // (Series.max points, halved by min/max decimation when full) so a 100,000-step job stays smooth.
+// A series may be `faint` (thin and translucent, behind the others: a raw curve under its smoothed
+// one; left out of the read-out) and may add a `detail(i)` text to its read-out line.
 
 export class Series {
-  constructor({ name, color, max = 2000, markers = false, dashed = false }) {
-    Object.assign(this, { name, color, max, markers, dashed });
+  constructor({ name, color, max = 2000, markers = false, dashed = false, faint = false, key, detail }) {
+    // key: names its data-points-<key> attribute (default: the name)
+    Object.assign(this, { name, color, max, markers, dashed, faint, key: key || name, detail });
     this.xs = [];
     this.ys = [];
   }
@@ -14,6 +17,9 @@ export class Series {
   get lastY() { return this.ys.length ? this.ys[this.ys.length - 1] : null; }
 
   clear() { this.xs = []; this.ys = []; }
+
+  /** Replace all points (xs increasing; no decimation: the caller bounds them). */
+  setData(xs, ys) { this.xs = xs; this.ys = ys; }
 
   /** Drop the points at x and after. */
   truncate(x) {
@@ -52,6 +58,8 @@ export class Series {
     this.ys = ys;
   }
 }
+
+const pointsAttribute = (s) => `data-points-${s.key.replace(/\W+/g, "-")}`;
 
 export function lowerBound(arr, x) {
   let lo = 0, hi = arr.length;
@@ -102,14 +110,16 @@ export function formatNumber(v) {
 
 export class LineChart {
   /**
-   * canvas: the <canvas>; series: Series[]; options: {xLabel, yLabel, yFormat, log, xMax}
-   * The canvas gets data-points (points drawn, all series) and data-points-<series name> attributes
-   * (e.g. data-points-train-loss).
+   * canvas: the <canvas>; series: Series[]; options: {xLabel, yLabel, yFormat, log, xMax, emptyText}
+   * The canvas gets data-points (points drawn, all series) and data-points-<series key> attributes
+   * (e.g. data-points-train-loss), and while the pointer is over it data-readout (the read-out's
+   * lines, newline-separated).
    */
   constructor(canvas, series, options = {}) {
     this.canvas = canvas;
     this.series = series;
-    this.options = { xLabel: "step", yLabel: "", log: false, xMax: 0, yFormat: formatNumber, ...options };
+    this.options = { xLabel: "step", yLabel: "", log: false, xMax: 0, yFormat: formatNumber,
+      emptyText: "waiting for the first data points…", ...options };
     this.hoverX = null;
     this.pending = false;
     this.destroyed = false;
@@ -135,6 +145,14 @@ export class LineChart {
 
   set(options) { Object.assign(this.options, options); this.draw(); }
 
+  /** Draw these series from now on (the data-points attributes of the ones left out go). */
+  setSeries(series) {
+    const kept = new Set(series.map((s) => s.key));
+    for (const s of this.series) if (!kept.has(s.key)) this.canvas.removeAttribute(pointsAttribute(s));
+    this.series = series;
+    this.draw();
+  }
+
   /** Schedule a redraw on the next animation frame (many updates → one paint). */
   draw() {
     if (this.pending || this.destroyed) return;
@@ -146,7 +164,8 @@ export class LineChart {
     const css = getComputedStyle(this.canvas);
     const v = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
     return { text: v("--chart-text", "#333"), grid: v("--chart-grid", "#e3e6ea"), axis: v("--chart-axis", "#888"),
-      bg: v("--chart-bg", "#fff"), tip: v("--chart-tip", "rgba(255,255,255,0.95)") };
+      bg: v("--chart-bg", "#fff"), tip: v("--chart-tip", "rgba(255,255,255,0.95)"),
+      faint: Number(v("--chart-faint", "0.28")) || 0.28 };
   }
 
   paint() {
@@ -165,7 +184,7 @@ export class LineChart {
     ctx.fillRect(0, 0, cssW, cssH);
     ctx.font = "12px system-ui, -apple-system, Segoe UI, Roboto, sans-serif";
 
-    const { log, xLabel, yLabel, yFormat } = this.options;
+    const { log, xLabel, yLabel, yFormat, emptyText } = this.options;
     const usable = (y) => Number.isFinite(y) && (!log || y > 0);
     let xMin = Infinity, xMax = -Infinity, yMin = Infinity, yMax = -Infinity, total = 0;
     for (const s of this.series) {
@@ -180,13 +199,14 @@ export class LineChart {
       }
     }
     canvas.dataset.points = String(total);
-    for (const s of this.series) canvas.setAttribute(`data-points-${s.name.replace(/\W+/g, "-")}`, String(s.length));
+    for (const s of this.series) canvas.setAttribute(pointsAttribute(s), String(s.length));
+    delete canvas.dataset.readout;
 
     if (!(xMax >= xMin)) {
       ctx.fillStyle = c.axis;
       ctx.textAlign = "center";
       ctx.textBaseline = "middle";
-      ctx.fillText("waiting for the first data points…", cssW / 2, cssH / 2);
+      ctx.fillText(emptyText, cssW / 2, cssH / 2);
       canvas.setAttribute("aria-label", `${this.options.title || "chart"}: no data yet`);
       return;
     }
@@ -250,11 +270,12 @@ export class LineChart {
     ctx.beginPath();
     ctx.rect(m.l, m.t, W, H);
     ctx.clip();
-    for (const s of this.series) {
+    for (const s of [...this.series.filter((s) => s.faint), ...this.series.filter((s) => !s.faint)]) {
       if (!s.length) continue;
+      ctx.globalAlpha = s.faint ? c.faint : 1;
       ctx.strokeStyle = s.color;
       ctx.fillStyle = s.color;
-      ctx.lineWidth = 2;
+      ctx.lineWidth = s.faint ? 1.25 : 2;
       ctx.lineJoin = "round";
       ctx.setLineDash(s.dashed ? [6, 4] : []);
       ctx.beginPath();
@@ -274,26 +295,32 @@ export class LineChart {
         }
       }
     }
+    ctx.globalAlpha = 1;
     ctx.restore();
 
-    // hover read-out: nearest point of each series to the pointer's step
+    // hover read-out: nearest point of each series to the pointer's step (a series that ended
+    // well before it, or starts well after, is left out), the line at the nearest of those points
     if (this.hoverX !== null && this.hoverX >= m.l && this.hoverX <= m.l + W) {
       const step = xMin + ((this.hoverX - m.l) / W) * (xMax - xMin);
+      const slack = (xMax - xMin) * 0.03;
       const lines = [];
       for (const s of this.series) {
-        if (!s.length) continue;
+        if (!s.length || s.faint || step > s.lastX + slack || step < s.xs[0] - slack) continue;
         let i = lowerBound(s.xs, step);
         if (i >= s.length || (i > 0 && step - s.xs[i - 1] < s.xs[i] - step)) i -= 1;
         if (i < 0) continue;
-        lines.push({ s, x: s.xs[i], y: s.ys[i] });
+        lines.push({ s, i, x: s.xs[i], y: s.ys[i] });
       }
       if (lines.length) {
-        const x = fx(lines[0].x);
+        const at = lines.reduce((a, b) => (Math.abs(b.x - step) < Math.abs(a.x - step) ? b : a)).x;
+        const x = fx(at);
         ctx.strokeStyle = c.axis;
         ctx.setLineDash([3, 3]);
         ctx.beginPath(); ctx.moveTo(x, m.t); ctx.lineTo(x, m.t + H); ctx.stroke();
         ctx.setLineDash([]);
-        const texts = [`step ${formatNumber(lines[0].x)}`, ...lines.map((l) => `${l.s.name}: ${yFormat(l.y)}`)];
+        const texts = [`${xLabel || "x"} ${formatNumber(at)}`,
+          ...lines.map((l) => `${l.s.name}: ${yFormat(l.y)}${l.s.detail ? l.s.detail(l.i) : ""}`)];
+        canvas.dataset.readout = texts.join("\n");
         const w = Math.max(...texts.map((t) => ctx.measureText(t).width)) + 16, h = texts.length * 16 + 8;
         const bx = x + w + 12 > m.l + W ? x - w - 8 : x + 8;
         ctx.fillStyle = c.tip;
@@ -314,8 +341,8 @@ export class LineChart {
       }
     }
 
-    const summary = this.series.filter((s) => s.length)
-      .map((s) => `${s.name} ${yFormat(s.lastY)} at step ${formatNumber(s.lastX)}`).join(", ");
+    const summary = this.series.filter((s) => s.length && !s.faint)
+      .map((s) => `${s.name} ${yFormat(s.lastY)} at ${xLabel || "x"} ${formatNumber(s.lastX)}`).join(", ");
     canvas.setAttribute("aria-label", `${this.options.title || "chart"}: ${total} points; latest ${summary}`);
   }
 }

@@ -1,8 +1,10 @@
 // Jobs list: newest first, cursor-paginated with `after`, refreshed every few seconds while any job
-// on the page is still live (not in the API's terminal set).
+// on the page is still live (not in the API's terminal set). Jobs ticked for comparison (kept for
+// the session, across pages) open together in #/compare.
 
 import { api, query } from "../api.js";
 import { badge, clear, el, fmtDuration, fmtInt, fmtLoss, fmtTime, progressBar } from "../util.js";
+import { MAX_RUNS, compareHash } from "./compare/runs.js";
 
 const PAGE_SIZE = 20;
 const REFRESH_MS = 3000;
@@ -16,10 +18,33 @@ export function mountJobs(root, { after, statuses }) {
   const prev = el("button", { type: "button", class: "secondary", disabled: !after }, "← Newer");
   const next = el("button", { type: "button", class: "secondary", disabled: true }, "Older →");
   const pager = el("nav", { class: "pager", "aria-label": "Job pages" }, prev, next);
+  const compare = el("button", { type: "button", class: "secondary", id: "compare-selected", disabled: true,
+    title: `Tick 2 to ${MAX_RUNS} jobs to compare their curves` }, "Compare");
   const header = el("div", { class: "page-head" },
     el("h1", {}, "Training jobs"),
-    el("a", { class: "button primary", href: "#/new" }, "New job"));
+    el("div", { class: "controls" }, compare, el("a", { class: "button primary", href: "#/new" }, "New job")));
   root.append(header, status, list, pager);
+
+  // the jobs ticked for comparison, in the order they were ticked
+  const readPicked = () => { try { return JSON.parse(sessionStorage.getItem("jobs.compare") || "[]"); } catch { return []; } };
+  let picked = readPicked();
+  function setPicked(id, on) {
+    picked = on ? [...picked.filter((x) => x !== id), id] : picked.filter((x) => x !== id);
+    sessionStorage.setItem("jobs.compare", JSON.stringify(picked));
+    syncPicked();
+  }
+  function syncPicked() {
+    compare.disabled = picked.length < 2;
+    compare.textContent = picked.length ? `Compare ${picked.length}` : "Compare";
+    for (const box of list.querySelectorAll("input.pick-box")) {
+      box.checked = picked.includes(box.value);
+      box.disabled = !box.checked && picked.length >= MAX_RUNS;
+    }
+  }
+  compare.addEventListener("click", () => { location.hash = compareHash(picked); });
+  list.addEventListener("change", (ev) => {
+    if (ev.target.matches("input.pick-box")) setPicked(ev.target.value, ev.target.checked);
+  });
 
   // The cursors of the pages we came through (a stack in sessionStorage), so Newer goes back.
   const readStack = () => { try { return JSON.parse(sessionStorage.getItem("jobs.cursors") || "[]"); } catch { return []; } };
@@ -67,9 +92,15 @@ export function mountJobs(root, { after, statuses }) {
     }
     status.textContent = "";
     status.className = "muted";
+    // a refresh rebuilds the cards: a ticked box that had the focus keeps it
+    const focused = document.activeElement && document.activeElement.matches("input.pick-box")
+      ? document.activeElement.value : null;
     clear(list, page.data.map((job) => jobCard(job, live(job))));
+    syncPicked();
+    if (focused) list.querySelector(`input.pick-box[value="${CSS.escape(focused)}"]`)?.focus();
   }
 
+  syncPicked();
   load();
   return { destroy() { abort.abort(); clearTimeout(timer); } };
 }
@@ -80,7 +111,11 @@ function jobCard(job, live) {
   return el("li", { class: "job-card", dataset: { jobId: job.id, status: job.status } },
     el("div", { class: "job-card-head" },
       el("a", { class: "job-link mono", href: `#/jobs/${encodeURIComponent(job.id)}` }, job.id),
-      badge(job.status)),
+      el("span", { class: "job-card-tools" },
+        el("label", { class: "job-pick", title: "Compare this job's curves with others" },
+          el("input", { type: "checkbox", class: "pick-box", value: job.id, "aria-label": `Compare ${job.id}` }),
+          "Compare"),
+        badge(job.status))),
     el("div", { class: "job-card-model" }, job.model || "", job.fine_tuned_model
       ? el("span", { class: "muted mono small" }, ` → ${job.fine_tuned_model}`) : null),
     el("div", { class: "job-card-progress" },

@@ -1,0 +1,118 @@
+// The comparison's charts: train and validation loss, train and validation token accuracy, one
+// curve per run in its colour. With smoothing, each run's curve is the EMA of its points (ema.js)
+// drawn over the raw points, which stay faintly behind it; the read-out gives both.
+
+import { LineChart, Series, formatNumber } from "../../chart.js";
+import { el } from "../../util.js";
+import { ema } from "./ema.js";
+import { runColor } from "./runs.js";
+
+const percent = (v) => `${formatNumber(v * 100)}%`;
+const MARKERS_UP_TO = 40; // points: a sparse curve (evaluations) shows its points
+
+const PANELS = [
+  { key: "train-loss", field: "train_loss", title: "Train loss", y: "loss", empty: "no train loss recorded yet" },
+  { key: "val-loss", field: "val_loss", title: "Validation loss", y: "loss",
+    empty: "no validation loss recorded for these runs" },
+  { key: "train-accuracy", field: "train_accuracy", title: "Train token accuracy", y: "accuracy", format: percent,
+    empty: "no train accuracy recorded for these runs" },
+  { key: "val-accuracy", field: "val_accuracy", title: "Validation token accuracy", y: "accuracy", format: percent,
+    empty: "no validation accuracy recorded for these runs" },
+];
+
+const X_LABEL = { step: "step", tokens_seen: "tokens seen" };
+const finite = (v) => typeof v === "number" && Number.isFinite(v);
+
+/** A run's curve of `field` against `xField`: the points that have both. */
+function curve(run, field, xField) {
+  const xs = [], ys = [];
+  for (const p of run.points) {
+    if (!finite(p[field]) || !finite(p[xField])) continue;
+    if (xs.length && p[xField] <= xs[xs.length - 1]) continue; // x must increase (tokens seen do)
+    xs.push(p[xField]);
+    ys.push(p[field]);
+  }
+  return { xs, ys };
+}
+
+function panel(spec) {
+  const canvas = el("canvas", { id: `cmp-${spec.key}`, class: "chart chart-compare", role: "img",
+    "aria-label": spec.title, dataset: { field: spec.field } });
+  const node = el("section", { class: "card chart-card", "aria-labelledby": `cmp-${spec.key}-h` },
+    el("h3", { id: `cmp-${spec.key}-h`, class: "chart-title" }, spec.title), canvas);
+  let chart = null;
+  return {
+    spec,
+    node,
+    mount() {
+      chart = new LineChart(canvas, [], { title: spec.title, yLabel: spec.y, emptyText: spec.empty,
+        yFormat: spec.format || formatNumber });
+    },
+    /** Draw the runs; returns whether any run has a point of this panel's field. */
+    update(runs, { weight, xField, log, xMax }) {
+      const fmt = spec.format || formatNumber;
+      const series = [];
+      const drawn = [];
+      for (const run of runs) {
+        if (!run.job) continue;
+        const color = runColor(run.index);
+        const { xs, ys } = curve(run, spec.field, xField);
+        const smooth = ema(ys, weight);
+        const markers = xs.length <= MARKERS_UP_TO;
+        if (weight > 0) {
+          series.push(new Series({ name: `${run.label} raw`, key: `${run.id}-raw`, color, faint: true }));
+          series[series.length - 1].setData(xs, ys);
+        }
+        const s = new Series({ name: run.label, key: run.id, color, markers,
+          detail: weight > 0 ? (i) => ` (raw ${fmt(ys[i])})` : undefined });
+        s.setData(xs, smooth);
+        series.push(s);
+        drawn.push({ id: run.id, xs, raw: ys, smoothed: smooth });
+      }
+      // what is drawn, for tests and the curious (not serialised into the DOM: it can be long)
+      canvas.drawn = drawn;
+      canvas.dataset.smoothing = String(weight);
+      canvas.dataset.xField = xField;
+      chart.set({ log: spec.y === "loss" && log, xLabel: X_LABEL[xField], xMax: xField === "step" ? xMax : 0 });
+      chart.setSeries(series);
+      return drawn.some((d) => d.xs.length > 0);
+    },
+    destroy() { chart?.destroy(); },
+  };
+}
+
+/** The loss group and the accuracy group (which says so when no run recorded any accuracy). */
+export function comparePanels() {
+  const panels = PANELS.map(panel);
+  const [trainLoss, valLoss, trainAcc, valAcc] = panels;
+  const accuracyCharts = el("div", { class: "grid-2" }, trainAcc.node, valAcc.node);
+  const noAccuracy = el("p", { class: "muted cmp-empty", id: "cmp-no-accuracy", hidden: true },
+    "no accuracy recorded for these runs");
+  const logToggle = el("input", { type: "checkbox", id: "cmp-log" });
+  const loss = el("section", { class: "cmp-group", "aria-labelledby": "cmp-loss-h" },
+    el("div", { class: "card-head" }, el("h2", { id: "cmp-loss-h" }, "Loss"),
+      el("label", { class: "toggle", for: "cmp-log" }, logToggle, " Log scale")),
+    el("div", { class: "grid-2" }, trainLoss.node, valLoss.node));
+  const accuracy = el("section", { class: "cmp-group", id: "cmp-accuracy", "aria-labelledby": "cmp-accuracy-h" },
+    el("div", { class: "card-head" }, el("h2", { id: "cmp-accuracy-h" }, "Token accuracy")),
+    noAccuracy, accuracyCharts);
+  return {
+    nodes: [loss, accuracy],
+    mount(onChange) {
+      panels.forEach((p) => p.mount());
+      logToggle.addEventListener("change", onChange);
+    },
+    /** runs: Run[]; settings: {weight, xField}. */
+    update(runs, settings) {
+      const xMax = Math.max(0, ...runs.map((r) => (r.job && r.job.progress && r.job.progress.total_steps) || 0));
+      const options = { ...settings, log: logToggle.checked, xMax };
+      trainLoss.update(runs, options);
+      valLoss.update(runs, options);
+      const some = [trainAcc.update(runs, options), valAcc.update(runs, options)].some(Boolean);
+      noAccuracy.hidden = some;
+      accuracyCharts.hidden = !some;
+      accuracy.dataset.state = some ? "charts" : "empty";
+    },
+    destroy() { panels.forEach((p) => p.destroy()); },
+  };
+}
