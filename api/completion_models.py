@@ -80,8 +80,11 @@ Prompt = Annotated[
         }
     ),
 ]
+StopList = Annotated[
+    list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]], Field(max_length=MAX_STOP_SEQUENCES)
+]
 Stop = Annotated[
-    list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]] | None,
+    StopList | None,
     BeforeValidator(_stop_list),
     WithJsonSchema(
         {
@@ -96,10 +99,7 @@ Stop = Annotated[
             ],
         }
     ),
-    Field(
-        max_length=MAX_STOP_SEQUENCES,
-        description="up to 4 sequences where generation stops; the text returned does not contain them",
-    ),
+    Field(description="up to 4 sequences where generation stops; the text returned does not contain them"),
 ]
 Seed = Annotated[
     int | None, Field(ge=INT64_MIN, le=2**64 - 1, description="the same seed gives the same text")

@@ -167,6 +167,12 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
     detail = exc.detail
+    if status == 404 and detail == "Not Found" and _api_methods(request):
+        # the dashboard's files (mounted at /) answered a GET/HEAD for a path only other methods
+        # serve, e.g. GET /v1/completions: that is a wrong method, not an unknown URL
+        allowed = _api_methods(request)
+        if request.method not in allowed:
+            status, detail = 405, "Method Not Allowed"
     if status == 404 and detail == "Not Found":
         message = f"Unknown URL: {request.method} {_quoted_path(request)}"
     elif status == 405 and detail == "Method Not Allowed":

@@ -105,6 +105,7 @@ def event(data: dict[str, Any]) -> str:
 
 
 DONE = "data: [DONE]\n\n"
+DEFAULT_MAX_TOKENS = 16  # /v1/completions' max_tokens when not given, as OpenAI's
 
 
 def event_stream(run: InferenceRun, events: AsyncGenerator[str, None]) -> StreamingResponse:
@@ -142,7 +143,8 @@ async def create_completion(
     check_supported(body)
     params = {
         "prompt": body.prompt,
-        "max_tokens": max_tokens_of("max_tokens", body.max_tokens, settings),
+        # null reads as not given: OpenAI's default of 16
+        "max_tokens": max_tokens_of("max_tokens", body.max_tokens or DEFAULT_MAX_TOKENS, settings),
         **body.sampling_params(),
     }
     run = await start_inference(request.app, key.owner_id, body.model, params)

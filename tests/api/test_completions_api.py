@@ -87,6 +87,9 @@ def test_unknown_models_are_404_and_another_owners_too(
 ) -> None:
     for path, body in (
         (COMPLETIONS, {"model": "ft:llama-tiny:nope", "prompt": "x"}),
+        # null is "not given" for every optional field (a null stop once answered 500)
+        (COMPLETIONS, {"model": "ft:llama-tiny:nope", "prompt": ["x"], "stop": None, "max_tokens": None}),
+        (CHAT, {**chat_body("ft:llama-tiny:nope"), "stop": None, "n": None, "stream_options": None}),
         (CHAT, chat_body("llama-tiny")),  # a preset is no trained model
         ("/v1/models/ft:llama-tiny:nope/generate", {"prompt": "x"}),
     ):
@@ -120,3 +123,10 @@ def test_broker_down_is_503_and_nothing_is_left(
         r = client.post(COMPLETIONS, json={"model": model_id, "prompt": "x"}, headers=tenant.headers)
         assert assert_envelope(r, 503)["code"] == "broker_unavailable"
     assert count(session_factory, InferenceRequest, InferenceRequest.owner_id == tenant.owner_id) == 0
+
+
+def test_other_methods_are_405(client: TestClient, tenant: Tenant) -> None:
+    for path in (COMPLETIONS, CHAT):
+        r = client.get(path, headers=tenant.headers)
+        assert assert_envelope(r, 405)["code"] == "method_not_allowed"
+        assert r.headers["allow"] == "POST"
