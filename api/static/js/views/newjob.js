@@ -3,6 +3,7 @@
 // (GET /v1/fine_tuning/hyperparameters, fetched once and cached); only the fields changed from
 // their defaults are sent. An API validation error is shown next to the field `error.param` names.
 //   newjob/files.js (data)   newjob/fields.js + schema.js (hyperparameters)   newjob/errors.js
+//   newjob/integrations.js (W&B and MLflow)
 
 import { ApiError, api } from "../api.js";
 import { loadHyperparameterSchema } from "../served.js";
@@ -10,6 +11,7 @@ import { el, toast } from "../util.js";
 import { FieldErrors } from "./newjob/errors.js";
 import { fieldId, hyperparameterFields } from "./newjob/fields.js";
 import { dataFieldset } from "./newjob/files.js";
+import { integrationsSection } from "./newjob/integrations.js";
 import { defaultPreset, presetNames } from "./newjob/schema.js";
 
 export function mountNewJob(root) {
@@ -40,6 +42,7 @@ function newJobForm(schema, signal) {
   const errors = new FieldErrors();
   const data = dataFieldset({ errors, signal });
   const hyperparameters = hyperparameterFields({ schema, errors });
+  const integrations = integrationsSection({ errors });
 
   // top-level request fields: model (the preset), suffix, seed
   const preset = el("select", { id: "model", name: "model", "aria-describedby": "err-model" },
@@ -63,7 +66,7 @@ function newJobForm(schema, signal) {
       el("legend", {}, "Model"),
       el("div", { class: "field" }, labelled("model", "Preset", "model"), preset, errors.slot("model", preset)),
       el("div", { class: "field" }, labelled("suffix", "Model name suffix", "suffix"), suffix, errors.slot("suffix", suffix))),
-    hyperparameters.architecture, hyperparameters.training, hyperparameters.advanced,
+    hyperparameters.architecture, hyperparameters.training, hyperparameters.advanced, integrations.node,
     el("div", { class: "actions" }, submit, el("a", { href: "#/jobs", class: "button secondary" }, "Cancel")));
 
   /** The request: only what the user chose; everything left alone gets the server's default. */
@@ -74,6 +77,8 @@ function newJobForm(schema, signal) {
     if (seed.value.trim()) body.seed = typedNumber(seed.value.trim());
     const changed = hyperparameters.changed();
     if (Object.keys(changed).length) body.hyperparameters = changed;
+    const chosen = integrations.body();
+    if (chosen) body.integrations = chosen;
     return body;
   }
 
@@ -91,7 +96,7 @@ function newJobForm(schema, signal) {
       toast(`Job ${job.id} created`);
       location.hash = `#/jobs/${encodeURIComponent(job.id)}`;
     } catch (e) {
-      if (e instanceof ApiError && e.status !== 401) errors.show(e.param, e.message);
+      if (e instanceof ApiError && e.status !== 401) errors.show(integrations.slotFor(e.param) ?? e.param, e.message);
       else if (!(e instanceof ApiError)) errors.show(null, e.message);
     } finally {
       submit.disabled = false;
