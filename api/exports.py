@@ -1,46 +1,63 @@
 """Model downloads: `GET /v1/models/{id}/content?format=gguf|hf|onnx|checkpoint[&dtype=f32|f16|q8_0]`.
 
+Nothing is converted in the API process (it never imports torch): workers make every export.
+
 - `checkpoint`: the stored checkpoint blob itself, an uncompressed tar of the trainer's checkpoint
   folder (weights as safetensors + JSON configs, tokenizer, optimizer state).
-- `gguf`, `onnx`, `hf`: produced on the first request for (model, format, dtype) and kept. The
-  checkpoint blob is extracted to a scratch folder under `work_dir/exports`, converted by
-  `trainer.export.export` (in the request's worker thread, never on the event loop), and the
-  result (gguf/onnx: the file; hf: one uncompressed tar of the Hugging Face folder) goes into the
-  blob store with an `Export` row. Later requests stream the stored blob.
-- Concurrency: requests for the same export in one process wait on one lock; across processes the
-  unique constraint (model_id, format) decides: the loser deletes its own blob and serves the
-  winner's. An `Export.format` is the format for dtype f32 and `<format>-<dtype>` otherwise.
-- Exports count toward the owner's `max_stored_bytes_per_key`: a new export is refused (429
-  `quota_exceeded`) when the owner is already at the quota, or when the produced file would take
-  it past (then the file is deleted again, under the owner's quota lock, so nothing is kept).
+- `gguf`, `hf` (one uncompressed tar of the Hugging Face folder), `onnx`: an `Export` row per
+  (model, format, dtype) (`format` is core.exports.export_key: `gguf`, `hf-f16`, ...):
+  - `ready` (made by the training worker at the end of the job for its `export_formats`, or
+    earlier on demand): 200, the file.
+  - none: the owner's storage quota is checked (429 when already full), a row `preparing` is
+    committed and its id sent to the inference queue (worker.exports.run_export makes the file):
+    202 with `Retry-After` and an `ExportPreparing` body. Ask again after that many seconds.
+    Concurrent first requests: the unique constraint (model_id, format) lets one insert; the
+    others answer 202 for the row it made. A broker that cannot be reached: the row is removed
+    again and the answer is 503 `broker_unavailable`.
+  - `preparing`: 202 again. A row preparing for longer than `export_stale_seconds` (its worker
+    died) is sent again (its `updated_at` touched: one request of many wins that).
+  - `failed`: the worker's error (`export_failed` 400, `quota_exceeded` 429, else 500); the row is
+    deleted, so the next request tries again.
+- Deleting a model deletes its exports in any status (a worker still making one finds its row
+  gone and deletes its file).
 """
 
 from __future__ import annotations
 
-import re
-import shutil
-import tarfile
-import tempfile
-import threading
+import logging
 from dataclasses import dataclass
-from pathlib import Path
+from datetime import timedelta
 from typing import Literal
 
-from sqlalchemy import select
+from celery import Celery
+from pydantic import BaseModel, Field
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from api.errors import APIError
 from api.queries import ModelRef
-from api.quotas import check_storage, storage_exceeded
+from api.quotas import STORAGE_RETRY_AFTER_SECONDS, quota_exceeded, storage_exceeded
 from core.blobstore import BlobStore
-from core.models import Export
+from core.broker import EXPORT_TASK, send_to_inference_worker
+from core.exports import (
+    FAILED,
+    PREPARING,
+    READY,
+    ExportDtype,
+    decode_error,
+    export_filename,
+    export_key,
+    media_type,
+    safe_name,
+)
+from core.models import Export, utcnow
 from core.quotas import stored_bytes
+from core.settings import Settings
 
-ExportFormat = Literal["gguf", "hf", "onnx", "checkpoint"]
-ExportDtype = Literal["f32", "f16", "q8_0"]
-_locks: dict[str, threading.Lock] = {}
-_locks_guard = threading.Lock()
+DownloadFormat = Literal["gguf", "hf", "onnx", "checkpoint"]
+RETRY_AFTER_SECONDS = 2  # a tiny model exports in about a second; larger ones take a few polls
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -51,143 +68,149 @@ class Download:
     media_type: str
 
 
-def safe_name(model_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", model_id).strip("-") or "model"
+class ExportPreparing(BaseModel):
+    """The 202 body while a worker makes the export: ask again after `Retry-After` seconds."""
+
+    object: Literal["model.export"] = "model.export"
+    id: str = Field(description="the export's id")
+    model: str
+    format: str = Field(description="gguf, hf or onnx")
+    dtype: str = Field(description="f32, f16 or q8_0")
+    status: Literal["preparing"] = "preparing"
+    message: str
 
 
-def _lock_for(key: str) -> threading.Lock:
-    with _locks_guard:
-        return _locks.setdefault(key, threading.Lock())
-
-
-def extract_checkpoint_tar(tar_path: Path, dest: Path) -> Path:
-    """Extract a checkpoint tar (folder at its root) into `dest`; returns the checkpoint folder."""
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(tar_path) as tf:
-        tf.extractall(dest, filter="data")
-    for config in sorted(dest.rglob("config.json")):
-        if (config.parent / "model.safetensors").exists():
-            return config.parent
-    raise APIError(
-        500,
-        "The stored checkpoint is not a checkpoint folder (no config.json + model.safetensors).",
-        code="checkpoint_unreadable",
-    )
-
-
-def tar_folder(folder: Path, out: Path, arcname: str) -> Path:
-    with tarfile.open(out, "w") as tf:
-        tf.add(folder, arcname=arcname)
-    return out
-
-
-def prepare_download(
+def find_download(
+    session: Session,
     ref: ModelRef,
-    fmt: ExportFormat,
+    fmt: DownloadFormat,
     dtype: ExportDtype,
     *,
     store: BlobStore,
-    factory: sessionmaker[Session],
-    work_dir: Path,
-    max_stored_bytes: int,
-) -> Download:
+    celery: Celery,
+    settings: Settings,
+) -> Download | ExportPreparing:
+    """The file to stream, or the export a worker is making (sent to one when needed)."""
     if ref.checkpoint is None:
         raise APIError(
             404, f"Model {ref.id!r} has no stored weights to download.", param="model", code="model_not_found"
         )
-    name = safe_name(ref.id)
     if fmt == "checkpoint":
         info = store.info(ref.checkpoint.blob_id)
-        return Download(ref.checkpoint.blob_id, f"{name}.tar", info.size, "application/x-tar")
-    key = fmt if dtype == "f32" else f"{fmt}-{dtype}"
-    with _lock_for(f"{ref.id}\0{key}"):
-        with factory() as session:
-            row = session.scalar(select(Export).where(Export.model_id == ref.id, Export.format == key))
+        return Download(ref.checkpoint.blob_id, f"{safe_name(ref.id)}.tar", info.size, "application/x-tar")
+    key = export_key(fmt, dtype)
+    for _ in range(3):  # a row that vanished between two reads (deleted as failed, or raced): again
+        row = session.scalar(select(Export).where(Export.model_id == ref.id, Export.format == key))
+        if row is None:
+            row = _insert(session, ref, fmt, dtype, settings.max_stored_bytes_per_key)
             if row is None:
-                used = stored_bytes(session, ref.job.owner_id)
-                if used >= max_stored_bytes:  # refuse before the (slow) conversion
-                    raise storage_exceeded(max_stored_bytes, used, None, "a new export", "format")
-                session.commit()  # no transaction open during the conversion
-                row = _produce(
-                    ref,
-                    fmt,
-                    dtype,
-                    key,
-                    name,
-                    store=store,
-                    session=session,
-                    work_dir=work_dir,
-                    max_stored_bytes=max_stored_bytes,
-                )
-            info = store.info(row.blob_id)
-            media = "application/x-tar" if row.filename.endswith(".tar") else "application/octet-stream"
-            return Download(row.blob_id, row.filename, info.size, media)
+                continue  # a concurrent request inserted it first: answer for theirs
+            answer = _preparing(row.id, ref.id, fmt, dtype)
+            _send(session, celery, row.id)
+            return answer
+        if row.status == READY and row.blob_id is not None:
+            size = store.info(row.blob_id).size
+            return Download(row.blob_id, row.filename, size, media_type(row.filename))
+        if row.status == FAILED:
+            _answer_failure(session, row, settings)
+        answer = _preparing(row.id, ref.id, fmt, dtype)
+        if utcnow() - row.updated_at > timedelta(seconds=settings.export_stale_seconds):
+            _send_again(session, celery, row)
+        return answer
+    raise APIError(503, "The export changed while it was looked up; try again.", code="export_busy")
 
 
-def _produce(
-    ref: ModelRef,
-    fmt: str,
-    dtype: str,
-    key: str,
-    name: str,
-    *,
-    store: BlobStore,
-    session: Session,
-    work_dir: Path,
-    max_stored_bytes: int,
-) -> Export:
-    from trainer.export import ExportError, export
+def _preparing(export_id: str, model_id: str, fmt: str, dtype: str) -> ExportPreparing:
+    return ExportPreparing(
+        id=export_id,
+        model=model_id,
+        format=fmt,
+        dtype=dtype,
+        message=f"A worker is preparing the {fmt} ({dtype}) export of this model: ask again in "
+        f"{RETRY_AFTER_SECONDS} s (Retry-After).",
+    )
 
-    assert ref.checkpoint is not None
-    scratch_root = work_dir / "exports"
-    scratch_root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="export-", dir=scratch_root))
+
+def _insert(session: Session, ref: ModelRef, fmt: str, dtype: str, limit: int) -> Export | None:
+    """A new `preparing` row, committed; None when a concurrent request inserted it first."""
+    owner = ref.job.owner_id
+    used = stored_bytes(session, owner)
+    if used >= limit:  # refuse before a worker spends time on it (the worker checks the size too)
+        raise storage_exceeded(limit, used, None, "a new export", "format")
+    row = Export(
+        model_id=ref.id,
+        format=export_key(fmt, dtype),
+        owner_id=owner,
+        status=PREPARING,
+        filename=export_filename(ref.id, fmt, dtype),
+    )
+    session.add(row)
     try:
-        tar_path = store.read_to_path(ref.checkpoint.blob_id, scratch / "checkpoint.tar")
-        ckpt_dir = extract_checkpoint_tar(tar_path, scratch / "checkpoint")
-        suffix = "" if dtype == "f32" else f"-{dtype}"
-        try:
-            if fmt == "hf":
-                folder = export(ckpt_dir, "hf", scratch / "hf", dtype)
-                filename = f"{name}-hf{suffix}.tar"
-                out = tar_folder(Path(folder), scratch / filename, arcname=f"{name}-hf{suffix}")
-            else:
-                filename = f"{name}{suffix}.{fmt}"
-                out = Path(export(ckpt_dir, fmt, scratch / filename, dtype))
-        except ExportError as e:
-            raise APIError(
-                400, f"Cannot export {ref.id} as {fmt} ({dtype}): {e}", param="format", code="export_failed"
-            ) from e
-        blob = store.put_file(out, session)
-        try:
-            check_storage(session, ref.job.owner_id, max_stored_bytes, blob.size, "this export", "format")
-        except APIError:
-            session.rollback()
-            store.delete(blob.id, session)
-            session.commit()
-            raise
-        row = Export(model_id=ref.id, format=key, blob_id=blob.id, filename=filename)
-        session.add(row)
-        try:
-            session.commit()
-        except IntegrityError:  # another process made the same export first: use theirs
-            session.rollback()
-            store.delete(blob.id, session)
-            session.commit()
-            existing = session.scalar(select(Export).where(Export.model_id == ref.id, Export.format == key))
-            if existing is None:
-                raise
-            return existing
-        return row
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        return None
+    return row
+
+
+def _send(session: Session, celery: Celery, export_id: str) -> None:
+    """The row's id to the inference queue; on a broker failure the row goes again (503)."""
+    try:
+        send_to_inference_worker(celery, EXPORT_TASK, export_id)
+    except Exception as e:  # noqa: BLE001 - any broker failure
+        log.warning("could not send export %s to a worker: %s", export_id, type(e).__name__)
+        session.rollback()
+        session.execute(delete(Export).where(Export.id == export_id, Export.status == PREPARING))
+        session.commit()
+        raise APIError(
+            503,
+            f"The export could not be queued: the broker is unreachable ({type(e).__name__}). Nothing "
+            "was kept; try again later (GET /readyz shows when the service is ready).",
+            code="broker_unavailable",
+        ) from e
+
+
+def _send_again(session: Session, celery: Celery, row: Export) -> None:
+    """A preparing row whose worker died: touch it (compare-and-set on updated_at, so one of many
+    concurrent requests wins) and send it again."""
+    export_id = row.id
+    won = session.execute(
+        update(Export)
+        .where(Export.id == export_id, Export.status == PREPARING, Export.updated_at == row.updated_at)
+        .values(updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    if won.rowcount == 1:  # type: ignore[attr-defined]
+        log.info("export %s was preparing for too long: sent again", export_id)
+        _send(session, celery, export_id)
+
+
+def _answer_failure(session: Session, row: Export, settings: Settings) -> None:
+    """Raise the failed row's error, after deleting the row (the next request tries again)."""
+    code, message = decode_error(row.error)
+    session.execute(delete(Export).where(Export.id == row.id, Export.status == FAILED))
+    session.commit()
+    if code == "export_failed":
+        raise APIError(400, message, param="format", code="export_failed")
+    if code == "quota_exceeded":
+        raise quota_exceeded(
+            "max_stored_bytes_per_key",
+            settings.max_stored_bytes_per_key,
+            message,
+            STORAGE_RETRY_AFTER_SECONDS,
+            "format",
+        )
+    raise APIError(500, f"The export failed on the server: {message}", code="internal_error")
 
 
 def delete_exports(session: Session, store: BlobStore, model_id: str) -> int:
+    """Delete the model's exports in any status (and the files of the ready ones). No commit."""
     rows = session.scalars(select(Export).where(Export.model_id == model_id)).all()
     for row in rows:
         blob_id = row.blob_id
         session.delete(row)
         session.flush()
-        store.delete(blob_id, session)
+        if blob_id is not None:
+            store.delete(blob_id, session)
     return len(rows)

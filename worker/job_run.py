@@ -29,6 +29,7 @@ from worker.callbacks import ServiceCallbacks
 from worker.checkpoint_store import store_checkpoint
 from worker.db_retry import DatabaseUnavailable, DbRetry
 from worker.failures import JobFailure, classify_exception
+from worker.final_exports import store_final_exports
 from worker.job_inputs import JobSnapshot, TrainingInputs, prepare_inputs
 from worker.lease import LeaseLost, lock_held_job
 from worker.metric_rows import delete_metrics_after
@@ -226,6 +227,7 @@ class JobRun:
             )
             write_result_file(session, self.store, job)  # the results CSV commits with the success
 
+        store_final_exports(self, snapshot, final)  # export_formats, stored before the job succeeds
         store_checkpoint(
             self.sf,
             self.store,

@@ -4,7 +4,8 @@ Model ids contain colons (`ft:llama-tiny:abc123:ckpt-step-50`), so the routes us
 the `/content` route is registered before the bare one so its suffix is not swallowed into the id
 (`/generate`, a POST the bare GET/DELETE never take, is in api/routes/completions.py). DELETE hides
 the model for good (a `deleted_models` row: 404 everywhere afterwards, no longer a base for new
-jobs) and frees its exports; a checkpoint's bytes stay while its job still lists them.
+jobs) and frees its exports (in any status: a worker still making one finds its row gone and drops
+the file); a checkpoint's bytes stay while its job still lists them.
 """
 
 from __future__ import annotations
@@ -12,11 +13,18 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import select
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
-from api.exports import ExportDtype, ExportFormat, delete_exports, prepare_download
+from api.exports import (
+    RETRY_AFTER_SECONDS,
+    DownloadFormat,
+    ExportDtype,
+    ExportPreparing,
+    delete_exports,
+    find_download,
+)
 from api.queries import ModelRef, is_deleted, owned_model
 from api.request_text import json_router
 from api.routes.files import content_disposition
@@ -82,8 +90,20 @@ def list_models(session: SessionDep, key: CurrentKey) -> ListEnvelope[Model]:
 @router.get(
     "/models/{model_id:path}/content",
     summary="Download a model: gguf, hf (tar), onnx, checkpoint (tar)",
+    description="A stored file answers 200 at once. An export not made yet answers 202 (a worker "
+    "prepares it): ask again after `Retry-After` seconds until the 200 comes. A failed export answers "
+    "its error once (400 `export_failed`), then the next request tries again.",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/octet-stream": {}, "application/x-tar": {}}}},
+    responses={
+        200: {"content": {"application/octet-stream": {}, "application/x-tar": {}}},
+        202: {
+            "model": ExportPreparing,
+            "description": "A worker is preparing this export; ask again after `Retry-After` seconds",
+            "headers": {
+                "Retry-After": {"description": "seconds until asking again", "schema": {"type": "integer"}}
+            },
+        },
+    },
 )
 def model_content(
     model_id: str,
@@ -92,26 +112,24 @@ def model_content(
     key: CurrentKey,
     store: BlobStoreDep,
     settings: SettingsDep,
-    format: Annotated[ExportFormat, Query(description="the file to download")] = "gguf",
+    format: Annotated[DownloadFormat, Query(description="the file to download")] = "gguf",
     dtype: Annotated[ExportDtype, Query(description="weights precision (gguf, hf, onnx)")] = "f32",
-) -> StreamingResponse:
+) -> Response:
     ref = owned_model(session, key.owner_id, model_id)
-    session.commit()  # end the read transaction: the export below may take a while
-    download = prepare_download(
-        ref,
-        format,
-        dtype,
-        store=store,
-        factory=request.app.state.session_factory,
-        work_dir=settings.work_path,
-        max_stored_bytes=settings.max_stored_bytes_per_key,
+    found = find_download(
+        session, ref, format, dtype, store=store, celery=request.app.state.celery, settings=settings
     )
+    session.commit()  # no transaction held open while the file streams
+    if isinstance(found, ExportPreparing):
+        return JSONResponse(
+            found.model_dump(), status_code=202, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+        )
     return StreamingResponse(
-        store.open(download.blob_id),
-        media_type=download.media_type,
+        store.open(found.blob_id),
+        media_type=found.media_type,
         headers={
-            "Content-Length": str(download.size),
-            "Content-Disposition": content_disposition(download.filename),
+            "Content-Length": str(found.size),
+            "Content-Disposition": content_disposition(found.filename),
         },
     )
 

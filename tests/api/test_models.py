@@ -1,17 +1,15 @@
-"""/v1/models: list/get/delete (ids with colons), downloads produced once and kept, generation."""
+"""/v1/models: list/get/delete (ids with colons), the checkpoint download, generation (exports made
+by workers: test_model_downloads.py)."""
 
 from __future__ import annotations
 
 import io
 import tarfile
-from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from core.models import Export
-from tests.api.conftest import Factory, Tenant, blob_count, count
+from tests.api.conftest import Factory, Tenant
 from tests.api.test_errors import assert_envelope
 
 
@@ -95,51 +93,6 @@ def test_checkpoint_download_is_the_stored_tar(
         client.get(f"/v1/models/{model_id}/content?format=zip", headers=tenant.headers), 400
     )
     assert err["param"] == "format"
-
-
-def test_gguf_produced_once_and_kept(
-    client: TestClient,
-    tenant: Tenant,
-    factory: Factory,
-    tiny_checkpoint_tar: bytes,
-    session_factory: Any,
-    tmp_path: Path,
-) -> None:
-    from gguf import GGUFReader
-
-    _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)
-    first = client.get(f"/v1/models/{model_id}/content?format=gguf", headers=tenant.headers)
-    assert first.status_code == 200, first.text
-    assert first.content[:4] == b"GGUF"
-    assert first.headers["content-length"] == str(len(first.content))
-    assert (
-        first.headers["content-disposition"].endswith(".gguf")
-        or ".gguf" in first.headers["content-disposition"]
-    )
-    assert count(session_factory, Export, Export.model_id == model_id) == 1
-    blobs = blob_count(session_factory)
-    second = client.get(f"/v1/models/{model_id}/content?format=gguf", headers=tenant.headers)
-    assert second.content == first.content
-    assert blob_count(session_factory) == blobs  # served from the kept export
-    path = tmp_path / "m.gguf"
-    path.write_bytes(first.content)
-    reader = GGUFReader(path)
-    assert any(t.name == "token_embd.weight" for t in reader.tensors)
-    # deleting the model frees its exports
-    client.delete(f"/v1/models/{model_id}", headers=tenant.headers)
-    assert count(session_factory, Export, Export.model_id == model_id) == 0
-
-
-def test_hf_download_is_a_tar_folder(
-    client: TestClient, tenant: Tenant, factory: Factory, tiny_checkpoint_tar: bytes
-) -> None:
-    _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)
-    r = client.get(f"/v1/models/{model_id}/content?format=hf", headers=tenant.headers)
-    assert r.status_code == 200, r.text
-    with tarfile.open(fileobj=io.BytesIO(r.content)) as tf:
-        names = tf.getnames()
-    assert any(n.endswith("config.json") for n in names)
-    assert any(n.endswith(".safetensors") for n in names)
 
 
 def test_generate_refuses_bad_bodies_before_queueing(
