@@ -301,7 +301,31 @@ def test_jobs_ticked_in_the_list_open_together(new_page: Any, static_url: str) -
     assert page.locator("#cmp-runs").count() == 0
     assert page.locator("#cmp-pick-list li").count() == 3
     assert page.is_disabled("#cmp-pick-go")
+    page.click("#nav a[data-route=jobs]")
+    page.wait_for_selector(f".job-card[data-job-id='{A}'] input.pick-box:checked")  # ticks kept this session
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "jobs_compare_pick.png"))
     assert log.errors() == [], log.messages
+
+
+def test_unknown_jobs_and_too_many(new_page: Any, static_url: str) -> None:
+    page, log = new_page()
+    stub(page)
+    missing = "ftjob-" + "0" * 24
+    sign_in_with_stub(page, static_url, f"#/compare?jobs={A},{missing},{A}")
+    page.wait_for_selector("#compare[data-state=done]")
+    rows = page.locator("#cmp-runs tbody tr")
+    assert rows.count() == 2  # the repeated id once
+    assert "no such job" in rows.nth(1).inner_text()
+    assert set(drawn(page, "train-loss")) == {A}  # the others still drawn
+    assert page.locator("#cmp-hparams thead th").count() == 2  # setting + A
+
+    ten = [f"ftjob-{i:024x}" for i in range(10)]
+    page.goto(f"{static_url}/#/compare?jobs={','.join(ten)}")
+    page.wait_for_selector("#compare[data-state=done]")
+    assert page.inner_text(".compare .notice") == "Showing the first 8 of the 10 jobs asked for."
+    assert page.locator("#cmp-runs tbody tr").count() == 8
+    assert log.errors(allow=("404 (Not Found)",)) == [], log.messages
 
 
 def test_screenshots_light_and_dark(new_page: Any, static_url: str) -> None:
