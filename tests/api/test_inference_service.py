@@ -6,6 +6,7 @@ The openai SDK against a trained model: tests/e2e/test_completions.py."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -97,6 +98,19 @@ def test_completions_are_generated_by_the_inference_worker(
     sdk = sdk_for(live_server)
     logs = inference_worker.output
 
+    # several at once before the model is loaded: one thread loads it, the others wait for it; the
+    # same seed gives the same text in every thread
+    with ThreadPoolExecutor(4) as pool:
+        texts = list(
+            pool.map(
+                lambda _: (
+                    sdk.completions.create(model=model_id, prompt="x", max_tokens=20, seed=8).choices[0].text
+                ),
+                range(4),
+            )
+        )
+    assert len(set(texts)) == 1, texts
+
     # greedy: /generate, /v1/completions and the checkpoint's id (the same weights) agree
     generate = httpx.post(
         f"{live_server.url}/v1/models/{model_id}/generate",
@@ -107,7 +121,7 @@ def test_completions_are_generated_by_the_inference_worker(
     assert generate.status_code == 200, f"{generate.text}\n{logs()}"
     greedy = generate.json()["text"]
     assert generate.json()["usage"]["prompt_tokens"] == 2  # two bytes
-    assert [r.id for r in rows(session_factory, owner)] == [recent_id]  # swept, and its own deleted
+    assert [r.id for r in rows(session_factory, owner)] == [recent_id]  # swept, and their own deleted
     for model in (model_id, f"{model_id}:ckpt-step-50"):
         c = sdk.completions.create(model=model, prompt="ab", max_tokens=12, temperature=0)
         assert c.choices[0].text == greedy and c.model == model
@@ -214,3 +228,19 @@ def test_a_client_that_goes_away_stops_the_worker(
         timeout=60,
         message=lambda: f"the worker to stop\n{inference_worker.output()}",
     )
+
+
+@pytest.mark.service_settings(max_completion_tokens=10_000_000, max_inference_seconds=2)
+def test_a_completion_ends_at_max_inference_seconds(
+    live_server: LiveServer,
+    inference_worker: ServiceProcess,
+    factory: Factory,
+    session_factory: Any,
+    endless_checkpoint_tar: bytes,
+) -> None:
+    owner = owner_of(live_server, session_factory)
+    _, model_id = factory.finished_model(owner, tar_bytes=endless_checkpoint_tar)
+    c = sdk_for(live_server).completions.create(model=model_id, prompt="Hi", max_tokens=10_000_000)
+    assert c.choices[0].finish_reason == "length"
+    assert c.usage is not None and 0 < c.usage.completion_tokens < 10_000_000
+    assert len(c.choices[0].text) > 0 and not rows(session_factory, owner)
