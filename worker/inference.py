@@ -67,7 +67,10 @@ def run_inference(request_id: str, settings: Settings) -> None:
     from worker.process import resources
 
     res = resources(settings)
-    sweep_stale_requests(res.session_factory, settings)
+    try:
+        sweep_stale_requests(res.session_factory, settings)
+    except Exception:  # housekeeping must not cost this request its answer
+        log.warning("could not delete stale inference requests", exc_info=True)
     params = claim(res.session_factory, request_id)
     if params is None:
         return
