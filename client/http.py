@@ -11,6 +11,7 @@ import json
 import mimetypes
 import os
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -20,6 +21,7 @@ from httpx_sse import EventSource, ServerSentEvent
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 UPLOAD_CHUNK = 1 << 20  # 1 MiB: the body is streamed, never read whole
+DEFAULT_EXPORT_WAIT = 600.0  # seconds a download waits for a worker to prepare its export
 
 ProgressFn = Callable[[int], None]  # called with the number of bytes just sent/received
 
@@ -277,17 +279,32 @@ class Client:
         write: Callable[[bytes], object],
         on_start: Callable[[int | None, str | None], None] | None = None,
         progress: ProgressFn | None = None,
+        *,
+        dtype: str | None = None,
+        wait: float = DEFAULT_EXPORT_WAIT,
+        on_preparing: Callable[[float], None] | None = None,
     ) -> None:
-        """Stream `GET /v1/models/{id}/content?format=fmt` into `write`. `on_start(total, filename)`
-        gets the Content-Length (None if absent) and the Content-Disposition filename first.
-        The first request of a format may take a while: the server exports it then."""
-        response = self._send(
-            "GET",
-            f"/v1/models/{model_id}/content",
-            params={"format": fmt},
-            stream=True,
-            timeout=httpx.Timeout(600.0, connect=10.0),
-        )
+        """Stream `GET /v1/models/{id}/content?format=fmt[&dtype=]` into `write`. `on_start(total,
+        filename)` gets the Content-Length (None if absent) and the Content-Disposition filename first.
+
+        An export not made yet answers 202 while a worker prepares it: this asks again after each
+        `Retry-After` for at most `wait` seconds (then APIError), calling `on_preparing(seconds
+        waited)` about once a second meanwhile."""
+        params = {"format": fmt, **({"dtype": dtype} if dtype else {})}
+        started = time.monotonic()
+        while True:
+            response = self._send(
+                "GET",
+                f"/v1/models/{model_id}/content",
+                params=params,
+                stream=True,
+                timeout=httpx.Timeout(600.0, connect=10.0),
+            )
+            if response.status_code != 202:
+                break
+            retry_after = _retry_after(response.headers.get("retry-after"))
+            response.close()
+            self._wait_for_export(started, wait, retry_after, f"the {fmt} export of {model_id}", on_preparing)
         try:
             length = response.headers.get("content-length")
             if on_start:
@@ -303,6 +320,33 @@ class Client:
             raise APIError(f"the download of {model_id} broke off: {e}") from e
         finally:
             response.close()
+
+    @staticmethod
+    def _wait_for_export(
+        started: float, wait: float, delay: float, what: str, on_preparing: Callable[[float], None] | None
+    ) -> None:
+        """Sleep `delay` seconds (ticking on_preparing each second), or fail past `wait` in all."""
+        waited = time.monotonic() - started
+        if waited + delay > wait:
+            raise APIError(
+                f"{what} is still being prepared after {waited:.0f} s, and the next check would pass the "
+                f"wait limit of {wait:g} s: try again later, or wait longer (--wait)",
+                status_code=202,
+            )
+        end = time.monotonic() + delay
+        while (left := end - time.monotonic()) > 0:
+            if on_preparing:
+                on_preparing(time.monotonic() - started)
+            time.sleep(min(1.0, left))
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds from a Retry-After header (delta-seconds), bounded to [0.5, 60]; 2 when absent."""
+    try:
+        seconds = float(value) if value else 2.0
+    except ValueError:
+        seconds = 2.0
+    return min(max(seconds, 0.5), 60.0)
 
 
 def content_disposition_filename(header: str | None) -> str | None:

@@ -12,6 +12,8 @@ from client.commands.output import add_id_column, format_size, format_time, make
 from client.commands.runner import EXIT_OK, connect
 
 FORMATS = ("gguf", "hf", "onnx", "checkpoint")
+DTYPES = ("f32", "f16", "q8_0")
+DEFAULT_WAIT = 600.0  # seconds `models download` waits for a worker to prepare an export
 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
@@ -34,7 +36,8 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 
 def cmd_models_download(args: argparse.Namespace) -> int:
-    """`models download MODEL_ID`: stream the export to a file (whole or not at all)."""
+    """`models download MODEL_ID`: stream the export to a file (whole or not at all). An export the
+    server has not made yet is prepared by a worker first: the command waits for it (`--wait`)."""
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
@@ -53,10 +56,23 @@ def cmd_models_download(args: argparse.Namespace) -> int:
             console=make_console(stderr=True),
         ) as bar,
     ):
-        task = bar.add_task(f"{args.id} ({args.format})", total=None)
+        label = f"{args.id} ({args.format}{'' if args.dtype == 'f32' else ' ' + args.dtype})"
+        task = bar.add_task(label, total=None)
+        waited: float | None = None
+
+        def on_preparing(seconds: float) -> None:
+            """A worker is making the export (the server answered 202): show the wait."""
+            nonlocal waited
+            if waited is None and not bar.console.is_terminal:  # no live display: one line instead
+                bar.console.print(f"preparing {args.format}… (a worker is making the export)")
+            waited = seconds
+            bar.update(task, description=f"preparing {args.format}… {seconds:.0f}s")
 
         def on_start(total: int | None, filename: str | None) -> None:
             nonlocal tmp, fh, final
+            if waited is not None:
+                bar.update(task, description=label)
+                bar.console.print(f"{args.format} export prepared after {waited:.0f}s")
             default_name = filename or f"{args.id.replace(':', '_')}.{_default_ext(args.format)}"
             if out_arg is None:
                 final = Path(default_name)
@@ -80,6 +96,9 @@ def cmd_models_download(args: argparse.Namespace) -> int:
                 write=write,
                 on_start=on_start,
                 progress=lambda n: bar.advance(task, n),
+                dtype=args.dtype,
+                wait=args.wait,
+                on_preparing=on_preparing,
             )
             assert tmp is not None and final is not None and fh is not None  # on_start ran first
             fh.close()

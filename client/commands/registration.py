@@ -13,7 +13,7 @@ from client.commands.jobs import (
     cmd_jobs_list,
     cmd_jobs_show,
 )
-from client.commands.models import FORMATS, cmd_models_download, cmd_models_list
+from client.commands.models import DEFAULT_WAIT, DTYPES, FORMATS, cmd_models_download, cmd_models_list
 from client.commands.runner import Handler, run_command
 from client.hyperparameter_options import add_hyperparameter_options
 from trainer.config import PRESETS
@@ -130,6 +130,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("id", metavar="MODEL_ID")
     p.add_argument("--format", choices=FORMATS, default="gguf", help="gguf (default), hf, onnx or checkpoint")
+    p.add_argument(
+        "--dtype", choices=DTYPES, default="f32", help="weights precision of gguf/hf/onnx (default: f32)"
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=DEFAULT_WAIT,
+        metavar="SECONDS",
+        help="how long to wait for a worker to prepare an export the server has not made yet "
+        f"(default: {DEFAULT_WAIT:g})",
+    )
     p.add_argument(
         "-o",
         "--output",

@@ -3,6 +3,8 @@
 // fetch() (EventSource can neither send an Authorization header nor POST): the job's stream and the
 // streamed completions, and model downloads.
 
+import { sleep } from "./util.js";
+
 const KEY_STORAGE = "fromscratch.apiKey";
 
 export class ApiError extends Error {
@@ -200,16 +202,31 @@ export function dispositionFilename(header) {
 
 /**
  * Download GET /v1/models/{id}/content?format=fmt with the Bearer header and hand it to the
- * browser as a file. onProgress(received, total|null).
+ * browser as a file. onProgress(received, total|null). An export a worker is still preparing
+ * answers 202: ask again after its Retry-After seconds, calling onPreparing(seconds waited), for
+ * at most maxWaitMs.
  */
-export async function downloadModel(modelId, fmt, { onProgress, signal } = {}) {
+export async function downloadModel(modelId, fmt, { onProgress, onPreparing, signal, maxWaitMs = 15 * 60_000 } = {}) {
+  const path = `/v1/models/${encodeURIComponent(modelId)}/content${query({ format: fmt })}`;
+  const started = Date.now();
   let res;
-  try {
-    res = await fetch(`/v1/models/${encodeURIComponent(modelId)}/content${query({ format: fmt })}`,
-      { headers: authHeaders(), signal });
-  } catch (e) {
-    if (e.name === "AbortError") throw e;
-    throw new ApiError(0, { message: "download failed: cannot reach the server" });
+  for (;;) {
+    try {
+      res = await fetch(path, { headers: authHeaders(), signal });
+    } catch (e) {
+      if (e.name === "AbortError") throw e;
+      throw new ApiError(0, { message: "download failed: cannot reach the server" });
+    }
+    if (res.status !== 202) break;
+    await res.body?.cancel();
+    const waited = Date.now() - started;
+    if (waited > maxWaitMs) {
+      throw new ApiError(202, { message: `the ${fmt} export was still being prepared after ${Math.round(waited / 1000)} s; try again later` });
+    }
+    if (onPreparing) onPreparing(Math.round(waited / 1000));
+    const retry = Math.min(Math.max(Number(res.headers.get("Retry-After")) || 2, 1), 30);
+    await sleep(retry * 1000, signal);
+    if (signal && signal.aborted) throw new DOMException("download aborted", "AbortError");
   }
   if (!res.ok) throw await errorFrom(res);
   const total = Number(res.headers.get("Content-Length")) || null;
