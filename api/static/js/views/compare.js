@@ -28,10 +28,14 @@ export function mountCompare(root, { params, statuses }) {
   }
   const picker = runPicker({ chosen: ids, signal });
   view.append(picker.node);
-  if (!ids.length) return { destroy() { abort.abort(); } };
+  if (!ids.length) {
+    picker.load();
+    return { destroy() { abort.abort(); } };
+  }
   picker.node.hidden = true;
   choose.addEventListener("click", () => {
     picker.node.hidden = !picker.node.hidden;
+    if (!picker.node.hidden) picker.load();
     choose.setAttribute("aria-expanded", String(!picker.node.hidden));
   });
 

@@ -7,7 +7,7 @@ import { MAX_RUNS, compareHash } from "./runs.js";
 
 const PAGE = 50;
 
-/** chosen: the ids ticked at first; signal: the page's. */
+/** chosen: the ids ticked at first; signal: the page's. load() lists the jobs (once). */
 export function runPicker({ chosen, signal }) {
   const picked = new Set(chosen);
   const list = el("ul", { class: "cmp-pick-list", id: "cmp-pick-list", "aria-busy": "true" });
@@ -26,7 +26,8 @@ export function runPicker({ chosen, signal }) {
 
   go.addEventListener("click", () => { location.hash = compareHash([...picked]); });
 
-  (async () => {
+  let loading = null;
+  const load = () => (loading ??= (async () => {
     try {
       const page = await api(`/fine_tuning/jobs${query({ limit: PAGE })}`, { signal });
       const jobs = page.data || [];
@@ -47,7 +48,7 @@ export function runPicker({ chosen, signal }) {
       list.setAttribute("aria-busy", "false");
       sync();
     }
-  })();
+  })());
   sync();
-  return { node };
+  return { node, load };
 }
