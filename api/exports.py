@@ -108,7 +108,11 @@ def find_download(
             answer = _preparing(row.id, ref.id, fmt, dtype)
             _send(session, celery, row.id)
             return answer
-        if row.status == READY and row.blob_id is not None:
+        if row.status == READY:
+            if row.blob_id is None:  # a ready row without its file cannot serve: make it again
+                session.execute(delete(Export).where(Export.id == row.id, Export.blob_id.is_(None)))
+                session.commit()
+                continue
             size = store.info(row.blob_id).size
             return Download(row.blob_id, row.filename, size, media_type(row.filename))
         if row.status == FAILED:
