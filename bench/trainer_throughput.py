@@ -241,7 +241,14 @@ class _Timer(Callbacks):
         self._start = clock()
 
     def on_step(
-        self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float, tokens_seen: int
+        self,
+        step: int,
+        train_loss: float,
+        lr: float,
+        grad_norm: float,
+        tokens_per_s: float,
+        tokens_seen: int,
+        train_accuracy: float | None = None,
     ) -> None:
         now = clock()  # after loss.item(): the step is done on the device
         assert self._start is not None

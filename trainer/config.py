@@ -388,6 +388,13 @@ class TrainConfig(_Config):
         "(command line: comma-separated, none for no exports)",
         title="Exports at the end",
     )
+    # what the loss covers
+    train_on_inputs: bool = param(
+        False,
+        "train on every token of prompt/completion and chat data, prompts and other roles' messages "
+        "too (default: completions and assistant messages only; plain text always trains on all)",
+        title="Train on inputs",
+    )
     # data sampling
     samples_after_nl: bool = param(
         False,

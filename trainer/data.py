@@ -2,49 +2,43 @@
 
 - `tokenize_to_file` streams a text/JSONL file (see `trainer.dataformat`) through a tokenizer into a
   raw little-endian uint16 array (uint32 when vocab_size > 65535), written atomically. JSONL documents
-  are each followed by EOS; plain text gets no BOS/EOS.
+  are each followed by EOS; plain text gets no BOS/EOS. Each segment of a JSONL document (its
+  prompt part, its completion, see trainer.records) is tokenized on its own, and the tokens the loss
+  covers are written beside the tokens as loss spans (`<tokens>.spans`, trainer.spans), only when
+  some token is not covered (plain text and `{"text"}` records: no file, every token is trained).
 - `prepare_data` validates, tokenizes (cached by file sha256 + tokenizer hash when `cache_dir` is
-  given) and splits off the last `val_fraction` of tokens, or uses a separate validation file.
-- `BatchSampler` draws (x, y) windows of ctx+1 tokens. Modes:
-    random (default)  starts drawn uniformly with a seeded numpy PCG64 generator (as nanoGPT);
-    samples_after_nl  starts only at 0 or right after a newline token (llama.cpp --samples-after-nl);
-    epochs            every window start visited once per epoch in a shuffled order. Without
-                      samples_after_nl the starts are 0, ctx, 2*ctx, ... (windows overlap by the one
-                      token that is the last target of one and the first input of the next, so each
-                      token is predicted once per epoch, as nanoGPT/llama.cpp count epochs); with it,
-                      all after-newline starts. Epoch e is shuffled by a generator seeded with
-                      (seed, e), so any epoch's order can be rebuilt from the seed alone. Batches are
-                      always full: the last batch of an epoch continues into the next epoch.
-  `state_dict()` (JSON-serialisable) + `load_state_dict()` make a resumed sampler continue with
-  exactly the batches an uninterrupted one would have produced.
+  given) and splits off the last `val_fraction` of tokens, or uses a separate validation file;
+  `TokenData` carries the loss spans of both parts.
+- `BatchSampler` (trainer.batches, re-exported here) draws the (x, y) batches.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import torch
 
+from trainer.batches import BatchSampler as BatchSampler  # re-exported: callers import it from here
 from trainer.dataformat import (
     DEFAULT_CHUNK_CHARS,
     DataError,
+    Document,
     detect_format,
     iter_jsonl_documents,
     iter_text_chunks,
     validate_file,
 )
+from trainer.spans import SPAN_DTYPE, covers_all, empty_spans, merge_spans, split_spans
 from trainer.tokenizers import ByteTokenizer, Tokenizer
 
 # Bump when the token-file layout or document rendering changes, so old caches are not reused.
-CACHE_VERSION = 1
+# 2: JSONL segments tokenized on their own, loss spans beside the tokens.
+CACHE_VERSION = 2
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -59,35 +53,58 @@ def _encode(tokenizer: Tokenizer, text: str, dtype: np.dtype) -> np.ndarray:
 
 def iter_token_chunks(
     path: str | os.PathLike[str], tokenizer: Tokenizer, chunk_chars: int = DEFAULT_CHUNK_CHARS
-) -> Iterator[np.ndarray]:
-    """Token arrays for a data file, about `chunk_chars` characters of input at a time."""
+) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    """(tokens, loss spans within them) for a data file, about `chunk_chars` characters of input at a
+    time; plain text has no spans (None: every token is trained)."""
     dtype = token_dtype(tokenizer.vocab_size)
     if detect_format(path) == "text":
         for chunk in iter_text_chunks(path, chunk_chars):
-            yield _encode(tokenizer, chunk, dtype)
+            yield _encode(tokenizer, chunk, dtype), None
         return
-    eos = np.array([tokenizer.eos_id], dtype=dtype)
-    batch: list[str] = []
+    batch: list[Document] = []
     size = 0
-
-    def flush() -> np.ndarray:
-        encode_batch = getattr(tokenizer, "encode_batch", None)
-        if encode_batch is not None:
-            arrays = [np.asarray(ids, dtype=dtype) for ids in encode_batch(batch)]
-        else:
-            arrays = [_encode(tokenizer, doc, dtype) for doc in batch]
-        parts = [p for a in arrays for p in (a, eos)]
-        return np.concatenate(parts)
-
     with open(path, encoding="utf-8", newline="\n") as f:
         for doc in iter_jsonl_documents(f):
             batch.append(doc)
-            size += len(doc)
+            size += sum(len(text) for text, _ in doc.segments)
             if size >= chunk_chars:
-                yield flush()
+                yield _tokenize_documents(batch, tokenizer, dtype)
                 batch, size = [], 0
     if batch:
-        yield flush()
+        yield _tokenize_documents(batch, tokenizer, dtype)
+
+
+def _tokenize_documents(
+    docs: list[Document], tokenizer: Tokenizer, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """The documents' tokens, each segment tokenized on its own and every document followed by EOS,
+    and the spans of the trained segments (and EOS)."""
+    texts = [text for doc in docs for text, _ in doc.segments]
+    encode_batch = getattr(tokenizer, "encode_batch", None)
+    if encode_batch is not None:
+        arrays = [np.asarray(ids, dtype=dtype) for ids in encode_batch(texts)]
+    else:
+        arrays = [_encode(tokenizer, text, dtype) for text in texts]
+    eos = np.array([tokenizer.eos_id], dtype=dtype)
+    pieces: list[np.ndarray] = []
+    trained: list[bool] = []
+    it = iter(arrays)
+    for doc in docs:  # one entry per segment, not per token
+        for (_, flag), arr in zip(doc.segments, it, strict=False):
+            pieces.append(arr)
+            trained.append(flag)
+        pieces.append(eos)
+        trained.append(doc.eos_trained)
+    lengths = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
+    ends = np.cumsum(lengths)
+    keep = np.asarray(trained, dtype=bool)
+    spans = np.stack([(ends - lengths)[keep], ends[keep]], axis=1)
+    return np.concatenate(pieces), merge_spans(spans)
+
+
+def spans_path(tokens_path: str | os.PathLike[str]) -> Path:
+    """Where the loss spans of a token file live (absent: every token is trained)."""
+    return Path(f"{os.fspath(tokens_path)}.spans")
 
 
 def tokenize_to_file(
@@ -96,23 +113,46 @@ def tokenize_to_file(
     out_path: str | os.PathLike[str],
     chunk_chars: int = DEFAULT_CHUNK_CHARS,
 ) -> int:
-    """Tokenize `path` into a raw token array at `out_path` (written to a temp file, then renamed).
-    Returns the number of tokens."""
+    """Tokenize `path` into a raw token array at `out_path` (written to a temp file, then renamed),
+    and its loss spans (when some token is not trained) at spans_path(out_path), renamed first so
+    the token file's presence means both are complete. Returns the number of tokens."""
     out_path = Path(out_path)
     tmp = out_path.with_name(f"{out_path.name}.tmp-{os.getpid()}")
+    span_file = spans_path(out_path)
+    span_tmp = span_file.with_name(f"{span_file.name}.tmp-{os.getpid()}")
     n = 0
+    span_parts: list[np.ndarray] = []
+    masked = False
     try:
         with open(tmp, "wb") as f:
-            for arr in iter_token_chunks(path, tokenizer, chunk_chars):
+            for arr, spans in iter_token_chunks(path, tokenizer, chunk_chars):
                 arr.astype(arr.dtype.newbyteorder("<"), copy=False).tofile(f)
+                if spans is not None:
+                    masked = True
+                    span_parts.append(spans + n)
                 n += len(arr)
             f.flush()
             os.fsync(f.fileno())
+        all_spans = merge_spans(np.concatenate(span_parts)) if span_parts else empty_spans()
+        if masked and not covers_all(all_spans, n):
+            all_spans.astype(SPAN_DTYPE).tofile(span_tmp)
+            os.replace(span_tmp, span_file)
+        else:
+            span_file.unlink(missing_ok=True)
         os.replace(tmp, out_path)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        span_tmp.unlink(missing_ok=True)
         raise
     return n
+
+
+def load_spans(tokens_path: str | os.PathLike[str]) -> np.ndarray | None:
+    """The loss spans written beside a token file, or None (every token is trained)."""
+    path = spans_path(tokens_path)
+    if not path.exists():
+        return None
+    return np.fromfile(path, dtype=SPAN_DTYPE).astype(np.int64).reshape(-1, 2)
 
 
 def load_tokens(path: str | os.PathLike[str], vocab_size: int) -> np.ndarray:
@@ -131,8 +171,12 @@ def load_tokens(path: str | os.PathLike[str], vocab_size: int) -> np.ndarray:
 
 @dataclass
 class TokenData:
+    """Training and validation tokens, with their loss spans (trainer.spans; None: every token)."""
+
     train: np.ndarray
     val: np.ndarray | None
+    train_spans: np.ndarray | None = None
+    val_spans: np.ndarray | None = None
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
@@ -149,8 +193,9 @@ def tokenizer_hash(tokenizer: Tokenizer) -> str:
 
 def tokenize_file(
     path: str | os.PathLike[str], tokenizer: Tokenizer, cache_dir: str | os.PathLike[str] | None = None
-) -> np.ndarray:
-    """Validate and tokenize one file: a memmap from the cache when `cache_dir` is given, else in memory."""
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Validate and tokenize one file: (tokens, loss spans), the tokens a memmap from the cache when
+    `cache_dir` is given, else in memory."""
     if cache_dir is not None:
         cache_dir = Path(cache_dir)
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -159,11 +204,20 @@ def tokenize_file(
         if not out.exists():
             validate_file(path)
             tokenize_to_file(path, tokenizer, out)
-        return load_tokens(out, tokenizer.vocab_size)
+        return load_tokens(out, tokenizer.vocab_size), load_spans(out)
     validate_file(path)
     chunks = list(iter_token_chunks(path, tokenizer))
     dtype = token_dtype(tokenizer.vocab_size)
-    return np.concatenate(chunks) if chunks else np.empty(0, dtype=dtype)
+    tokens = np.concatenate([c for c, _ in chunks]) if chunks else np.empty(0, dtype=dtype)
+    if all(s is None for _, s in chunks):
+        return tokens, None
+    parts, n = [], 0
+    for arr, s in chunks:
+        if s is not None:
+            parts.append(s + n)
+        n += len(arr)
+    spans = merge_spans(np.concatenate(parts))
+    return tokens, None if covers_all(spans, len(tokens)) else spans
 
 
 def prepare_data(
@@ -173,17 +227,21 @@ def prepare_data(
     val_fraction: float = 0.1,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> TokenData:
-    """Tokens for training and validation. With `validation_path` that file is the validation set;
-    otherwise the last `val_fraction` of the training tokens (None when that is 0 tokens)."""
-    tokens = tokenize_file(train_path, tokenizer, cache_dir)
+    """Tokens (and loss spans) for training and validation. With `validation_path` that file is the
+    validation set; otherwise the last `val_fraction` of the training tokens (None when that is 0
+    tokens)."""
+    tokens, spans = tokenize_file(train_path, tokenizer, cache_dir)
     if validation_path is not None:
-        return TokenData(tokens, tokenize_file(validation_path, tokenizer, cache_dir))
+        val, val_spans = tokenize_file(validation_path, tokenizer, cache_dir)
+        return TokenData(tokens, val, spans, val_spans)
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     n_val = int(len(tokens) * val_fraction)
     if n_val == 0:
-        return TokenData(tokens, None)
-    return TokenData(tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :])
+        return TokenData(tokens, None, spans)
+    cut = len(tokens) - n_val
+    train_spans, val_spans = split_spans(spans, cut)
+    return TokenData(tokens[:cut], tokens[cut:], train_spans, val_spans)
 
 
 def estimate_unigram_entropy(tokens: np.ndarray | Sequence[int]) -> float:
@@ -195,144 +253,3 @@ def estimate_unigram_entropy(tokens: np.ndarray | Sequence[int]) -> float:
     counts = np.bincount(arr.astype(np.int64))
     p = counts[counts > 0] / arr.size
     return float(-(p * np.log(p)).sum())
-
-
-class BatchSampler:
-    """(x, y) batches of windows from a token array; see the module docstring for the modes."""
-
-    STATE_VERSION = 1
-
-    def __init__(
-        self,
-        tokens: np.ndarray,
-        ctx: int,
-        batch_size: int,
-        seed: int,
-        samples_after_nl: bool = False,
-        newline_id: int | Sequence[int] = 10,
-        epochs: int | None = None,
-        *,
-        name: str = "training data",
-    ):
-        if ctx <= 0 or batch_size <= 0:
-            raise ValueError(f"ctx and batch_size must be positive, got ctx={ctx}, batch_size={batch_size}")
-        n = len(tokens)
-        if n < ctx + 1:
-            raise DataError(
-                f"{name} has {n} tokens, too few for one window of ctx + 1 = {ctx + 1} tokens "
-                f"(ctx={ctx}); add data or lower ctx"
-            )
-        self.tokens = tokens
-        self.ctx = ctx
-        self.batch_size = batch_size
-        self.seed = seed
-        self.samples_after_nl = samples_after_nl
-        self.epochs = epochs
-        self.mode = "random" if epochs is None else "epochs"
-        max_start = n - ctx - 1  # last start whose window of ctx+1 tokens fits
-        self._starts: np.ndarray | None = None  # None = every position 0..max_start
-        if samples_after_nl:
-            ids = np.asarray(newline_id, dtype=np.int64).reshape(-1)
-            # A newline at p < max_start makes p+1 <= max_start a valid start; 0 is a line start too.
-            after = np.flatnonzero(np.isin(np.asarray(tokens[:max_start]), ids)) + 1
-            self._starts = np.unique(np.concatenate([[0], after])).astype(np.int64)
-        self.n_starts = max_start + 1 if self._starts is None else len(self._starts)
-        if self.mode == "epochs":
-            self._epoch_starts = (
-                self._starts if self._starts is not None else np.arange(0, max_start + 1, ctx, dtype=np.int64)
-            )
-            self.windows_per_epoch = len(self._epoch_starts)
-        else:
-            # For reporting: an "epoch" is as many windows as the data holds without overlap.
-            self.windows_per_epoch = max(1, (n - 1) // ctx)
-        self._rng = np.random.Generator(np.random.PCG64(seed))
-        self._offsets = np.arange(ctx + 1, dtype=np.int64)
-        self.windows_drawn = 0
-        self.position = 0  # epochs mode: next index into the current epoch's order
-        self._epoch = 0
-        self._order: np.ndarray | None = None
-
-    @property
-    def epoch(self) -> int:
-        """Epoch the next window comes from (random mode: windows drawn // windows_per_epoch)."""
-        if self.mode == "epochs":
-            return self._epoch
-        return self.windows_drawn // self.windows_per_epoch
-
-    def steps_for_epochs(self, n_epochs: int) -> int:
-        """Batches needed to visit every window `n_epochs` times."""
-        return math.ceil(n_epochs * self.windows_per_epoch / self.batch_size)
-
-    @property
-    def total_steps(self) -> int | None:
-        return None if self.epochs is None else self.steps_for_epochs(self.epochs)
-
-    def _epoch_order(self, epoch: int) -> np.ndarray:
-        # Seeded by (seed, epoch) through SeedSequence, so runs with seeds s and s+1 do not share orders.
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch])))
-        return rng.permutation(self.windows_per_epoch)
-
-    def _next_starts(self) -> np.ndarray:
-        if self.mode == "random":
-            idx = self._rng.integers(0, self.n_starts, size=self.batch_size)
-            return idx if self._starts is None else self._starts[idx]
-        out: list[np.ndarray] = []
-        need = self.batch_size
-        while need:
-            if self._order is None:
-                self._order = self._epoch_order(self._epoch)
-            take = self._order[self.position : self.position + need]
-            out.append(self._epoch_starts[take])
-            self.position += len(take)
-            need -= len(take)
-            if self.position == self.windows_per_epoch:
-                self._epoch += 1
-                self.position = 0
-                self._order = None
-        return np.concatenate(out)
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, y: int64 (batch_size, ctx); y is x shifted left by one token."""
-        starts = self._next_starts()
-        windows = np.asarray(self.tokens[starts[:, None] + self._offsets], dtype=np.int64)
-        self.windows_drawn += self.batch_size
-        x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
-        y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
-        return x, y
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            yield self.next_batch()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.STATE_VERSION,
-            "mode": self.mode,
-            "n_tokens": len(self.tokens),
-            "ctx": self.ctx,
-            "seed": self.seed,
-            "samples_after_nl": self.samples_after_nl,
-            "rng": self._rng.bit_generator.state,
-            "epoch": self._epoch,
-            "position": self.position,
-            "windows_drawn": self.windows_drawn,
-        }
-
-    def load_state_dict(self, d: dict[str, Any]) -> None:
-        mine = self.state_dict()
-        wrong = [
-            f"{k}: saved {d.get(k)!r}, now {mine[k]!r}"
-            for k in ("mode", "n_tokens", "ctx", "seed", "samples_after_nl")
-            if d.get(k) != mine[k]
-        ]
-        if wrong:
-            raise ValueError(
-                "sampler state does not match this data/config ("
-                + "; ".join(wrong)
-                + "); resume with the same data, tokenizer and ctx"
-            )
-        self._rng.bit_generator.state = d["rng"]
-        self._epoch = int(d["epoch"])
-        self.position = int(d["position"])
-        self.windows_drawn = int(d["windows_drawn"])
-        self._order = None

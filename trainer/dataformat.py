@@ -16,6 +16,25 @@ Formats
     {"messages": [{"role": str, "content": str}, ...]}  -> chat template, one block per message:
         "<|{role}|>\\n{content}\\n"   e.g. "<|user|>\\nHi\\n<|assistant|>\\nHello!\\n"
   Extra keys are ignored. When tokenized, every JSONL document is followed by EOS.
+  A message's `content` is a string or OpenAI's list of text parts ([{"type": "text", "text": str}],
+  joined with nothing between them); null content (OpenAI's assistant-with-tool-calls) and other part
+  types are refused: there are no tools or images here. An assistant message may carry OpenAI's
+  `weight` (0 or 1; 0 leaves that turn out of the loss); other roles may not.
+
+Loss masking
+------------
+`record_to_document` renders a record as a `Document`: its text in `segments`, each marked with
+whether the loss covers it (`trained`), and whether the EOS after it is trained (`eos_trained`):
+- text: all of it, and the EOS;
+- prompt/completion: the completion and the EOS, not the prompt;
+- messages: each assistant message's content and the newline that ends it (the model learns to end
+  its turn: at inference the reply stops at the next role marker, "\\n<|"), and the EOS when the
+  conversation ends with a trained assistant message; never the role headers ("<|assistant|>\\n" is
+  the prompt's end at inference) nor other roles' messages. `weight: 0` leaves a turn (and its EOS)
+  out.
+Adjacent segments with the same mark are joined, so a chat's prompt part is one segment, exactly the
+text an inference prompt renders. The trainer tokenizes each segment on its own
+(trainer.data); `train_on_inputs` trains on every token instead.
 
 `detect_format`: "jsonl" if the name ends in .jsonl or the first non-blank line parses as a JSON
 object, else "text". `validate_file` raises `DataError(message, line)` naming the 1-based line
@@ -30,7 +49,27 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
+
+# re-exported: the API and the worker import them from here
+from trainer.data_errors import DataError
+from trainer.records import SHAPES_HELP, Document, chat_template, record_to_document
+
+__all__ = [
+    "DEFAULT_CHUNK_CHARS",
+    "SHAPES_HELP",
+    "DataError",
+    "Document",
+    "FileSummary",
+    "chat_template",
+    "detect_format",
+    "iter_documents",
+    "iter_jsonl_documents",
+    "iter_text_chunks",
+    "parse_jsonl_line",
+    "record_to_document",
+    "validate_file",
+]
 
 Format = Literal["text", "jsonl"]
 
@@ -38,22 +77,6 @@ DEFAULT_CHUNK_CHARS = 1 << 20  # ~1 MB of text per chunk keeps memory bounded
 _READ_BYTES = 1 << 20
 _DETECT_LIMIT = 64 << 20  # the first line is read at most this far when sniffing the format
 _BOM = "\ufeff"
-
-SHAPES_HELP = (
-    'each line must be a JSON object with "text" (string), or "prompt" and "completion" '
-    '(strings), or "messages" (a list of {"role": string, "content": string})'
-)
-
-
-class DataError(ValueError):
-    """Unusable training data. `line` is the 1-based line (None when not about one line);
-    `offset` the byte offset for encoding errors."""
-
-    def __init__(self, message: str, line: int | None = None, *, offset: int | None = None):
-        super().__init__(message)
-        self.message = message
-        self.line = line
-        self.offset = offset
 
 
 @dataclass(frozen=True)
@@ -63,58 +86,7 @@ class FileSummary:
     n_bytes: int
 
 
-def chat_template(messages: Iterable[dict[str, str]]) -> str:
-    """Render chat messages as plain text: "<|{role}|>\\n{content}\\n" per message."""
-    return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
-
-
-def _type_name(value: object) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def record_to_document(record: Any, line: int | None = None) -> str:
-    """One JSONL record -> its document text; DataError (naming `line`) for unknown shapes."""
-    where = f"line {line}: " if line is not None else ""
-    if not isinstance(record, dict):
-        raise DataError(f"{where}expected a JSON object, got {_type_name(record)}; {SHAPES_HELP}", line)
-    if "messages" in record:
-        messages = record["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise DataError(
-                f'{where}"messages" must be a non-empty list of {{"role", "content"}} objects, '
-                f"got {_type_name(messages)}",
-                line,
-            )
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict):
-                raise DataError(
-                    f'{where}messages[{i}] must be an object with "role" and "content", got {_type_name(m)}',
-                    line,
-                )
-            for key in ("role", "content"):
-                if not isinstance(m.get(key), str):
-                    raise DataError(
-                        f"{where}messages[{i}].{key} must be a string, got {_type_name(m.get(key))}", line
-                    )
-        return chat_template(messages)
-    if "prompt" in record or "completion" in record:
-        for key in ("prompt", "completion"):
-            if not isinstance(record.get(key), str):
-                raise DataError(
-                    f'{where}"{key}" must be a string (prompt/completion records need both), '
-                    f"got {_type_name(record.get(key))}",
-                    line,
-                )
-        return record["prompt"] + record["completion"]
-    if "text" in record:
-        if not isinstance(record["text"], str):
-            raise DataError(f'{where}"text" must be a string, got {_type_name(record["text"])}', line)
-        return record["text"]
-    keys = ", ".join(sorted(record)) or "none"
-    raise DataError(f"{where}record has none of the accepted keys (it has: {keys}); {SHAPES_HELP}", line)
-
-
-def parse_jsonl_line(raw: str, line: int) -> str | None:
+def parse_jsonl_line(raw: str, line: int) -> Document | None:
     """Parse one JSONL line into its document; None for a blank line."""
     if line == 1:
         raw = raw.removeprefix(_BOM)
@@ -129,7 +101,7 @@ def parse_jsonl_line(raw: str, line: int) -> str | None:
     return record_to_document(record, line)
 
 
-def iter_jsonl_documents(lines: Iterable[str]) -> Iterator[str]:
+def iter_jsonl_documents(lines: Iterable[str]) -> Iterator[Document]:
     """Documents from JSONL lines (e.g. an upload stream), raising DataError naming the line."""
     for n, raw in enumerate(lines, 1):
         doc = parse_jsonl_line(raw, n)
@@ -289,7 +261,8 @@ def iter_documents(path: str | os.PathLike[str], chunk_chars: int = DEFAULT_CHUN
             return
         # newline="\n": split lines exactly where validate_file does (a lone "\r" is not a line end).
         with open(path, encoding="utf-8", newline="\n") as f:
-            yield from iter_jsonl_documents(f)
+            for doc in iter_jsonl_documents(f):
+                yield doc.text
     except UnicodeDecodeError:
         validate_file(path)  # rescan to report the byte offset and line as a DataError
         raise

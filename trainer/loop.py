@@ -33,7 +33,7 @@ from trainer.metrics_file import MetricsFile
 from trainer.optim import lr_at, set_lr
 from trainer.run import StartInfo, TrainRun
 from trainer.run_setup import start_run
-from trainer.train_step import OptimizerStep, evaluate
+from trainer.train_step import OptimizerStep, StepResult, count_targets, evaluate, evaluate_batches
 
 if TYPE_CHECKING:  # trainer.data is imported lazily (see trainer.run_setup)
     from trainer.data import TokenData
@@ -50,12 +50,25 @@ class Callbacks:
         """info: total_steps, start_step, n_params, tokens_per_step, device, dtype."""
 
     def on_step(
-        self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float, tokens_seen: int
+        self,
+        step: int,
+        train_loss: float,
+        lr: float,
+        grad_norm: float,
+        tokens_per_s: float,
+        tokens_seen: int,
+        train_accuracy: float | None = None,
     ) -> None:
-        """Called every `log_every` steps (and on the last step)."""
+        """Called every `log_every` steps (and on the last step). train_accuracy: the step's mean
+        next-token accuracy over the targets its loss covers (always given by the loop)."""
 
-    def on_eval(self, step: int, val_loss: float) -> None:
-        pass
+    def on_eval(self, step: int, val_loss: float, val_accuracy: float | None = None) -> None:
+        """The validation loss and token accuracy (eval_batches batches), every `eval_every` steps."""
+
+    def on_full_eval(self, step: int, full_valid_loss: float, full_valid_accuracy: float) -> None:
+        """The final full validation pass (every validation window once), before the run's final
+        checkpoint is written; only for runs that end completed or at the time limit and have
+        validation data."""
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         """A complete `checkpoints/step-XXXXXXXX` folder (periodic, or written on stop/pause/time
@@ -87,6 +100,10 @@ class TrainResult:
     best_val_loss: float | None
     last_train_loss: float | None
     last_val_loss: float | None
+    last_train_accuracy: float | None = None
+    last_val_accuracy: float | None = None
+    full_valid_loss: float | None = None  # the final full validation pass (None: none was made)
+    full_valid_accuracy: float | None = None
 
 
 def train(
@@ -125,7 +142,7 @@ def train(
     callbacks.on_start(run.start_info())
     try:
         stop_reason = _train_steps(run, metrics, callbacks)
-        final = _final_checkpoint(run, stop_reason, callbacks)
+        final = _final_checkpoint(run, stop_reason, callbacks, metrics)
     finally:
         metrics.close()
     return TrainResult(
@@ -136,6 +153,10 @@ def train(
         best_val_loss=run.best_val_loss,
         last_train_loss=run.last_train_loss,
         last_val_loss=run.last_val_loss,
+        last_train_accuracy=run.last_train_accuracy,
+        last_val_accuracy=run.last_val_accuracy,
+        full_valid_loss=run.full_valid[0] if run.full_valid else None,
+        full_valid_accuracy=run.full_valid[1] if run.full_valid else None,
     )
 
 
@@ -152,14 +173,14 @@ def _train_steps(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> S
         lr = lr_at(run.step, cfg, run.total_steps)
         set_lr(run.optimizer, lr)
         x, y = run.sampler.next_batch()
-        loss, grad_norm = optimizer_step(
-            x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True)
+        result = optimizer_step(
+            x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True), count_targets(y)
         )
         run.step += 1
         run.tokens_seen += run.tokens_per_step
 
         if _due(run, cfg.log_every):
-            _log_step(run, metrics, callbacks, clock, lr, loss, grad_norm)
+            _log_step(run, metrics, callbacks, clock, lr, result)
         with clock.not_training():
             if run.make_val_sampler is not None and _due(run, cfg.eval_every):
                 _evaluate(run, metrics, callbacks)
@@ -189,19 +210,22 @@ def _log_step(
     callbacks: Callbacks,
     clock: _Clock,
     lr: float,
-    loss: torch.Tensor,
-    grad_norm: torch.Tensor,
+    result: StepResult,
 ) -> None:
-    """Report the step's loss (the one device sync per logged step); a NaN/inf loss ends the run."""
-    train_loss = run.last_train_loss = loss.item()
+    """Report the step's loss, gradient norm and accuracy, read in one transfer (the one device sync
+    per logged step); a NaN/inf loss ends the run."""
+    loss = result.loss.detach().float()
+    values = torch.stack([loss, result.grad_norm.detach().float().to(loss.device), result.accuracy.float()])
+    train_loss, norm, accuracy = values.tolist()
+    run.last_train_loss, run.last_train_accuracy = train_loss, accuracy
     if not math.isfinite(train_loss):
         raise TrainingDiverged(run.step, train_loss)
-    norm = float(grad_norm)
     tokens_per_s = clock.tokens_per_s(run.tokens_seen)
     metrics.write(
         {
             "step": run.step,
             "train_loss": train_loss,
+            "train_accuracy": accuracy,
             "lr": lr,
             "grad_norm": norm,
             "tokens_per_s": tokens_per_s,
@@ -209,32 +233,60 @@ def _log_step(
             "time": time.time(),
         }
     )
-    callbacks.on_step(run.step, train_loss, lr, norm, tokens_per_s, run.tokens_seen)
+    callbacks.on_step(run.step, train_loss, lr, norm, tokens_per_s, run.tokens_seen, accuracy)
 
 
 def _evaluate(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> None:
-    """Validation loss of this step; a new best is saved to best/."""
+    """Validation loss and accuracy of this step; a new best loss is saved to best/."""
     assert run.make_val_sampler is not None
-    val_loss = run.last_val_loss = evaluate(
+    val_loss, val_accuracy = evaluate(
         run.fwd, run.make_val_sampler, run.cfg.eval_batches, run.device, run.autocast
     )
+    run.last_val_loss, run.last_val_accuracy = val_loss, val_accuracy
     metrics.write(
         {
             "step": run.step,
             "val_loss": val_loss,
+            "val_accuracy": val_accuracy,
             "val_ppl": math.exp(min(val_loss, 700.0)),
             "time": time.time(),
         }
     )
-    callbacks.on_eval(run.step, val_loss)
+    callbacks.on_eval(run.step, val_loss, val_accuracy)
     if val_loss < run.best_val:
         run.best_val = val_loss
         run.save(run.out_dir / "best")
 
 
-def _final_checkpoint(run: TrainRun, stop_reason: StopReason, callbacks: Callbacks) -> Path:
+def _full_evaluation(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> None:
+    """The final full validation pass (trainer.batches.full_pass), reported before the final
+    checkpoint is written so the service stores it with that checkpoint."""
+    if run.make_full_pass is None:
+        return
+    result = evaluate_batches(run.fwd, run.make_full_pass(), run.device, run.autocast)
+    if result is None:
+        return
+    run.full_valid = result
+    loss, accuracy = result
+    metrics.write(
+        {
+            "step": run.step,
+            "full_valid_loss": loss,
+            "full_valid_mean_token_accuracy": accuracy,
+            "time": time.time(),
+        }
+    )
+    callbacks.on_full_eval(run.step, loss, accuracy)
+
+
+def _final_checkpoint(
+    run: TrainRun, stop_reason: StopReason, callbacks: Callbacks, metrics: MetricsFile
+) -> Path:
     """final/ when completed; otherwise a step checkpoint of the current step (written now unless
-    one is already on disk), so a stopped or paused run can resume from where it ended."""
+    one is already on disk), so a stopped or paused run can resume from where it ended. A run that
+    ends as a model (completed, or at the time limit) gets its full validation pass first."""
+    if stop_reason in ("completed", "time_limit"):
+        _full_evaluation(run, metrics, callbacks)
     if stop_reason == "completed":
         return run.save(run.out_dir / "final")
     if run.last_checkpoint_step == run.step:

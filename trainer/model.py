@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn as nn
@@ -111,6 +111,8 @@ def apply_rope(
         return _RoPE.apply(x, cos, sin, out_dtype)
     return _rotate(x, cos, sin, out_dtype)  # inference, tracing and export: plain tensor ops
 
+
+IGNORE_INDEX = -100  # a target the loss leaves out (F.cross_entropy's default ignore_index)
 
 CPU_FP32_ATTENTION_MIN_HEAD_DIM = 16  # see Attention.forward
 
@@ -256,9 +258,15 @@ class Llama(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        reduction: Literal["mean", "sum"] = "mean",
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx: (B, T) token ids. With targets (B, T): returns (logits, mean cross-entropy).
+        """idx: (B, T) token ids. With targets (B, T): returns (logits, cross-entropy) over the targets
+        that are not IGNORE_INDEX, their mean or (reduction="sum") their sum (the training step
+        divides by the step's target count itself; a mean over no target would be NaN).
         With a cache: positions continue from cache.pos and the cache advances by T; the first call
         (the prefill) may pass many tokens, later calls one each (as trainer.sampling does)."""
         B, T = idx.shape
@@ -280,7 +288,12 @@ class Llama(nn.Module):
         if targets is None:
             return self.output(x).float(), None
         logits = self.output(x).float()
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        loss = F.cross_entropy(
+            logits.view(-1, logits.size(-1)),
+            targets.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+            reduction=reduction,
+        )
         return logits, loss
 
     def optimizer_groups(self, weight_decay: float) -> list[dict[str, Any]]:

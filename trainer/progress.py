@@ -104,11 +104,22 @@ class ProgressCallbacks(Callbacks):
             )
 
     def on_step(
-        self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float, tokens_seen: int
+        self,
+        step: int,
+        train_loss: float,
+        lr: float,
+        grad_norm: float,
+        tokens_per_s: float,
+        tokens_seen: int,
+        train_accuracy: float | None = None,
     ) -> None:
+        acc = "" if train_accuracy is None else f" | acc {train_accuracy:.3f}"
         if self._progress is not None and self._task is not None:  # set together in on_start
             self._progress.update(
-                self._task, completed=step, loss=f"{train_loss:.4f}", tps=f"{tokens_per_s:,.0f}"
+                self._task,
+                completed=step,
+                loss=f"{train_loss:.4f}{acc.replace(' | ', ' ')}",
+                tps=f"{tokens_per_s:,.0f}",
             )
             return
         now = time.perf_counter()
@@ -118,13 +129,19 @@ class ProgressCallbacks(Callbacks):
         done = step - self.start_step
         eta = (now - self._t0) / done * (self.total - step) if done else 0.0
         self._print(
-            f"step {step}/{self.total} | loss {train_loss:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | "
+            f"step {step}/{self.total} | loss {train_loss:.4f}{acc} | lr {lr:.2e} | grad {grad_norm:.3f} | "
             f"{tokens_per_s:,.0f} tok/s | eta {_eta(eta)}"
         )
 
-    def on_eval(self, step: int, val_loss: float) -> None:
+    def on_eval(self, step: int, val_loss: float, val_accuracy: float | None = None) -> None:
+        acc = "" if val_accuracy is None else f", accuracy {val_accuracy:.3f}"
         self._print(
-            f"eval step {step}: val_loss {val_loss:.4f} (perplexity {math.exp(min(val_loss, 700)):.2f})"
+            f"eval step {step}: val_loss {val_loss:.4f} (perplexity {math.exp(min(val_loss, 700)):.2f}){acc}"
+        )
+
+    def on_full_eval(self, step: int, full_valid_loss: float, full_valid_accuracy: float) -> None:
+        self._print(
+            f"full validation at step {step}: loss {full_valid_loss:.4f}, accuracy {full_valid_accuracy:.3f}"
         )
 
     def on_checkpoint(self, step: int, path: Path) -> None:

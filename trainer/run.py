@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
@@ -21,6 +21,7 @@ from trainer.config import ModelConfig, TrainConfig
 from trainer.model import Llama
 
 if TYPE_CHECKING:
+    from trainer.batches import Batch
     from trainer.data import BatchSampler
     from trainer.tokenizers import Tokenizer
 
@@ -50,6 +51,7 @@ class TrainRun:
     scaler: torch.amp.GradScaler
     sampler: BatchSampler
     make_val_sampler: Callable[[], BatchSampler] | None  # None: no evaluation
+    make_full_pass: Callable[[], Iterator[Batch]] | None  # the final full validation pass (None: none)
     total_steps: int
     resume_path: Path | None  # the checkpoint this run resumed from (None: a fresh start)
     # progress, saved in every checkpoint
@@ -59,6 +61,9 @@ class TrainRun:
     # progress, reported in the TrainResult
     last_train_loss: float | None = None
     last_val_loss: float | None = None
+    last_train_accuracy: float | None = None
+    last_val_accuracy: float | None = None
+    full_valid: tuple[float, float] | None = None  # (loss, accuracy) of the final full validation pass
     last_checkpoint_step: int | None = None  # the step of the newest step checkpoint on disk
 
     @property

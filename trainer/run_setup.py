@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -31,6 +31,7 @@ from trainer.optim import make_optimizer
 from trainer.run import TrainRun
 
 if TYPE_CHECKING:  # trainer.data is imported lazily: it keeps `import trainer.loop` light
+    from trainer.batches import Batch
     from trainer.data import BatchSampler, TokenData
     from trainer.tokenizers import Tokenizer
 
@@ -70,6 +71,7 @@ def start_run(
         model_cfg = model_cfg.model_copy(update={"vocab_size": tokenizer.vocab_size})
     sampler = train_sampler(cfg, model_cfg.ctx, data)
     make_val_sampler = val_sampler_factory(cfg, model_cfg.ctx, data)
+    make_full_pass = full_pass_factory(cfg, model_cfg.ctx, data) if make_val_sampler is not None else None
     total_steps = total_steps_for(cfg, sampler)
 
     model = build_model(cfg, model_cfg, source, device)
@@ -88,6 +90,7 @@ def start_run(
         scaler=scaler,
         sampler=sampler,
         make_val_sampler=make_val_sampler,
+        make_full_pass=make_full_pass,
         total_steps=total_steps,
         resume_path=resume_path,
     )
@@ -161,6 +164,11 @@ def load_data(
     return data, tokenizer
 
 
+def loss_spans(cfg: TrainConfig, spans: np.ndarray | None) -> np.ndarray | None:
+    """The loss spans the run uses: the data's, or None (every token) with train_on_inputs."""
+    return None if cfg.train_on_inputs else spans
+
+
 def train_sampler(cfg: TrainConfig, ctx: int, data: TokenData) -> BatchSampler:
     """Draws all batch_size * grad_accum windows of a step at once (see trainer.loop's docstring)."""
     from trainer.data import BatchSampler
@@ -173,6 +181,7 @@ def train_sampler(cfg: TrainConfig, ctx: int, data: TokenData) -> BatchSampler:
         samples_after_nl=cfg.samples_after_nl,
         newline_id=NEWLINE_ID,
         epochs=cfg.n_epochs,
+        spans=loss_spans(cfg, data.train_spans),
     )
 
 
@@ -184,12 +193,23 @@ def val_sampler_factory(cfg: TrainConfig, ctx: int, data: TokenData) -> Callable
     val = data.val
     if val is None or len(val) == 0 or cfg.eval_every <= 0:
         return None
+    spans = loss_spans(cfg, data.val_spans)
 
     def make_val_sampler() -> BatchSampler:
-        return BatchSampler(val, ctx, cfg.batch_size, seed=cfg.seed + 1, name="validation data")
+        return BatchSampler(val, ctx, cfg.batch_size, seed=cfg.seed + 1, spans=spans, name="validation data")
 
     make_val_sampler()  # too short for one window -> DataError now, not at the first evaluation
     return make_val_sampler
+
+
+def full_pass_factory(cfg: TrainConfig, ctx: int, data: TokenData) -> Callable[[], Iterator[Batch]]:
+    """A maker of the final full validation pass: every validation window once, in order."""
+    from trainer.batches import full_pass
+
+    val = data.val
+    assert val is not None  # only made when there is a validation sampler
+    spans = loss_spans(cfg, data.val_spans)
+    return lambda: full_pass(val, ctx, cfg.batch_size, spans)
 
 
 def total_steps_for(cfg: TrainConfig, sampler: BatchSampler) -> int:

@@ -1,24 +1,52 @@
 """What one training step computes: `OptimizerStep` (forward/backward over grad_accum micro-batches,
-then an AdamW or L-BFGS update) and `evaluate` (the validation loss)."""
+then an AdamW or L-BFGS update) and `evaluate` / `evaluate_batches` (validation loss and accuracy).
+
+The loss of a step is the mean cross-entropy over the step's targets that the loss covers (y is
+IGNORE_INDEX elsewhere: trainer.batches), whatever the micro-batch split: each micro-batch adds the
+*sum* of its token losses divided by the whole step's target count, so a micro-batch with few covered
+targets weighs little and one with none adds exactly nothing (no mean over zero tokens, no NaN).
+Token accuracy (argmax of the logits == target, over the same targets) is counted beside it on the
+device; both are read when the loop logs, so it costs no extra device sync per step.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from trainer.model import IGNORE_INDEX
 from trainer.run import TrainRun
 
 if TYPE_CHECKING:
-    from trainer.data import BatchSampler
+    from trainer.batches import Batch, BatchSampler
+
+
+class StepResult(NamedTuple):
+    """A step's loss, gradient norm (before clipping) and token accuracy, as device tensors
+    (reading them syncs)."""
+
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    accuracy: torch.Tensor
+
+
+def count_targets(y: torch.Tensor) -> int:
+    """Targets the loss covers in a batch; call it on the CPU tensor (on a device it would sync)."""
+    return int((y != IGNORE_INDEX).sum())
+
+
+def _correct(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """How many covered targets the logits' argmax predicts (IGNORE_INDEX never equals an argmax)."""
+    return (logits.detach().argmax(dim=-1) == y).sum()
 
 
 class OptimizerStep:
-    """`step(x, y) -> (loss, grad_norm)` for a batch of batch_size * grad_accum windows: the batch
-    mean loss and the gradient norm before clipping, as device tensors (reading them syncs)."""
+    """`step(x, y, n_targets) -> StepResult` for a batch of batch_size * grad_accum windows; n_targets
+    is count_targets(y), counted on the CPU before y moved to the device."""
 
     def __init__(self, run: TrainRun):
         self.run = run
@@ -26,67 +54,97 @@ class OptimizerStep:
         self.max_norm = run.cfg.grad_clip if run.cfg.grad_clip > 0 else math.inf  # inf: measure only
         self.lbfgs = run.cfg.optimizer == "lbfgs"
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._lbfgs_step(x, y) if self.lbfgs else self._adamw_step(x, y)
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, n_targets: int) -> StepResult:
+        return self._lbfgs_step(x, y, n_targets) if self.lbfgs else self._adamw_step(x, y, n_targets)
 
-    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Accumulate gradients of the batch mean loss over grad_accum micro-batches; returns that
-        loss. Splitting one drawn batch keeps the data independent of grad_accum."""
+    def _forward_backward(
+        self, x: torch.Tensor, y: torch.Tensor, n_targets: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Accumulate gradients of the step's mean loss over grad_accum micro-batches; returns that
+        loss and the token accuracy. Splitting one drawn batch keeps the data independent of
+        grad_accum."""
         run, k = self.run, self.run.cfg.grad_accum
+        denominator = max(n_targets, 1)  # no target at all: every term is 0, so the loss is 0
         loss_sum = torch.zeros((), device=run.device)
+        correct = torch.zeros((), device=run.device, dtype=torch.int64)
         for xm, ym in zip(x.chunk(k), y.chunk(k), strict=True):
             with run.autocast():
-                _, loss = run.fwd(xm, ym)
-            loss = loss / k
+                logits, loss = run.fwd(xm, ym, reduction="sum")
+            correct += _correct(logits, ym)
+            del logits  # not kept alive through the backward pass
+            loss = loss / denominator
             run.scaler.scale(loss).backward()
             loss_sum += loss.detach()
-        return loss_sum
+        return loss_sum, correct / denominator
 
-    def _adamw_step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _adamw_step(self, x: torch.Tensor, y: torch.Tensor, n_targets: int) -> StepResult:
         optimizer, scaler = self.run.optimizer, self.run.scaler
-        loss = self._forward_backward(x, y)
+        loss, accuracy = self._forward_backward(x, y, n_targets)
         scaler.unscale_(optimizer)  # no-op when the scaler is disabled
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        return loss, grad_norm
+        return StepResult(loss, grad_norm, accuracy)
 
-    def _lbfgs_step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _lbfgs_step(self, x: torch.Tensor, y: torch.Tensor, n_targets: int) -> StepResult:
         """One outer L-BFGS iteration; its line search may evaluate the batch several times (the
-        reported norm is that of the first evaluation, at the step's starting point)."""
+        reported norm and accuracy are those of the first evaluation, at the step's starting point,
+        like the loss L-BFGS returns)."""
         optimizer = self.run.optimizer
-        norms: list[torch.Tensor] = []
+        first: list[torch.Tensor] = []
 
         def closure() -> torch.Tensor:
             optimizer.zero_grad(set_to_none=False)
-            loss = self._forward_backward(x, y)
-            if not norms:
-                norms.append(torch.nn.utils.clip_grad_norm_(self.params, math.inf))
+            loss, accuracy = self._forward_backward(x, y, n_targets)
+            if not first:
+                first.extend([torch.nn.utils.clip_grad_norm_(self.params, math.inf), accuracy])
             return loss
 
         loss = optimizer.step(closure)  # type: ignore[arg-type]  # L-BFGS takes a closure returning a tensor
         optimizer.zero_grad(set_to_none=True)
-        return torch.as_tensor(loss), norms[0]
+        return StepResult(torch.as_tensor(loss), first[0], first[1])
 
 
 @torch.no_grad()
+def evaluate_batches(
+    model: torch.nn.Module,
+    batches: Iterable[Batch],
+    device: torch.device,
+    autocast: Callable[[], contextlib.AbstractContextManager[None]],
+) -> tuple[float, float] | None:
+    """(loss, token accuracy) over the covered targets of all the batches together (each target
+    weighs the same, whichever batch it is in); None when they hold no covered target."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), device=device, dtype=torch.float64)
+    correct = torch.zeros((), device=device, dtype=torch.int64)
+    count = 0
+    try:
+        for x, y in batches:
+            count += count_targets(y)
+            yd = y.to(device, non_blocking=True)
+            with autocast():
+                logits, loss = model(x.to(device, non_blocking=True), yd, reduction="sum")
+            total += loss.double()
+            correct += _correct(logits, yd)
+    finally:
+        model.train(was_training)
+    if count == 0:
+        return None
+    return float(total / count), float(correct.double() / count)
+
+
 def evaluate(
     model: torch.nn.Module,
     make_sampler: Callable[[], BatchSampler],
     n_batches: int,
     device: torch.device,
     autocast: Callable[[], contextlib.AbstractContextManager[None]],
-) -> float:
-    """Mean loss over the first n_batches of a freshly seeded sampler (the same batches every call)."""
-    was_training = model.training
-    model.eval()
+) -> tuple[float, float]:
+    """(loss, token accuracy) over the first n_batches of a freshly seeded sampler (the same batches
+    every call; the sampler draws only windows with a covered target, so there is always one)."""
     sampler = make_sampler()
-    total = torch.zeros((), device=device, dtype=torch.float64)
-    for _ in range(n_batches):
-        x, y = sampler.next_batch()
-        with autocast():
-            _, loss = model(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
-        total += loss.double()
-    model.train(was_training)
-    return float(total / n_batches)
+    result = evaluate_batches(model, (sampler.next_batch() for _ in range(n_batches)), device, autocast)
+    assert result is not None  # every sampled window has a covered target
+    return result

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.jobstates import add_event
 from core.models import Job
 from trainer.loop import Callbacks
 from worker.checkpoint_store import store_checkpoint
@@ -92,6 +93,11 @@ class ServiceCallbacks(Callbacks):
         self.last_check = 0.0
         self.last_train_loss: float | None = None
         self.last_val_loss: float | None = None
+        self.last_train_accuracy: float | None = None
+        self.last_val_accuracy: float | None = None
+        self.full_valid: dict[str, float | None] = {}  # the final full validation pass
+        self.full_valid_step: int | None = None
+        self.events: list[tuple[str, dict[str, Any]]] = []  # info events written with the next flush
         self.stored_steps: list[int] = []
         self.first_step_written = False  # the first loss of a run is written at once (time to first loss)
         self.metrics_db = DbRetry("metrics writes", db_retry_seconds)
@@ -104,30 +110,59 @@ class ServiceCallbacks(Callbacks):
         self.flush()
 
     def on_step(
-        self, step: int, train_loss: float, lr: float, grad_norm: float, tokens_per_s: float, tokens_seen: int
+        self,
+        step: int,
+        train_loss: float,
+        lr: float,
+        grad_norm: float,
+        tokens_per_s: float,
+        tokens_seen: int,
+        train_accuracy: float | None = None,
     ) -> None:
         if self.lease_lost.is_set():
             return
         self.buffer.setdefault(step, {}).update(
             train_loss=train_loss,
+            train_accuracy=_finite(train_accuracy),
             lr=lr,
             grad_norm=_finite(grad_norm),
             tokens_per_s=tokens_per_s,
             tokens_seen=tokens_seen,
         )
         self.last_train_loss = train_loss
+        self.last_train_accuracy = _finite(train_accuracy)
         self.progress.update(
             step=step, train_loss=train_loss, tokens_per_s=tokens_per_s, trained_tokens=tokens_seen
         )
         self.maybe_flush()
 
-    def on_eval(self, step: int, val_loss: float) -> None:
+    def on_eval(self, step: int, val_loss: float, val_accuracy: float | None = None) -> None:
         if self.lease_lost.is_set():
             return
-        val = _finite(val_loss)
-        self.buffer.setdefault(step, {})["val_loss"] = val
-        self.last_val_loss = val
+        val, accuracy = _finite(val_loss), _finite(val_accuracy)
+        self.buffer.setdefault(step, {}).update(val_loss=val, val_accuracy=accuracy)
+        self.last_val_loss, self.last_val_accuracy = val, accuracy
         self.progress.update(step=max(step, self.progress.get("step", 0)), val_loss=val)
+        self.maybe_flush()
+
+    def on_full_eval(self, step: int, full_valid_loss: float, full_valid_accuracy: float) -> None:
+        """Kept for the final checkpoint's metrics (checkpoint_metrics) and recorded as an event."""
+        if self.lease_lost.is_set():
+            return
+        loss, accuracy = _finite(full_valid_loss), _finite(full_valid_accuracy)
+        self.full_valid = {"full_valid_loss": loss, "full_valid_mean_token_accuracy": accuracy}
+        shown = ", ".join(
+            f"{name}={value:.4f}"
+            for name, value in (("loss", loss), ("token accuracy", accuracy))
+            if value is not None
+        )
+        self.events.append(
+            (
+                f"Full validation at step {step}: {shown or 'no finite value'}",
+                {"step": step, **self.full_valid},
+            )
+        )
+        self.full_valid_step = step
         self.maybe_flush()
 
     def on_checkpoint(self, step: int, path: Path) -> None:
@@ -175,7 +210,18 @@ class ServiceCallbacks(Callbacks):
 
     # ------------------------------------------------------------------ database
     def checkpoint_metrics(self, step: int) -> dict[str, Any]:
-        return {"step": step, "train_loss": self.last_train_loss, "valid_loss": self.last_val_loss}
+        """A checkpoint's metrics, OpenAI's names: the latest logged values, and for the final
+        checkpoint (the step of the full validation pass) full_valid_loss / _mean_token_accuracy."""
+        metrics: dict[str, Any] = {
+            "step": step,
+            "train_loss": self.last_train_loss,
+            "train_mean_token_accuracy": self.last_train_accuracy,
+            "valid_loss": self.last_val_loss,
+            "valid_mean_token_accuracy": self.last_val_accuracy,
+        }
+        if self.full_valid_step == step:
+            metrics.update(self.full_valid)
+        return metrics
 
     def maybe_flush(self) -> None:
         if (
@@ -191,7 +237,7 @@ class ServiceCallbacks(Callbacks):
         While the database is unreachable the rows stay buffered for the next flush; `wait`
         retries until they are written (DatabaseUnavailable past db_retry_seconds)."""
         self.last_flush = time.monotonic()
-        if self.lease_lost.is_set() or (not self.buffer and not self.progress):
+        if self.lease_lost.is_set() or (not self.buffer and not self.progress and not self.events):
             return
         try:
             if wait:
@@ -201,13 +247,15 @@ class ServiceCallbacks(Callbacks):
         except LeaseLost:
             self._lose_lease()
             return
-        self.buffer, self.progress = {}, {}
+        self.buffer, self.progress, self.events = {}, {}, []
 
     def _write_buffer(self) -> None:
         with self.session_factory() as session:
             if not write_progress(session, self.job_id, self.worker_id, self.progress, self.buffer):
                 session.rollback()
                 raise LeaseLost(self.job_id)
+            for message, data in self.events:
+                add_event(session, self.job_id, message, data=data)
             session.commit()
 
     def _read_requests(self) -> None:

@@ -1,7 +1,7 @@
 """A job's Metric rows and progress columns in the database.
 
-Rows are upserted by (job_id, step): an evaluation at a step fills that row's `val_loss`, and a
-value never overwrites a stored one with None. A restart from checkpoint step S deletes the rows
+Rows are upserted by (job_id, step): an evaluation at a step fills that row's `val_loss` and
+`val_accuracy`, and a value never overwrites a stored one with None. A restart from checkpoint step S deletes the rows
 after S first (`delete_metrics_after`), so the series never holds a step twice.
 """
 
@@ -19,7 +19,16 @@ if TYPE_CHECKING:
     from sqlalchemy.dialects.postgresql import Insert as PostgresInsert
     from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 
-METRIC_COLUMNS = ("train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "tokens_seen")
+METRIC_COLUMNS = (
+    "train_loss",
+    "val_loss",
+    "train_accuracy",
+    "val_accuracy",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "tokens_seen",
+)
 
 # one step's metric values by column (a value not measured at that step is absent or None)
 MetricValues = dict[str, float | None]

@@ -35,13 +35,12 @@ FORMAT = "csv"
 BATCH_ROWS = 5000  # metric rows read per query (each batch is read whole before its bytes are written)
 
 # The CSV's columns, in order, and where each value comes from: the one place that maps them.
-# The accuracy columns have no Metric column yet and stay empty.
 COLUMNS: tuple[tuple[str, Callable[[Metric], float | int | None]], ...] = (
     ("step", lambda m: m.step),
     ("train_loss", lambda m: m.train_loss),
-    ("train_accuracy", lambda m: None),
+    ("train_accuracy", lambda m: m.train_accuracy),
     ("valid_loss", lambda m: m.val_loss),
-    ("valid_mean_token_accuracy", lambda m: None),
+    ("valid_mean_token_accuracy", lambda m: m.val_accuracy),
     ("learning_rate", lambda m: m.lr),
     ("tokens_per_s", lambda m: m.tokens_per_s),
 )

@@ -23,16 +23,26 @@ class Recorder(Callbacks):
         self.steps: list[tuple] = []
         self.evals: list[tuple[int, float]] = []
         self.checkpoints: list[tuple[int, Path]] = []
+        self.accuracies: list[float | None] = []
+        self.val_accuracies: list[float | None] = []
+        self.full_evals: list[tuple[int, float, float]] = []
         self.stop_at, self.request = stop_at, request
 
     def on_start(self, info: dict) -> None:
         self.started = info
 
-    def on_step(self, step, train_loss, lr, grad_norm, tokens_per_s, tokens_seen) -> None:
+    def on_step(
+        self, step, train_loss, lr, grad_norm, tokens_per_s, tokens_seen, train_accuracy=None
+    ) -> None:
         self.steps.append((step, train_loss, lr, grad_norm, tokens_per_s, tokens_seen))
+        self.accuracies.append(train_accuracy)
 
-    def on_eval(self, step, val_loss) -> None:
+    def on_eval(self, step, val_loss, val_accuracy=None) -> None:
         self.evals.append((step, val_loss))
+        self.val_accuracies.append(val_accuracy)
+
+    def on_full_eval(self, step, full_valid_loss, full_valid_accuracy) -> None:
+        self.full_evals.append((step, full_valid_loss, full_valid_accuracy))
 
     def on_checkpoint(self, step, path) -> None:
         assert (path / "state.json").exists()  # complete when reported

@@ -62,6 +62,8 @@ def _job(sf: sessionmaker[Session], steps: list[int], owner: str | None = None) 
                     step=step,
                     train_loss=3.0 - step / 1000,
                     val_loss=(3.1 - step / 1000) if step % 3 == 0 else None,
+                    train_accuracy=step / 1000,
+                    val_accuracy=(0.5 + step / 1000) if step % 3 == 0 else None,
                     lr=1e-3 * step,
                     tokens_per_s=512.25,
                 )
@@ -114,7 +116,8 @@ def test_csv_has_the_header_and_a_row_per_metric_row(any_factory: sessionmaker[S
     assert [int(r[0]) for r in lines[1:]] == steps
     for r, step in zip(lines[1:], steps, strict=True):
         assert float(r[1]) == 3.0 - step / 1000
-        assert r[2] == "" and r[4] == ""  # the accuracy columns stay empty for now
+        assert r[2] == repr(step / 1000)  # train_accuracy <- Metric.train_accuracy
+        assert r[4] == (repr(0.5 + step / 1000) if step % 3 == 0 else "")  # <- Metric.val_accuracy
         assert r[3] == (repr(3.1 - step / 1000) if step % 3 == 0 else "")
         assert float(r[5]) == 1e-3 * step and float(r[6]) == 512.25
 

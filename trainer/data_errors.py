@@ -1,0 +1,14 @@
+"""`DataError`: unusable training data, with where it is (torch-free; trainer.dataformat re-exports it)."""
+
+from __future__ import annotations
+
+
+class DataError(ValueError):
+    """Unusable training data. `line` is the 1-based line (None when not about one line);
+    `offset` the byte offset for encoding errors."""
+
+    def __init__(self, message: str, line: int | None = None, *, offset: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.offset = offset
