@@ -260,6 +260,8 @@ def metric_data(m: MetricRow) -> dict[str, Any]:
         "step": m.step,
         "train_loss": m.train_loss,
         "valid_loss": m.val_loss,
+        "train_mean_token_accuracy": m.train_accuracy,
+        "valid_mean_token_accuracy": m.val_accuracy,
         "learning_rate": m.lr,
         "grad_norm": m.grad_norm,
         "tokens_per_s": m.tokens_per_s,
@@ -302,6 +304,8 @@ def metric_point(m: MetricRow) -> dict[str, Any]:
         "step": m.step,
         "train_loss": m.train_loss,
         "val_loss": m.val_loss,
+        "train_accuracy": m.train_accuracy,
+        "val_accuracy": m.val_accuracy,
         "lr": m.lr,
         "tokens_per_s": m.tokens_per_s,
         "tokens_seen": m.tokens_seen,
@@ -323,8 +327,19 @@ class CheckpointObject(BaseModel):
     is_final: bool = False
 
 
+# a checkpoint's metrics as OpenAI names them (None where not measured; full_valid_* on the final one)
+CHECKPOINT_METRICS = (
+    "train_loss",
+    "train_mean_token_accuracy",
+    "valid_loss",
+    "valid_mean_token_accuracy",
+    "full_valid_loss",
+    "full_valid_mean_token_accuracy",
+)
+
+
 def to_checkpoint(c: CheckpointRow) -> CheckpointObject:
-    metrics = {"step": c.step, "train_loss": None, "valid_loss": None, **(c.metrics or {})}
+    metrics = {"step": c.step, **dict.fromkeys(CHECKPOINT_METRICS), **(c.metrics or {})}
     if "val_loss" in metrics and metrics.get("valid_loss") is None:
         metrics["valid_loss"] = metrics["val_loss"]
     return CheckpointObject(
