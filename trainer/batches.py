@@ -59,7 +59,7 @@ def _nothing_to_train(name: str) -> DataError:
 def gather(tokens: np.ndarray, starts: np.ndarray, ctx: int, spans: np.ndarray | None) -> Batch:
     """x, y: int64 (len(starts), ctx) windows starting at `starts`; y masked where spans say so."""
     windows = np.asarray(tokens[starts[:, None] + np.arange(ctx + 1, dtype=np.int64)], dtype=np.int64)
-    y = np.ascontiguousarray(windows[:, 1:])
+    y = windows[:, 1:].copy()  # a copy even for one window (a view would share x's memory)
     if spans is not None:
         y[~target_mask(spans, starts[:, None] + np.arange(1, ctx + 1, dtype=np.int64))] = IGNORE_INDEX
     return torch.from_numpy(np.ascontiguousarray(windows[:, :-1])), torch.from_numpy(y)

@@ -176,6 +176,17 @@ def test_batches_mask_exactly_the_uncovered_targets(chat_path: Path, mode: dict[
     assert seen > 0  # prompts were masked
 
 
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_masking_targets_never_touches_the_inputs(chat_path: Path, batch_size: int) -> None:
+    data = prepare_data(chat_path, ByteTokenizer(), val_fraction=0.0)
+    sampler = BatchSampler(data.train, 40, batch_size, seed=2, spans=data.train_spans)
+    for _ in range(30):
+        x, y = sampler.next_batch()
+        assert int(x.min()) >= 0 and int(x.max()) < 258
+    for x, _ in full_pass(data.train, 40, batch_size, data.train_spans, max_windows=7):
+        assert int(x.min()) >= 0  # the last batch holds one window
+
+
 def test_epochs_visit_every_window_with_a_target_once(chat_path: Path) -> None:
     data = prepare_data(chat_path, ByteTokenizer(), val_fraction=0.0)
     ctx = 64
