@@ -486,3 +486,29 @@ def test_resuming_with_another_train_on_inputs_is_refused(
     other = cfg.model_copy(update={"train_on_inputs": True})
     with pytest.raises(ValueError, match="masked: saved True, now False"):
         train(tiny_model(), other, data, tmp_path, tokenizer=ByteTokenizer(), resume=True)
+
+
+class Order(Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def on_full_eval(self, step, full_valid_loss, full_valid_accuracy) -> None:
+        super().on_full_eval(step, full_valid_loss, full_valid_accuracy)
+        self.calls.append("full_eval")
+
+    def on_checkpoint(self, step, path) -> None:
+        self.calls.append("checkpoint")
+
+
+def test_time_limit_runs_the_full_pass_before_its_checkpoint(
+    tmp_path: Path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
+) -> None:
+    """A run stopped by its time limit ends as a model too (the service marks it succeeded): its full
+    validation pass is reported before the checkpoint the service stores as final."""
+    rec = Order()
+    cfg = tiny_train(max_steps=100_000, eval_every=1000, time_limit=0.5)
+    result = train(tiny_model(), cfg, shakespeare_data, tmp_path, rec, tokenizer=byte_tokenizer)
+    assert result.stop_reason == "time_limit"
+    assert rec.calls == ["full_eval", "checkpoint"]
+    assert result.full_valid_loss == rec.full[0][1] and rec.full[0][0] == result.step
