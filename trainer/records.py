@@ -41,6 +41,11 @@ def type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _quote(text: str, limit: int = 40) -> str:
+    """A user's string in a message, cut short (an error must not echo a huge value)."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 def _document(pieces: list[tuple[str, bool]], eos_trained: bool) -> Document:
     """Join adjacent pieces with the same mark; drop empty ones."""
     segments: list[tuple[str, bool]] = []
@@ -129,7 +134,7 @@ def message_content(m: dict[str, Any], where: str, line: int | None) -> str:
             )
         if part.get("type") != "text":
             kind = part.get("type")
-            shown = repr(kind) if isinstance(kind, str) else type_name(kind)
+            shown = _quote(kind) if isinstance(kind, str) else type_name(kind)
             raise DataError(f'{at}.type must be "text" (only text parts are supported), got {shown}', line)
         if not isinstance(part.get("text"), str):
             raise DataError(f"{at}.text must be a string, got {type_name(part.get('text'))}", line)
@@ -143,7 +148,9 @@ def _weight(m: dict[str, Any], role: str, where: str, line: int | None) -> bool:
         return True
     w = m["weight"]
     if role != ASSISTANT:
-        raise DataError(f"{where}.weight is only allowed on assistant messages (this one is {role!r})", line)
+        raise DataError(
+            f"{where}.weight is only allowed on assistant messages (this one is {_quote(role)})", line
+        )
     if isinstance(w, bool) or not isinstance(w, (int, float)) or w not in (0, 1):
         shown = json.dumps(w) if isinstance(w, (bool, int, float)) else type_name(w)
         raise DataError(f"{where}.weight must be 0 or 1, got {shown}", line)
