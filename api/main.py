@@ -42,6 +42,7 @@ from api.routes import (
     jobs,
     models,
     statuses,
+    tensorboard,
 )
 from core.settings import Settings, get_settings
 
@@ -135,7 +136,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(TextURLMiddleware)  # a URL holding NUL is a 400 (api/request_text.py)
     app.add_middleware(LatencyMiddleware, histogram=latency)
     app.add_middleware(ResponseHeadersMiddleware)  # outermost: x-request-id, x-should-retry, Retry-After
-    modules = (health, files, jobs, hyperparameters, statuses, events, checkpoints, models, completions)
+    modules = (
+        health,
+        files,
+        jobs,
+        hyperparameters,
+        statuses,
+        events,
+        checkpoints,
+        tensorboard,
+        models,
+        completions,
+    )
     routers = [module.router for module in modules]
     for router in routers:
         app.include_router(router)

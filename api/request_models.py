@@ -26,6 +26,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from api.integration_models import Integrations
+
 MAX_SEED = 2**31 - 1
 # Integers the database and torch can hold: every integer a request carries is bounded to 64 bits
 # at the schema, so a larger one is a 400 naming it rather than an OverflowError in a query.
@@ -116,7 +118,7 @@ class JobCreate(BaseModel):
         None, pattern=SUFFIX_PATTERN, description="added to the model's id: letters, digits, '_', '-', '.'"
     )
     metadata: Metadata | None = None
-    integrations: list[Any] | None = Field(None, max_length=0, description="not supported: leave out or []")
+    integrations: Integrations | None = None
     method: JobMethod | None = None
     # Declared after `method` on purpose: a field validator sees only the fields declared before it.
     hyperparameters: Hyperparameters | None = None

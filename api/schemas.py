@@ -148,7 +148,9 @@ class FineTuningJob(BaseModel):
     seed: int
     suffix: str | None = None
     estimated_finish: int | None
-    integrations: list[Any] | None = None
+    integrations: list[dict[str, Any]] | None = Field(
+        None, description="the experiment trackers this job logs to, as created (wandb, mlflow)"
+    )
     metadata: dict[str, Any] | None
     method: Method
     # ours
@@ -216,6 +218,7 @@ def to_job(job: JobRow) -> FineTuningJob:
         seed=job.seed,
         suffix=job.suffix,
         estimated_finish=int(time.time() + eta) if eta is not None else None,
+        integrations=list(job.integrations) if job.integrations else None,
         metadata=job.user_metadata,
         method=Method(supervised={"hyperparameters": hp}),
         progress=Progress(

@@ -101,6 +101,21 @@ class Settings(BaseSettings):
         default=900.0, gt=0, description="an export still preparing after this long is sent again"
     )
 
+    # -- experiment trackers (a job's `integrations`; docs/INTERFACES.md) --
+    # The worker sends HTTP requests to a job's MLflow tracking_uri: with this empty, a user can
+    # make workers call any host they reach (internal services included). List the trackers'
+    # hosts in production.
+    allowed_tracker_hosts: str = Field(
+        default="",
+        description="comma-separated hosts (or host:port) a job's MLflow tracking_uri may name; "
+        "empty = any host",
+    )
+    tracker_finish_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="how long a worker waits for a job's trackers to finish (model uploads included)",
+    )
+
     @model_validator(mode="after")
     def _derive(self) -> Settings:
         # Resolved here (not in defaults) so an overridden data_dir moves every derived path.
@@ -139,6 +154,11 @@ class Settings(BaseSettings):
     @property
     def queues(self) -> list[str]:
         return [q.strip() for q in self.worker_queues.split(",") if q.strip()]
+
+    @property
+    def tracker_hosts(self) -> list[str]:
+        """`allowed_tracker_hosts` as lowercase entries (empty: any host)."""
+        return [h.strip().lower() for h in self.allowed_tracker_hosts.split(",") if h.strip()]
 
     @property
     def is_sqlite(self) -> bool:

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session
 from api.deps import CurrentKey, SessionDep, SettingsDep
 from api.errors import APIError
 from api.hyperparams import HyperparameterError, Resolved, check_context, resolve
+from api.integration_models import disallowed_tracker
 from api.job_limits import JobTooLarge, check_job_limits
 from api.metadata_filter import MAX_VALUE_CHARS, metadata_conditions, parse_metadata_filter
 from api.queries import (
@@ -169,6 +170,13 @@ def _new_job(session: Session, owner_id: str, body: JobCreate, settings: Setting
     resolved = _resolve(body, parent, seed, train_file, val_file)
     queue = _queue_for(resolved.train_config.device, settings.default_queue)
     _check_limits(body, resolved, queue, train_file, val_file is not None, parent is not None, settings)
+    if (param := disallowed_tracker(body.integrations, settings.tracker_hosts)) is not None:
+        raise _bad(
+            f"{param}: this host is not one the service may send runs to (allowed_tracker_hosts="
+            f"{settings.allowed_tracker_hosts!r})",
+            param,
+            "tracker_host_not_allowed",
+        )
     return Job(
         owner_id=owner_id,
         model=body.model,
@@ -182,6 +190,7 @@ def _new_job(session: Session, owner_id: str, body: JobCreate, settings: Setting
         seed=seed,
         suffix=body.suffix,
         user_metadata=body.metadata,
+        integrations=[i.stored() for i in body.integrations] if body.integrations else None,
         queue=queue,
     )
 
