@@ -30,6 +30,7 @@ from worker.checkpoint_store import store_checkpoint
 from worker.db_retry import DatabaseUnavailable, DbRetry
 from worker.failures import JobFailure, classify_exception
 from worker.final_exports import store_final_exports
+from worker.integrations import TrackedCallbacks, Trackers, start_trackers
 from worker.job_inputs import JobSnapshot, TrainingInputs, prepare_inputs
 from worker.lease import LeaseLost, lock_held_job
 from worker.metric_rows import delete_metrics_after
@@ -55,10 +56,17 @@ class JobRun:
         self.job_dir = job_dir
         self.cache_dir = settings.work_path / "cache"
         self.db = DbRetry("job updates", settings.db_retry_seconds)
+        self.trackers = Trackers.none()  # the job's integrations, started once it runs
 
     # ------------------------------------------------------------------ top level
     def run(self) -> JobStatus | None:
         """The status the job ended in; None when the lease was lost (the job is another worker's)."""
+        status = self._attempt()
+        final = self.job_dir / "run" / "final" if status == JobStatus.SUCCEEDED else None
+        self.trackers.finish(status, final)  # after the job's final state: a tracker never holds it up
+        return status
+
+    def _attempt(self) -> JobStatus | None:
         try:
             return self._run()
         except LeaseLost:
@@ -97,6 +105,7 @@ class JobRun:
         if (stopped := self._requested_stop()) is not None:  # preparing the data may take a while
             return stopped
         self._mark_running(inputs)
+        self.trackers = start_trackers(snapshot.naming_job, inputs, self.settings, self.sf)
         callbacks = self._callbacks(snapshot, inputs)
         result = self._train(inputs, callbacks)
         return self._end(snapshot, result, callbacks)
@@ -149,7 +158,7 @@ class JobRun:
         self.db.call(write)
 
     def _callbacks(self, snapshot: JobSnapshot, inputs: TrainingInputs) -> ServiceCallbacks:
-        return ServiceCallbacks(
+        return TrackedCallbacks(
             self.sf,
             self.store,
             job_id=self.job_id,
@@ -162,6 +171,7 @@ class JobRun:
             lease_lost=self.lease_lost,
             shutdown=shutdown_event,
             db_retry_seconds=self.settings.db_retry_seconds,
+            trackers=self.trackers,
         )
 
     def _train(self, inputs: TrainingInputs, callbacks: ServiceCallbacks) -> TrainResult:
