@@ -94,6 +94,9 @@ class InferenceRun:
                         f"No inference worker took the request within {wait:g} s "
                         f"(inference_wait_seconds): {WORKER_HINT}.",
                         code="no_inference_worker",
+                        # the request already waited inference_wait_seconds: an SDK retrying it
+                        # (twice, by default) would keep its caller waiting minutes for the same answer
+                        retry=False,
                     )
                 return  # taken in the meantime
             await asyncio.sleep(POLL_SECONDS)

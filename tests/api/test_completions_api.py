@@ -109,8 +109,10 @@ def test_no_inference_worker_is_503_and_the_request_is_withdrawn(
             (COMPLETIONS, {"model": model_id, "prompt": "x", "stream": stream}),
             (CHAT, chat_body(f"{model_id}:ckpt-step-50", stream=stream)),
         ):
-            err = assert_envelope(client.post(path, json=body, headers=tenant.headers), 503)
+            r = client.post(path, json=body, headers=tenant.headers)
+            err = assert_envelope(r, 503)
             assert err["code"] == "no_inference_worker"
+            assert r.headers["x-should-retry"] == "false"  # it waited already: an SDK must not wait again
             assert "fromscratch worker --queues inference" in err["message"]
     assert count(session_factory, InferenceRequest, InferenceRequest.owner_id == tenant.owner_id) == 0
 
