@@ -1,6 +1,12 @@
 """What one job may ask for: `check_job_limits` refuses, before anything is written, a job that
 could not run on the largest worker of its queue or would run longer than the service allows.
 
+Devices first: `devices: N` needs a worker class of the job's queue with N devices
+(`cpu_worker_devices` / `gpu_worker_devices`, the devices of the largest worker of each queue). The
+settings, not the live `workers` a deployment happens to run now, decide: admission stays
+deterministic (a job is not refused because its worker is restarting, nor accepted because a
+bigger one briefly joined); an accepted job waits in `<queue>.<N>` for a worker with N devices.
+
 The limits come from settings: `cpu_worker_memory_bytes` / `gpu_worker_memory_bytes` (the memory of
 the largest worker of each queue), `max_job_steps`, `max_job_tokens` (steps x batch_size x grad_accum
 x ctx) and `max_checkpoints_per_job`. The memory is trainer.estimate's (weights, gradients, optimizer
@@ -65,9 +71,10 @@ def check_job_limits(
     continuing: bool,
     settings: Settings,
 ) -> None:
-    """JobTooLarge for the first limit the job exceeds: checkpoints kept, steps, tokens, memory.
-    `given`: the hyperparameters the request set (to name one of them); `continuing`: the job
+    """JobTooLarge for the first limit the job exceeds: devices, checkpoints kept, steps, tokens,
+    memory. `given`: the hyperparameters the request set (to name one of them); `continuing`: the job
     continues a model, so its architecture cannot change."""
+    _check_devices(train_cfg.devices, queue, settings)
     _check_checkpoints(train_cfg, settings.max_checkpoints_per_job)
     windows = max_windows_per_epoch(
         max_train_tokens(train_cfg, training_bytes, has_validation_file),
@@ -80,6 +87,22 @@ def check_job_limits(
     device: Device = "cuda" if queue == "gpu" else "cpu"
     limit = settings.gpu_worker_memory_bytes if queue == "gpu" else settings.cpu_worker_memory_bytes
     _check_memory(model_cfg, train_cfg, device, queue, limit, given, continuing)
+
+
+def worker_devices_limit(queue: str, settings: Settings) -> int:
+    """The devices of the largest worker of a training queue (cpu or gpu)."""
+    return settings.gpu_worker_devices if queue == "gpu" else settings.cpu_worker_devices
+
+
+def _check_devices(devices: int, queue: str, settings: Settings) -> None:
+    limit = worker_devices_limit(queue, settings)
+    if devices > limit:
+        raise JobTooLarge(
+            f"devices={devices} is more than the {limit} device{'s' if limit != 1 else ''} of the largest "
+            f"{queue} worker (FROMSCRATCH_{queue.upper()}_WORKER_DEVICES): no worker could run this job. "
+            f"Use devices <= {limit}.",
+            "devices",
+        )
 
 
 def _check_checkpoints(train_cfg: TrainConfig, limit: int) -> None:

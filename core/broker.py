@@ -20,6 +20,7 @@ from kombu import Queue
 
 from core.broker_faults import describe
 from core.broker_queues import move_to_head
+from core.device_queues import split_queue
 from core.settings import INFERENCE_QUEUE, QUEUES, WORKER_QUEUES
 
 if TYPE_CHECKING:
@@ -53,7 +54,9 @@ def make_celery(settings: Settings) -> Celery:
         # acts only on late-ack tasks (ours ack early); set, it also stops Celery's deprecation warning
         worker_cancel_long_running_tasks_on_connection_loss=True,
         worker_enable_prefetch_count_reduction=False,  # nothing to reduce: the prefetch is 1
-        # one routing table: the queue given at send time (job.queue) wins over this default
+        # one routing table: the queue given at send time (job.queue) wins over this default.
+        # Queues routed by device count (`gpu.4`, core/device_queues.py) are not listed: Celery
+        # declares them the same way on first send or consume (task_create_missing_queues).
         task_queues=[Queue(name, routing_key=name) for name in WORKER_QUEUES],
         task_default_queue=settings.default_queue,
         task_routes={
@@ -74,8 +77,8 @@ def enqueue_job(celery: Celery, job_id: str, queue: str, *, front: bool = False)
     message was lost): the job had its turn already, so its message goes to the head of the queue
     instead of behind every job sent since (core/broker_queues.py). Sending several, the last one
     sent is taken first. Should the move fail, the message stays where it was sent: late, not lost."""
-    if queue not in QUEUES:
-        raise ValueError(f"unknown queue {queue!r}: use one of {QUEUES}")
+    if split_queue(queue) is None:  # `cpu`, `gpu`, or one routed by device count (`gpu.4`)
+        raise ValueError(f"unknown queue {queue!r}: use one of {QUEUES}, or <queue>.<devices>")
     task_id = str(uuid.uuid4())
     celery.send_task(TRAIN_TASK, args=[job_id], queue=queue, task_id=task_id)
     if front:

@@ -18,6 +18,7 @@ QUEUES = ("cpu", "gpu")  # training queues (a job's `queue`)
 # completions and on-demand exports: a worker of its own, so a worker busy training never blocks them
 INFERENCE_QUEUE = "inference"
 WORKER_QUEUES = (*QUEUES, INFERENCE_QUEUE)
+MAX_DEVICES = 64  # devices one job may ask for (a routed queue name `gpu.64` fits jobs.queue)
 GiB = 1 << 30
 
 
@@ -64,6 +65,23 @@ class Settings(BaseSettings):
         default=20_000_000_000, gt=0, description="tokens one job may process (steps x batch x ctx)"
     )
     max_checkpoints_per_job: int = Field(default=20, ge=1, description="step checkpoints kept per job")
+
+    # -- devices (issue 12; docs/ARCHITECTURE.md "Devices and worker classes") --
+    # The API admits a job asking for `devices: N` only when a worker class of its queue has N
+    # devices; the job waits in the queue `<queue>.<N>` (core/device_queues.py) for such a worker.
+    cpu_worker_devices: int = Field(
+        default=1, ge=1, le=MAX_DEVICES, description="devices (processes) of the largest cpu worker"
+    )
+    gpu_worker_devices: int = Field(
+        default=1, ge=1, le=MAX_DEVICES, description="GPUs of the largest gpu worker (one worker per node)"
+    )
+    worker_devices: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_DEVICES,
+        description="devices this worker runs one job on; 0 = all it has (the CUDA devices of a gpu "
+        "worker, 1 for a cpu worker); more than it has and the worker refuses to start",
+    )
 
     # -- quotas per API key (429 with Retry-After when exceeded) --
     max_active_jobs_per_key: int = Field(default=32, ge=1, description="queued + running + validating")

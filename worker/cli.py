@@ -1,10 +1,13 @@
 """`fromscratch worker [--queues cpu,gpu|inference] [--loglevel info]`: one Celery worker process.
 
 Training queues (cpu, gpu): pool `solo`, concurrency 1, prefetch 1: a worker runs one training job
-at a time in its main process (run one worker process per GPU; scale with more processes or
-machines). The `inference` queue (completions and on-demand exports) needs a worker of its own:
-a thread pool of `FROMSCRATCH_INFERENCE_CONCURRENCY` threads sharing the models it keeps loaded. Settings come
-from `FROMSCRATCH_*` like every other subcommand; `--queues` overrides `FROMSCRATCH_WORKER_QUEUES`.
+at a time in its main process, on all its devices. `FROMSCRATCH_WORKER_DEVICES` (0 = every CUDA
+device a gpu worker sees, 1 on cpu) decides the queues it consumes: `gpu` and `gpu.2` ... up to its
+count (worker/devices.py), so it only ever takes a job it has the devices for. In production: one
+worker per node with all its GPUs (docker-compose.yml). The `inference` queue (completions and
+on-demand exports) needs a worker of its own: a thread pool of `FROMSCRATCH_INFERENCE_CONCURRENCY`
+threads sharing the models it keeps loaded. Settings come from `FROMSCRATCH_*` like every other
+subcommand; `--queues` overrides `FROMSCRATCH_WORKER_QUEUES`.
 
 SIGTERM or Ctrl-C: the running job writes a checkpoint, goes back to `queued` and is re-sent, then
 the worker exits (a second Ctrl-C exits at once; the job's lease then expires and the reaper
@@ -55,6 +58,14 @@ def run_worker(args: argparse.Namespace) -> int:
         print(f"fromscratch worker: invalid settings: {problems}", file=sys.stderr)
         return 2
 
+    from worker.devices import DeviceError, worker_queues
+
+    try:
+        devices, queues = worker_queues(settings)  # what it has decides which jobs it may take
+    except DeviceError as exc:
+        print(f"fromscratch worker: {exc}", file=sys.stderr)
+        return 2
+
     import logging
 
     # Celery leaves the root logger alone (worker_hijack_root_logger=False): ours is set up here.
@@ -72,7 +83,7 @@ def run_worker(args: argparse.Namespace) -> int:
         pool = ["--pool=solo", "--concurrency=1"]
     argv = [
         "worker",
-        f"--queues={','.join(settings.queues)}",
+        f"--queues={','.join(queues)}",
         *pool,
         "--prefetch-multiplier=1",
         f"--loglevel={args.loglevel}",
@@ -80,5 +91,8 @@ def run_worker(args: argparse.Namespace) -> int:
         "--without-gossip",  # workers never talk to each other: the database coordinates them
         "--without-mingle",
     ]
+    logging.getLogger("fromscratch.worker").info(
+        "worker %s: %d device(s), consuming %s", hostname, devices, ",".join(queues)
+    )
     app.worker_main(argv)
     return 0

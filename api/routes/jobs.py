@@ -56,6 +56,7 @@ from api.request_models import MAX_SEED, JobCreate
 from api.request_text import json_router
 from api.schemas import FineTuningJob, ListEnvelope, to_job
 from core import jobstates
+from core.device_queues import job_queue
 from core.models import ApiKey, Event, File, Job
 from core.quotas import lock_owner
 from core.settings import Settings
@@ -191,7 +192,7 @@ def _new_job(session: Session, owner_id: str, body: JobCreate, settings: Setting
         suffix=body.suffix,
         user_metadata=body.metadata,
         integrations=[i.stored() for i in body.integrations] if body.integrations else None,
-        queue=queue,
+        queue=job_queue(queue, resolved.train_config.devices),  # `gpu.4` for 4 devices (core/device_queues)
     )
 
 
