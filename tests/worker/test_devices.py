@@ -1,0 +1,88 @@
+"""What a training worker has decides what it takes (worker/devices.py, issue 12): a worker
+consumes its queue for every device count up to its own, refuses to start when told it has more
+devices than it does, and so leaves a job routed for more devices than it has in the broker, never
+half-starting it. Real `fromscratch worker` subprocesses on the real database and broker."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from core.broker import TRAIN_TASK, enqueue_job, make_celery
+from core.broker_queues import queued_job_ids
+from core.device_queues import job_queue
+from core.models import Job
+from core.settings import Settings
+from tests.fixtures.service import (
+    ServiceProcess,
+    env_from_settings,
+    fromscratch_cmd,
+    get_job,
+    make_job,
+    wait_for_status,
+)
+from worker.devices import DeviceError, available_devices, worker_queues
+
+
+def test_what_a_worker_consumes(tmp_path: Any) -> None:
+    cores = available_devices("cpu")
+    assert worker_queues(Settings(data_dir=tmp_path, worker_queues="cpu")) == (1, ["cpu"])
+    assert worker_queues(Settings(data_dir=tmp_path, worker_queues="inference")) == (1, ["inference"])
+    if cores >= 2:
+        got = worker_queues(Settings(data_dir=tmp_path, worker_queues="cpu", worker_devices=2))
+        assert got == (2, ["cpu.2", "cpu"])
+    with pytest.raises(DeviceError, match=f"worker_devices={cores + 1}"):
+        worker_queues(Settings(data_dir=tmp_path, worker_queues="cpu", worker_devices=cores + 1))
+    gpus = available_devices("cuda")
+    devices, queues = worker_queues(Settings(data_dir=tmp_path, worker_queues="gpu"))
+    assert devices == max(1, gpus) and queues[-1] == "gpu" and len(queues) == devices
+    with pytest.raises(DeviceError, match="cuda device"):
+        worker_queues(Settings(data_dir=tmp_path, worker_queues="gpu", worker_devices=gpus + 1))
+
+
+@pytest.mark.parametrize(("queue", "kind"), [("cpu", "cpu"), ("gpu", "cuda")])
+def test_a_worker_told_it_has_more_devices_than_it_does_refuses_to_start(
+    settings: Settings, queue: str, kind: str
+) -> None:
+    too_many = available_devices(kind) + 1
+    env = env_from_settings(settings, FROMSCRATCH_WORKER_DEVICES=str(too_many))
+    done = subprocess.run(
+        fromscratch_cmd("worker", "--queues", queue), env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"worker_devices={too_many}" in done.stderr and "cannot run" in done.stderr
+
+
+def test_a_one_device_worker_leaves_a_two_device_job_in_its_queue(
+    settings: Settings, session_factory: Any, worker_proc: ServiceProcess
+) -> None:
+    # the two-device job is routed to cpu.2 (as the API does); the worker (worker_devices 0 -> 1 on
+    # cpu) consumes only `cpu`, so it runs the one-device job sent after it and never the other
+    wide = make_job(settings, session_factory, train={"max_steps": 2}, enqueue=False)
+    with session_factory() as s:
+        job = s.get(Job, wide)
+        assert job is not None
+        s.execute(
+            update(Job)
+            .where(Job.id == wide)
+            .values(queue=job_queue("cpu", 2), train_config={**job.train_config, "devices": 2})
+        )
+        s.commit()
+    celery = make_celery(settings)
+    try:
+        enqueue_job(celery, wide, job_queue("cpu", 2))
+        narrow = make_job(settings, session_factory, train={"max_steps": 2})
+        wait_for_status(session_factory, narrow, "succeeded", diagnostics=worker_proc.output)
+        assert "consuming cpu" in worker_proc.output()
+        untouched = get_job(session_factory, wide)
+        assert untouched.status == "validating_files" and untouched.lease_owner is None, untouched
+        assert untouched.attempts == 0
+        assert queued_job_ids(celery, TRAIN_TASK, ["cpu.2"]) == [wide]
+    finally:
+        with celery.connection_for_write() as conn:  # take the message: no later test meets it
+            while conn.default_channel.basic_get("cpu.2", no_ack=True) is not None:
+                pass
+        celery.close()
