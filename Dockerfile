@@ -1,6 +1,8 @@
 # One image for every service: api, worker, migrate.
 # torch from PyPI on Linux x86_64 is the CUDA build (it brings the CUDA runtime as pip packages),
-# so GPU workers only need the NVIDIA container toolkit on the host.
+# so GPU workers only need the NVIDIA container toolkit on the host. A training worker uses every
+# GPU its container is given (docker-compose.yml reserves all of a node's GPUs for one worker and
+# sets FROMSCRATCH_WORKER_DEVICES to their count).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

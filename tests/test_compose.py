@@ -1,57 +1,127 @@
-"""Docker does not run here: check the production files by reading them."""
+"""Docker does not run here: check the production files by reading them. Values are interpolated
+the way compose does (`${VAR:-default}` from the environment given, else the default)."""
 
+from __future__ import annotations
+
+import os
+import re
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
-from core.settings import Settings
+from core.device_queues import consumed_queues
+from core.settings import QUEUES, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
+_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 
 
-def _compose() -> dict:
-    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """compose's `${VAR}` / `${VAR:-default}` in every string of `value`."""
+    if isinstance(value, str):
+        return _VAR.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    return value
 
 
-def _env_vars(service: dict) -> dict[str, str]:
+def _compose(env: dict[str, str] | None = None) -> dict[str, Any]:
+    return interpolate(yaml.safe_load((ROOT / "docker-compose.yml").read_text()), env or {})
+
+
+def _env_vars(service: dict[str, Any]) -> dict[str, str]:
     env = service.get("environment") or {}
     if isinstance(env, list):
         env = dict(item.split("=", 1) for item in env)
-    return env
+    return {k: str(v) for k, v in env.items()}
+
+
+def _settings(service: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The Settings a service's process would read from its environment."""
+    for var in list(os.environ):
+        if var.startswith("FROMSCRATCH_"):
+            monkeypatch.delenv(var)
+    for var, value in _env_vars(service).items():
+        monkeypatch.setenv(var, value)
+    return Settings()
+
+
+def _gpu_workers(services: dict[str, Any]) -> dict[str, Any]:
+    """The services running a training worker of the gpu queue."""
+    return {
+        name: s
+        for name, s in services.items()
+        if s.get("command", [])[:2] == ["fromscratch", "worker"]
+        and "gpu" in _env_vars(s).get("FROMSCRATCH_WORKER_QUEUES", "").split(",")
+    }
 
 
 def test_compose_has_the_production_services() -> None:
     services = _compose()["services"]
-    assert {"postgres", "redis", "migrate", "api", "worker"} <= set(services)
+    assert {"postgres", "redis", "migrate", "api", "worker", "inference-worker"} <= set(services)
     assert services["migrate"]["command"] == ["fromscratch", "migrate"]
     assert services["worker"]["command"][:2] == ["fromscratch", "worker"]
-    devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
-    assert any("gpu" in d["capabilities"] for d in devices)
+    assert services["inference-worker"]["command"] == ["fromscratch", "worker", "--queues", "inference"]
     for name in ("postgres", "redis", "api"):
         assert "healthcheck" in services[name], f"{name} has no healthcheck"
 
 
+@pytest.mark.parametrize("gpus", [None, "8"])
+def test_each_gpu_worker_reserves_its_gpus_and_says_how_many(
+    gpus: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {"GPUS_PER_NODE": gpus} if gpus else {}
+    services = _compose(env)["services"]
+    workers = _gpu_workers(services)
+    assert workers, "no gpu worker in docker-compose.yml"
+    api = _settings(services["api"], monkeypatch)
+    for name, service in workers.items():
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        gpu = [d for d in devices if "gpu" in d["capabilities"]]
+        assert len(gpu) == 1 and gpu[0]["driver"] == "nvidia", name
+        count = int(gpu[0]["count"])  # a number: "all" would hide how many the worker advertises
+        assert count == int(gpus or 1), name
+        settings = _settings(service, monkeypatch)
+        # the worker runs jobs on exactly the GPUs it reserves, and the API admits up to that many
+        assert settings.worker_devices == count and settings.device == "cuda", name
+        assert api.gpu_worker_devices == count, "FROMSCRATCH_GPU_WORKER_DEVICES differs from the workers"
+        # its command's queues are the setting's, and it consumes every routed gpu queue up to count
+        assert service["command"][2:] == ["--queues", settings.worker_queues], name
+        assert consumed_queues(settings.queues, count)[0] == ("gpu" if count == 1 else f"gpu.{count}")
+        shm = re.fullmatch(r"(\d+)gb", str(service.get("shm_size", "")))
+        assert shm and int(shm.group(1)) >= 1, f"{name}: NCCL needs more than Docker's 64 MB /dev/shm"
+
+
 def test_every_fromscratch_variable_is_a_setting() -> None:
     fields = {name.upper() for name in Settings.model_fields}
-    seen = set()
+    seen: dict[str, set[str]] = {}
     for name, service in _compose()["services"].items():
         for var in _env_vars(service):
             if var.startswith("FROMSCRATCH_"):
-                seen.add(var)
+                seen.setdefault(name, set()).add(var)
                 assert var.removeprefix("FROMSCRATCH_") in fields, (
                     f"{name}: {var} is not read by core.settings"
                 )
-    assert {"FROMSCRATCH_DATABASE_URL", "FROMSCRATCH_BROKER_URL"} <= seen
+    needed = {"FROMSCRATCH_DATABASE_URL", "FROMSCRATCH_BROKER_URL"}
+    for name in ("migrate", "api", "worker", "inference-worker"):
+        assert needed <= seen[name], name
+    assert {"FROMSCRATCH_GPU_WORKER_DEVICES", "FROMSCRATCH_GPU_WORKER_MEMORY_BYTES"} <= seen["api"]
+    assert {"FROMSCRATCH_WORKER_QUEUES", "FROMSCRATCH_WORKER_DEVICES", "FROMSCRATCH_DEVICE"} <= seen["worker"]
 
 
-def test_settings_read_the_compose_values(monkeypatch) -> None:
-    env = _env_vars(_compose()["services"]["worker"])
-    for var, value in env.items():
-        monkeypatch.setenv(var, str(value))
-    settings = Settings()
-    assert settings.database_url.startswith("postgresql")
-    assert settings.broker_url == "redis://redis:6379/0"
-    assert settings.device == "cuda"
+def test_settings_read_the_compose_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    services = _compose({"POSTGRES_PASSWORD": "s3cret"})["services"]
+    for name in ("api", "worker", "inference-worker", "migrate"):
+        settings = _settings(services[name], monkeypatch)
+        assert settings.database_url == "postgresql+psycopg://fromscratch:s3cret@postgres:5432/fromscratch"
+        assert settings.broker_url == "redis://redis:6379/0"
+        assert settings.default_queue in QUEUES
+    assert _settings(services["worker"], monkeypatch).device == "cuda"
+    assert _settings(services["inference-worker"], monkeypatch).queues == ["inference"]
 
 
 def test_dockerfile_installs_the_package_and_pins_torch() -> None:
@@ -59,3 +129,8 @@ def test_dockerfile_installs_the_package_and_pins_torch() -> None:
     assert 'pip install "torch==2.13.0"' in text
     for part in ("trainer", "core", "api", "worker", "cli", "migrations"):
         assert f"COPY {part} ./{part}" in text
+    # compose's services run the image's console script and uvicorn; no FROMSCRATCH_* the
+    # Dockerfile sets may be a name Settings does not read
+    fields = {name.upper() for name in Settings.model_fields}
+    for var in re.findall(r"\b(FROMSCRATCH_\w+)=", text):
+        assert var.removeprefix("FROMSCRATCH_") in fields, var
