@@ -43,6 +43,7 @@ from api.routes import (
     models,
     statuses,
     tensorboard,
+    workers,
 )
 from core.settings import Settings, get_settings
 
@@ -147,6 +148,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         tensorboard,
         models,
         completions,
+        workers,
     )
     routers = [module.router for module in modules]
     for router in routers:

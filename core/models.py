@@ -271,3 +271,21 @@ class DeletedModel(Base):
     model_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     owner_id: Mapped[str] = mapped_column(String(64))
     deleted_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Worker(Base):
+    """A worker process as it advertises itself (worker/advertise.py): inserted when it starts,
+    `seen_at` refreshed every heartbeat_seconds, deleted when it stops; a row not seen for
+    lease_seconds is a worker that died and is deleted by the next one to refresh. For the
+    dashboard and `GET /v1/workers`; admission reads settings, not this table (api/job_limits.py)."""
+
+    __tablename__ = "workers"
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)  # its Celery node name
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)  # a job it runs has lease_owner "<host>:<pid>:..."
+    queues: Mapped[list[str]] = mapped_column(JSON, default=list)  # broker queues it consumes
+    device_kind: Mapped[str] = mapped_column(String(8))  # cpu | cuda
+    devices: Mapped[int] = mapped_column(Integer)  # the most one job runs on here
+    memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)  # per device
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)

@@ -94,5 +94,11 @@ def run_worker(args: argparse.Namespace) -> int:
     logging.getLogger("fromscratch.worker").info(
         "worker %s: %d device(s), consuming %s", hostname, devices, ",".join(queues)
     )
-    app.worker_main(argv)
+    from worker.advertise import start_advertising
+
+    advertiser = start_advertising(settings, hostname, devices, queues)  # the `workers` row
+    try:
+        app.worker_main(argv)
+    finally:
+        advertiser.stop()
     return 0
