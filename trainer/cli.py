@@ -118,16 +118,30 @@ def cmd_train(args: argparse.Namespace) -> int:
             print("note: the architecture comes from the checkpoint; model options are ignored")
     progress = ProgressCallbacks()
     try:
-        result = train(
-            model_cfg,
-            train_cfg,
-            args.data,
-            args.out,
-            progress,
-            validation_path=args.validation_file,
-            resume=args.resume,
-            init_from=args.init_from,
-        )
+        if train_cfg.devices > 1:  # data-parallel: one process per device, rank 0 shows the progress
+            from trainer.distributed import launch_train
+
+            result = launch_train(
+                model_cfg,
+                train_cfg,
+                args.data,
+                args.out,
+                ProgressCallbacks,
+                validation_path=args.validation_file,
+                resume=args.resume,
+                init_from=args.init_from,
+            )
+        else:
+            result = train(
+                model_cfg,
+                train_cfg,
+                args.data,
+                args.out,
+                progress,
+                validation_path=args.validation_file,
+                resume=args.resume,
+                init_from=args.init_from,
+            )
     except ConfigError as err:
         progress.close()
         _config_error(parser, err)

@@ -413,10 +413,17 @@ class TrainConfig(_Config):
     device: Literal["auto", "cpu", "cuda"] = param("auto", "auto = cuda when available", title="Device")
     devices: Int = param(
         1,
-        "data-parallel processes, one per device (only 1 until distributed training lands)",
+        "data-parallel processes, one per device (NCCL on CUDA, gloo on CPU); batch_size stays per "
+        "process: the global batch is batch_size x grad_accum x devices",
         title="Devices",
         ge=1,
-        le=1,
+        le=64,
+    )
+    sharding: Literal["ddp", "fsdp"] = param(
+        "ddp",
+        "with devices > 1: ddp (every process holds the whole model) or fsdp (parameters, gradients "
+        "and optimizer state sharded; not available yet)",
+        title="Sharding",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = param(
         "auto",
@@ -448,6 +455,8 @@ class TrainConfig(_Config):
             problems.append(
                 ("vocab_size", "the byte tokenizer has a fixed vocabulary of 258; use --tokenizer bpe")
             )
+        if self.devices > 1 and self.optimizer == "lbfgs":
+            problems.append(("devices", "L-BFGS trains in one process; use devices 1 or optimizer adamw"))
         if self.min_lr is not None and self.min_lr > self.learning_rate:
             problems.append(("min_lr", f"must be <= learning_rate ({self.learning_rate}), got {self.min_lr}"))
         return problems

@@ -210,16 +210,21 @@ def max_windows_per_epoch(n_tokens: int, ctx: int, samples_after_nl: bool) -> in
 
 
 def total_steps(cfg: TrainConfig, windows_per_epoch: int) -> int:
-    """Optimizer steps of a run: max_steps, else enough whole batches of batch_size x grad_accum
-    windows to visit every window n_epochs times (trainer.data.BatchSampler.steps_for_epochs), else
+    """Optimizer steps of a run: max_steps, else enough whole global batches of batch_size x
+    grad_accum x devices windows to visit every window n_epochs times (trainer.data.BatchSampler.steps_for_epochs), else
     DEFAULT_TOTAL_STEPS."""
     if cfg.max_steps is not None:
         return cfg.max_steps
     if cfg.n_epochs is not None:
-        return max(1, math.ceil(cfg.n_epochs * windows_per_epoch / (cfg.batch_size * cfg.grad_accum)))
+        return max(1, math.ceil(cfg.n_epochs * windows_per_epoch / global_batch(cfg)))
     return DEFAULT_TOTAL_STEPS
 
 
 def total_tokens(cfg: TrainConfig, ctx: int, steps: int) -> int:
-    """Training tokens a run of `steps` steps processes (steps x batch_size x grad_accum x ctx)."""
-    return steps * cfg.batch_size * cfg.grad_accum * ctx
+    """Training tokens a run of `steps` steps processes (steps x batch_size x grad_accum x devices x ctx)."""
+    return steps * global_batch(cfg) * ctx
+
+
+def global_batch(cfg: TrainConfig) -> int:
+    """Windows per optimizer step over all processes: batch_size is per process (per micro-batch)."""
+    return cfg.batch_size * cfg.grad_accum * cfg.devices

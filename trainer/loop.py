@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from trainer.config import ModelConfig, TrainConfig
-from trainer.metrics_file import MetricsFile
+from trainer.metrics_file import MetricsFile, NoMetricsFile
 from trainer.optim import lr_at, set_lr
 from trainer.run import StartInfo, TrainRun
 from trainer.run_setup import start_run
@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # trainer.data is imported lazily (see trainer.run_setup)
     from trainer.tokenizers import Tokenizer
 
 StopReason = Literal["completed", "stop", "pause", "time_limit"]
+_STOP_BY_CODE: dict[int, StopReason | None] = {0: None, 1: "stop", 2: "pause", 3: "time_limit"}
 
 
 class Callbacks:
@@ -90,6 +91,9 @@ class TrainingDiverged(RuntimeError):
             "use more warmup steps or gradient clipping, or train in float32."
         )
 
+    def __reduce__(self) -> tuple[type[TrainingDiverged], tuple[int, float]]:
+        return TrainingDiverged, (self.step, self.loss)  # a distributed rank's error crosses processes
+
 
 @dataclass
 class TrainResult:
@@ -136,9 +140,12 @@ def train(
         resume=resume,
         init_from=init_from,
     )
-    metrics = MetricsFile(
-        run.out_dir / "metrics.jsonl", keep_upto=run.step if run.resume_path is not None else None
-    )
+    if run.is_main:
+        metrics = MetricsFile(
+            run.out_dir / "metrics.jsonl", keep_upto=run.step if run.resume_path is not None else None
+        )
+    else:  # the other ranks of a distributed run report nothing (trainer.distributed)
+        metrics, callbacks = NoMetricsFile(), Callbacks()
     callbacks.on_start(run.start_info())
     try:
         stop_reason = _train_steps(run, metrics, callbacks)
@@ -166,27 +173,42 @@ def _train_steps(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> S
     optimizer_step = OptimizerStep(run)
     clock = _Clock(run.tokens_seen)
     run.model.train()
+    # Several processes: rank 0's stop request as all ranks agreed on it, before the first step and
+    # then in each logged step's all-reduce (so they all leave the loop at the same step).
+    agreed = _agree_stop(run, callbacks, clock) if run.world > 1 else None
     while run.step < run.total_steps:
-        stop = _stop_requested(run, callbacks, clock)
+        stop = _stop_requested(run, callbacks, clock) if run.world == 1 else agreed
         if stop is not None:
             return stop
         lr = lr_at(run.step, cfg, run.total_steps)
         set_lr(run.optimizer, lr)
         x, y = run.sampler.next_batch()
+        n_targets = count_targets(y)  # of the global batch, which every rank draws
+        x, y = run.local_batch(x, y)
         result = optimizer_step(
-            x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True), count_targets(y)
+            x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True), n_targets
         )
         run.step += 1
         run.tokens_seen += run.tokens_per_step
 
         if _due(run, cfg.log_every):
-            _log_step(run, metrics, callbacks, clock, lr, result)
+            agreed = _log_step(run, metrics, callbacks, clock, lr, result)
+        if not run.is_main:
+            continue
         with clock.not_training():
             if run.make_val_sampler is not None and _due(run, cfg.eval_every):
                 _evaluate(run, metrics, callbacks)
             if cfg.checkpoint_every and run.step % cfg.checkpoint_every == 0 and run.step < run.total_steps:
                 callbacks.on_checkpoint(run.step, run.save_step_checkpoint())
     return "completed"
+
+
+def _agree_stop(run: TrainRun, callbacks: Callbacks, clock: _Clock) -> StopReason | None:
+    """Rank 0's stop request, broadcast to every rank."""
+    from trainer.distributed import STOP_CODES, agree_stop
+
+    code = STOP_CODES[_stop_requested(run, callbacks, clock)] if run.is_main else 0
+    return _STOP_BY_CODE[agree_stop(code, run.device)]
 
 
 def _due(run: TrainRun, every: int) -> bool:
@@ -211,12 +233,26 @@ def _log_step(
     clock: _Clock,
     lr: float,
     result: StepResult,
-) -> None:
+) -> StopReason | None:
     """Report the step's loss, gradient norm and accuracy, read in one transfer (the one device sync
-    per logged step); a NaN/inf loss ends the run."""
+    per logged step); a NaN/inf loss ends the run. Several processes: the loss and accuracy are
+    summed over the ranks (each holds its share) in one all-reduce that also carries rank 0's stop
+    request, which is returned (the gradients, hence the norm, are the same on every rank)."""
     loss = result.loss.detach().float()
-    values = torch.stack([loss, result.grad_norm.detach().float().to(loss.device), result.accuracy.float()])
-    train_loss, norm, accuracy = values.tolist()
+    accuracy_t = result.accuracy.float()
+    stop_t = torch.zeros((), device=loss.device)
+    if run.world > 1:
+        import torch.distributed as dist
+
+        from trainer.distributed import STOP_CODES
+
+        if run.is_main:
+            stop_t += STOP_CODES[_stop_requested(run, callbacks, clock)]
+        shared = torch.stack([loss, accuracy_t, stop_t])
+        dist.all_reduce(shared)
+        loss, accuracy_t, stop_t = shared.unbind()
+    values = torch.stack([loss, result.grad_norm.detach().float().to(loss.device), accuracy_t, stop_t])
+    train_loss, norm, accuracy, stop_code = values.tolist()
     run.last_train_loss, run.last_train_accuracy = train_loss, accuracy
     if not math.isfinite(train_loss):
         raise TrainingDiverged(run.step, train_loss)
@@ -234,13 +270,14 @@ def _log_step(
         }
     )
     callbacks.on_step(run.step, train_loss, lr, norm, tokens_per_s, run.tokens_seen, accuracy)
+    return _STOP_BY_CODE[round(stop_code)]
 
 
 def _evaluate(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> None:
     """Validation loss and accuracy of this step; a new best loss is saved to best/."""
     assert run.make_val_sampler is not None
     val_loss, val_accuracy = evaluate(
-        run.fwd, run.make_val_sampler, run.cfg.eval_batches, run.device, run.autocast
+        _eval_fwd(run), run.make_val_sampler, run.cfg.eval_batches, run.device, run.autocast
     )
     run.last_val_loss, run.last_val_accuracy = val_loss, val_accuracy
     metrics.write(
@@ -258,12 +295,17 @@ def _evaluate(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> None
         run.save(run.out_dir / "best")
 
 
+def _eval_fwd(run: TrainRun) -> torch.nn.Module:
+    """What evaluation calls: rank 0 evaluates alone, so not through the DDP wrapper."""
+    return run.model if run.ddp is not None else run.fwd
+
+
 def _full_evaluation(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> None:
     """The final full validation pass (trainer.batches.full_pass), reported before the final
     checkpoint is written so the service stores it with that checkpoint."""
     if run.make_full_pass is None:
         return
-    result = evaluate_batches(run.fwd, run.make_full_pass(), run.device, run.autocast)
+    result = evaluate_batches(_eval_fwd(run), run.make_full_pass(), run.device, run.autocast)
     if result is None:
         return
     run.full_valid = result
@@ -281,10 +323,13 @@ def _full_evaluation(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) 
 
 def _final_checkpoint(
     run: TrainRun, stop_reason: StopReason, callbacks: Callbacks, metrics: MetricsFile
-) -> Path:
+) -> Path | None:
     """final/ when completed; otherwise a step checkpoint of the current step (written now unless
     one is already on disk), so a stopped or paused run can resume from where it ended. A run that
-    ends as a model (completed, or at the time limit) gets its full validation pass first."""
+    ends as a model (completed, or at the time limit) gets its full validation pass first. Only
+    rank 0 writes (the other ranks of a distributed run return None)."""
+    if not run.is_main:
+        return None
     if stop_reason in ("completed", "time_limit"):
         _full_evaluation(run, metrics, callbacks)
     if stop_reason == "completed":

@@ -32,3 +32,16 @@ class MetricsFile:
 
     def close(self) -> None:
         self._f.close()
+
+
+class NoMetricsFile(MetricsFile):
+    """Writes nothing: what the ranks other than 0 of a distributed run report to."""
+
+    def __init__(self) -> None:
+        pass
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

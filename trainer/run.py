@@ -54,6 +54,11 @@ class TrainRun:
     make_full_pass: Callable[[], Iterator[Batch]] | None  # the final full validation pass (None: none)
     total_steps: int
     resume_path: Path | None  # the checkpoint this run resumed from (None: a fresh start)
+    # data parallelism (trainer.distributed): this process's rank, the number of processes, and the
+    # DistributedDataParallel wrapper that fwd calls (None: one process, no process group)
+    rank: int = 0
+    world: int = 1
+    ddp: torch.nn.parallel.DistributedDataParallel | None = None
     # progress, saved in every checkpoint
     step: int = 0
     tokens_seen: int = 0
@@ -68,7 +73,22 @@ class TrainRun:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.cfg.batch_size * self.cfg.grad_accum * self.model_cfg.ctx
+        """Tokens per optimizer step over all processes (batch_size is per process)."""
+        return self.cfg.batch_size * self.cfg.grad_accum * self.world * self.model_cfg.ctx
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the process that logs, evaluates, writes checkpoints and calls the callbacks."""
+        return self.rank == 0
+
+    def local_batch(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's contiguous slice of the step's global batch (all of it in one process): the
+        micro-batches a single process would accumulate as numbers rank*grad_accum .. +grad_accum-1."""
+        if self.world == 1:
+            return x, y
+        n = len(x) // self.world
+        part = slice(self.rank * n, (self.rank + 1) * n)
+        return x[part], y[part]
 
     @property
     def best_val_loss(self) -> float | None:

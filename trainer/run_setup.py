@@ -7,6 +7,7 @@ gradient scaler and sampler position from its checkpoint.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -25,6 +26,7 @@ from trainer.checkpoint import (
     set_rng_state,
 )
 from trainer.config import ConfigError, ModelConfig, TrainConfig
+from trainer.distributed import check_devices, local_rank, rank_and_world
 from trainer.estimate import total_steps
 from trainer.model import Llama
 from trainer.optim import make_optimizer
@@ -55,7 +57,16 @@ def start_run(
         raise ConfigError(
             [("dtype", "float16 needs a gradient scaler, which L-BFGS cannot use; use bfloat16 or float32")]
         )
+    rank, world = rank_and_world()
+    if cfg.devices != world:
+        raise ValueError(
+            f"devices={cfg.devices} runs in {cfg.devices} processes: start it with "
+            f"trainer.distributed.launch_train (this process group has {world})"
+        )
+    check_devices(cfg)
     device = resolve_device(cfg)
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", local_rank())
     dtype = resolve_dtype(cfg, device)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -66,10 +77,10 @@ def start_run(
     if source is not None:  # the checkpoint's model and tokenizer win over the arguments
         tokenizer, model_cfg = source.tokenizer, source.model_config
 
-    data, tokenizer = load_data(cfg, train_path, tokenizer, validation_path, out_dir)
+    data, tokenizer = load_data_in_turn(cfg, train_path, tokenizer, validation_path, out_dir, rank, world)
     if model_cfg.vocab_size != tokenizer.vocab_size:
         model_cfg = model_cfg.model_copy(update={"vocab_size": tokenizer.vocab_size})
-    sampler = train_sampler(cfg, model_cfg.ctx, data)
+    sampler = train_sampler(cfg, model_cfg.ctx, data, world)
     make_val_sampler = val_sampler_factory(cfg, model_cfg.ctx, data)
     make_full_pass = full_pass_factory(cfg, model_cfg.ctx, data) if make_val_sampler is not None else None
     total_steps = total_steps_for(cfg, sampler)
@@ -93,12 +104,57 @@ def start_run(
         make_full_pass=make_full_pass,
         total_steps=total_steps,
         resume_path=resume_path,
+        rank=rank,
+        world=world,
     )
     if resumed is not None:
         restore_progress(run, resumed)
+    if world > 1:
+        run.ddp = wrap_ddp(model, device)
+        run.fwd = run.ddp
     if cfg.compile:
-        run.fwd = cast(torch.nn.Module, torch.compile(model))  # an OptimizedModule, typed as a callable
+        # an OptimizedModule, typed as a callable (DDP is compiled, not wrapped around a compiled model)
+        run.fwd = cast(torch.nn.Module, torch.compile(run.fwd))
     return run
+
+
+def wrap_ddp(model: Llama, device: torch.device) -> torch.nn.parallel.DistributedDataParallel:
+    """The model in DistributedDataParallel. Buffers (the RoPE tables) are computed alike on every
+    rank, so they are not synced each forward; the weights are (identically seeded or loaded)."""
+    ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
+
+
+def load_data_in_turn(
+    cfg: TrainConfig,
+    train_path: str | os.PathLike[str] | TokenData,
+    tokenizer: Tokenizer | None,
+    validation_path: str | os.PathLike[str] | None,
+    out_dir: Path,
+    rank: int,
+    world: int,
+) -> tuple[TokenData, Tokenizer]:
+    """load_data; with several processes rank 0 goes first (it trains the tokenizer when there is
+    none and fills the token cache) and the others then read its tokenizer and the cache."""
+    if world == 1:
+        return load_data(cfg, train_path, tokenizer, validation_path, out_dir)
+    import torch.distributed as dist
+
+    from trainer.tokenizers import tokenizer_from_json
+
+    shared = out_dir / "cache" / "distributed-tokenizer.json"
+    if rank == 0:
+        data, tokenizer = load_data(cfg, train_path, tokenizer, validation_path, out_dir)
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        tmp = shared.with_suffix(".tmp")
+        tmp.write_text(json.dumps(tokenizer.to_json()))
+        tmp.replace(shared)
+    dist.barrier()
+    if rank != 0:
+        tokenizer = tokenizer_from_json(json.loads(shared.read_text()))
+        data, tokenizer = load_data(cfg, train_path, tokenizer, validation_path, out_dir)
+    assert tokenizer is not None
+    return data, tokenizer
 
 
 def resolve_device(cfg: TrainConfig) -> torch.device:
@@ -169,14 +225,15 @@ def loss_spans(cfg: TrainConfig, spans: np.ndarray | None) -> np.ndarray | None:
     return None if cfg.train_on_inputs else spans
 
 
-def train_sampler(cfg: TrainConfig, ctx: int, data: TokenData) -> BatchSampler:
-    """Draws all batch_size * grad_accum windows of a step at once (see trainer.loop's docstring)."""
+def train_sampler(cfg: TrainConfig, ctx: int, data: TokenData, world: int = 1) -> BatchSampler:
+    """Draws all batch_size * grad_accum * world windows of a step at once, on every rank (see
+    trainer.loop's docstring and trainer.distributed): the data order does not depend on the split."""
     from trainer.data import BatchSampler
 
     return BatchSampler(
         data.train,
         ctx,
-        cfg.batch_size * cfg.grad_accum,
+        cfg.batch_size * cfg.grad_accum * world,
         seed=cfg.seed,
         samples_after_nl=cfg.samples_after_nl,
         newline_id=NEWLINE_ID,

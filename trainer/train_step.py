@@ -46,7 +46,9 @@ def _correct(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 class OptimizerStep:
     """`step(x, y, n_targets) -> StepResult` for a batch of batch_size * grad_accum windows; n_targets
-    is count_targets(y), counted on the CPU before y moved to the device."""
+    is count_targets(y), counted on the CPU before y moved to the device. With several processes
+    (trainer.distributed) x, y are this rank's slice and n_targets counts the whole global batch; the
+    loss and accuracy returned are then this rank's share of the step's (their sum over ranks)."""
 
     def __init__(self, run: TrainRun):
         self.run = run
@@ -67,13 +69,18 @@ class OptimizerStep:
         denominator = max(n_targets, 1)  # no target at all: every term is 0, so the loss is 0
         loss_sum = torch.zeros((), device=run.device)
         correct = torch.zeros((), device=run.device, dtype=torch.int64)
-        for xm, ym in zip(x.chunk(k), y.chunk(k), strict=True):
-            with run.autocast():
-                logits, loss = run.fwd(xm, ym, reduction="sum")
-            correct += _correct(logits, ym)
-            del logits  # not kept alive through the backward pass
-            loss = loss / denominator
-            run.scaler.scale(loss).backward()
+        for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):
+            # DDP all-reduces the gradients in the last micro-batch's backward only
+            sync = run.ddp.no_sync() if run.ddp is not None and i < k - 1 else contextlib.nullcontext()
+            with sync:
+                with run.autocast():
+                    logits, loss = run.fwd(xm, ym, reduction="sum")
+                correct += _correct(logits, ym)
+                del logits  # not kept alive through the backward pass
+                loss = loss / denominator
+                # n_targets counts the global batch; DDP averages over the ranks, x world makes it the sum
+                scaled = loss * run.world if run.world > 1 else loss
+                run.scaler.scale(scaled).backward()
             loss_sum += loss.detach()
         return loss_sum, correct / denominator
 

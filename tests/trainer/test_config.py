@@ -8,15 +8,22 @@ from cli.main import main
 from trainer.config import ConfigError, TrainConfig
 
 
-def test_devices_defaults_to_one_and_is_bounded_until_distributed_training_lands(capsys, tmp_path):
-    assert TrainConfig().devices == 1
+def test_devices_defaults_to_one_and_is_bounded(capsys, tmp_path):
+    assert TrainConfig().devices == 1 and TrainConfig().sharding == "ddp"
+    assert TrainConfig(devices=64).devices == 64
     with pytest.raises(ConfigError) as err:
-        TrainConfig(devices=2)
-    assert err.value.problems == [("devices", "must be <= 1, got 2")]
+        TrainConfig(devices=65)
+    assert err.value.problems == [("devices", "must be <= 64, got 65")]
     with pytest.raises(SystemExit) as exit_:
-        main(["train", str(tmp_path / "data.txt"), "--out", str(tmp_path / "o"), "--devices", "2"])
+        main(["train", str(tmp_path / "data.txt"), "--out", str(tmp_path / "o"), "--devices", "65"])
     assert exit_.value.code == 2
-    assert "--devices: must be <= 1, got 2" in capsys.readouterr().err
+    assert "--devices: must be <= 64, got 65" in capsys.readouterr().err
+
+
+def test_lbfgs_trains_in_one_process():
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(devices=2, optimizer="lbfgs")
+    assert err.value.param == "devices" and "L-BFGS" in str(err.value)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,194 @@
+"""Data-parallel training: `launch_train` runs `devices` processes through torchrun's launcher
+(torch.distributed.launcher.elastic_launch, a standalone rendezvous on loopback), each of which calls
+trainer.loop.train inside a process group (NCCL on CUDA, gloo on CPU) with the model wrapped in
+DistributedDataParallel. With devices 1 nothing here runs: no process group, today's path.
+
+Rules the ranks keep (see docs/ARCHITECTURE.md, "Distributed training"):
+- every rank holds the same sampler and draws the whole global batch (batch_size x grad_accum x
+  devices windows) each step; rank r trains on the r-th contiguous slice of it. That is the order a
+  single process with grad_accum x devices micro-batches would use, so the data, the loss and the
+  sampler state (saved in checkpoints) do not depend on the world size;
+- each micro-batch's summed loss is divided by the global batch's target count (every rank counts it
+  from the whole batch it drew, so no collective is needed) and multiplied by the world size, which
+  cancels DDP's averaging: the gradient equals the single-process one;
+- rank 0 alone logs, evaluates, writes checkpoints and calls the callbacks; its stop/pause decision
+  reaches every rank in the all-reduce of the logged loss (the one sync per logged step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.config import ConfigError, ModelConfig, TrainConfig
+
+if TYPE_CHECKING:
+    from trainer.loop import Callbacks, TrainResult
+    from trainer.tokenizers import Tokenizer
+
+STOP_CODES: dict[str | None, int] = {None: 0, "stop": 1, "pause": 2, "time_limit": 3}
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of this process; (0, 1) outside a process group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def check_devices(cfg: TrainConfig) -> None:
+    """ConfigError when `devices` processes cannot run on this machine with this config."""
+    if cfg.devices == 1:
+        return
+    if cfg.sharding == "fsdp":
+        raise ConfigError(
+            [("sharding", "fsdp is not available yet; use sharding ddp (every rank holds the whole model)")]
+        )
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cuda:
+        n = torch.cuda.device_count()
+        if n < cfg.devices:
+            raise ConfigError(
+                [
+                    (
+                        "devices",
+                        f"{cfg.devices} processes need {cfg.devices} CUDA devices; this machine has {n}",
+                    )
+                ]
+            )
+
+
+def launch_train(
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    train_path: str | os.PathLike[str],
+    out_dir: Path,
+    callbacks_factory: Callable[[], Callbacks] | None = None,
+    *,
+    tokenizer: Tokenizer | None = None,
+    validation_path: str | os.PathLike[str] | None = None,
+    resume: bool | Path = False,
+    init_from: Path | None = None,
+) -> TrainResult:
+    """trainer.loop.train in cfg.devices processes; returns rank 0's TrainResult.
+
+    The configs, paths and tokenizer travel to the ranks as JSON. `callbacks_factory` (a picklable
+    callable: a module-level class or function) is called in rank 0 only, which alone reports.
+    An exception of a rank is raised here as it was raised there."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if not isinstance(train_path, str | os.PathLike):
+        raise ValueError("distributed training reads a data file; pass its path, not prepared TokenData")
+    check_devices(cfg)
+    spec = json.dumps(
+        {
+            "model": model_cfg.to_dict(),
+            "train": cfg.to_dict(),
+            "train_path": str(train_path),
+            "out_dir": str(out_dir),
+            "tokenizer": tokenizer.to_json() if tokenizer is not None else None,
+            "validation_path": str(validation_path) if validation_path is not None else None,
+            "resume": str(resume) if isinstance(resume, Path) else resume,
+            "init_from": str(init_from) if init_from is not None else None,
+        }
+    )
+    launch = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=cfg.devices,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",  # torchrun --standalone: a TCP store hosted by this process, any free port
+        rdzv_endpoint="127.0.0.1:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        local_addr="127.0.0.1",
+    )
+    with tempfile.TemporaryDirectory(prefix="fromscratch-ranks-") as errors:
+        try:
+            results = elastic_launch(launch, _rank_main)(spec, callbacks_factory, errors)
+        except ChildFailedError as failed:
+            raise _rank_error(failed, Path(errors)) from None
+    result = results[0]
+    assert result is not None
+    return result
+
+
+def _rank_error(failed: Exception, errors: Path) -> BaseException:
+    """The exception a rank raised (the lowest rank that saved one), else the launcher's error."""
+    for path in sorted(errors.glob("rank-*.pickle"), key=lambda p: int(p.stem.split("-")[1])):
+        try:
+            err = pickle.loads(path.read_bytes())  # written by our own rank process just now
+        except Exception:
+            continue
+        if isinstance(err, BaseException):
+            return err
+    return failed
+
+
+def _rank_main(spec_json: str, callbacks_factory: Callable[[], Callbacks] | None, errors: str) -> Any:
+    """One rank: join the process group, train, leave it. Runs in a process the launcher spawned."""
+    from trainer.loop import train
+    from trainer.run_setup import resolve_device
+    from trainer.tokenizers import tokenizer_from_json
+
+    spec = json.loads(spec_json)
+    cfg = TrainConfig.from_dict(spec["train"])
+    rank = int(os.environ["RANK"])
+    try:
+        device = resolve_device(cfg)
+        init: dict[str, Any] = {"backend": backend_for(device)}
+        if device.type == "cuda":
+            torch.cuda.set_device(local_rank())
+            init["device_id"] = torch.device("cuda", local_rank())
+        elif "OMP_NUM_THREADS" not in os.environ:  # the ranks share the machine's cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.devices))
+        dist.init_process_group(**init)
+        try:
+            resume = spec["resume"]
+            return train(
+                ModelConfig.from_dict(spec["model"]),
+                cfg,
+                spec["train_path"],
+                Path(spec["out_dir"]),
+                callbacks_factory() if callbacks_factory is not None and rank == 0 else None,
+                tokenizer=tokenizer_from_json(spec["tokenizer"]) if spec["tokenizer"] else None,
+                validation_path=spec["validation_path"],
+                resume=Path(resume) if isinstance(resume, str) else resume,
+                init_from=Path(spec["init_from"]) if spec["init_from"] else None,
+            )
+        finally:
+            dist.destroy_process_group()
+    except BaseException as err:
+        try:
+            Path(errors, f"rank-{rank}.pickle").write_bytes(pickle.dumps(err))
+        except Exception:
+            Path(errors, f"rank-{rank}.pickle").write_bytes(
+                pickle.dumps(RuntimeError(f"rank {rank}: {err!r}"))
+            )
+        raise
+
+
+def agree_stop(code: int, device: torch.device) -> int:
+    """Rank 0's stop code, for every rank (a broadcast; used once before the first step)."""
+    t = torch.tensor([code], dtype=torch.int64, device=device)
+    dist.broadcast(t, src=0)
+    return int(t.item())
