@@ -52,8 +52,14 @@ def worker_devices(settings: Settings) -> int:
 
 def worker_queues(settings: Settings) -> tuple[int, list[str]]:
     """(devices, the broker queues to consume): every device count up to its own on its training
-    queues; the inference queue as it is."""
+    queues; the inference queue as it is. A worker of both cpu and gpu counts its GPUs on the gpu
+    queue only: its cpu queue stays single-device (`cpu`)."""
     if not any(q in QUEUES for q in settings.queues):
         return 1, settings.queues
     devices = worker_devices(settings)
-    return devices, consumed_queues(settings.queues, devices)
+    kind = device_kind(settings)
+    queues: list[str] = []
+    for queue in settings.queues:
+        count = 1 if queue == "cpu" and kind == "cuda" else devices
+        queues.extend(consumed_queues([queue], count))
+    return devices, queues

@@ -39,6 +39,8 @@ def test_what_a_worker_consumes(tmp_path: Any) -> None:
     gpus = available_devices("cuda")
     devices, queues = worker_queues(Settings(data_dir=tmp_path, worker_queues="gpu"))
     assert devices == max(1, gpus) and queues[-1] == "gpu" and len(queues) == devices
+    mixed = worker_queues(Settings(data_dir=tmp_path, worker_queues="cpu,gpu"))
+    assert mixed[1][0] == "cpu" and mixed[1][1:] == queues  # its cpu queue stays single-device
     with pytest.raises(DeviceError, match="cuda device"):
         worker_queues(Settings(data_dir=tmp_path, worker_queues="gpu", worker_devices=gpus + 1))
 
