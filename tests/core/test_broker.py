@@ -32,4 +32,4 @@ def test_config_is_json_only_prefetch_one_early_ack(settings: Settings) -> None:
     conf = make_celery(settings).conf
     assert conf.accept_content == ["json"] and conf.task_serializer == "json"
     assert conf.worker_prefetch_multiplier == 1 and conf.task_acks_late is False
-    assert {q.name for q in conf.task_queues} == {"cpu", "gpu"}
+    assert {q.name for q in conf.task_queues} == {"cpu", "gpu", "inference"}  # routed gpu.N: created on use
