@@ -421,8 +421,8 @@ class TrainConfig(_Config):
     )
     sharding: Literal["ddp", "fsdp"] = param(
         "ddp",
-        "with devices > 1: ddp (every process holds the whole model) or fsdp (parameters, gradients "
-        "and optimizer state sharded; not available yet)",
+        "with devices > 1: ddp (every process holds the whole model) or fsdp (FSDP2: parameters, "
+        "gradients and optimizer state sharded across the processes)",
         title="Sharding",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = param(
@@ -454,6 +454,10 @@ class TrainConfig(_Config):
         if self.tokenizer == "byte" and self.vocab_size not in (None, 258):
             problems.append(
                 ("vocab_size", "the byte tokenizer has a fixed vocabulary of 258; use --tokenizer bpe")
+            )
+        if self.sharding == "fsdp" and self.dtype == "float16":
+            problems.append(
+                ("dtype", "float16 needs a gradient scaler, which sharding fsdp does not use; use bfloat16")
             )
         if self.devices > 1 and self.optimizer == "lbfgs":
             problems.append(("devices", "L-BFGS trains in one process; use devices 1 or optimizer adamw"))

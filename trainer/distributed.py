@@ -57,10 +57,6 @@ def check_devices(cfg: TrainConfig) -> None:
     """ConfigError when `devices` processes cannot run on this machine with this config."""
     if cfg.devices == 1:
         return
-    if cfg.sharding == "fsdp":
-        raise ConfigError(
-            [("sharding", "fsdp is not available yet; use sharding ddp (every rank holds the whole model)")]
-        )
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cuda:
         n = torch.cuda.device_count()

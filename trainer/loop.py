@@ -193,8 +193,8 @@ def _train_steps(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> S
 
         if _due(run, cfg.log_every):
             agreed = _log_step(run, metrics, callbacks, clock, lr, result)
-        if not run.is_main:
-            continue
+        if not run.is_main and not run.sharded:
+            continue  # DDP: rank 0 evaluates and saves alone; FSDP: every rank takes part
         with clock.not_training():
             if run.make_val_sampler is not None and _due(run, cfg.eval_every):
                 _evaluate(run, metrics, callbacks)
@@ -327,14 +327,17 @@ def _final_checkpoint(
     """final/ when completed; otherwise a step checkpoint of the current step (written now unless
     one is already on disk), so a stopped or paused run can resume from where it ended. A run that
     ends as a model (completed, or at the time limit) gets its full validation pass first. Only
-    rank 0 writes (the other ranks of a distributed run return None)."""
-    if not run.is_main:
+    rank 0 writes (the other ranks of a distributed run return None; sharded, they take part in the
+    full pass and the save, which are collective)."""
+    if not run.is_main and not run.sharded:
         return None
     if stop_reason in ("completed", "time_limit"):
         _full_evaluation(run, metrics, callbacks)
     if stop_reason == "completed":
         return run.save(run.out_dir / "final")
     if run.last_checkpoint_step == run.step:
+        if not run.is_main:
+            return None  # rank 0 decides below without a collective
         if (run.step_checkpoint_path() / "state.json").exists():
             return run.step_checkpoint_path()
         if run.resume_path is not None:

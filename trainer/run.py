@@ -59,6 +59,7 @@ class TrainRun:
     rank: int = 0
     world: int = 1
     ddp: torch.nn.parallel.DistributedDataParallel | None = None
+    sharded: bool = False  # sharding fsdp (trainer.fsdp): every rank joins evaluation and saving
     # progress, saved in every checkpoint
     step: int = 0
     tokens_seen: int = 0
@@ -120,11 +121,20 @@ class TrainRun:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: Path) -> Path:
-        """A complete checkpoint folder of the current step at `path` (final/, best/ or a step)."""
+        """A complete checkpoint folder of the current step at `path` (final/, best/ or a step).
+        Sharded: every rank calls it (the state is gathered), rank 0 alone writes."""
         extra = {"scaler": self.scaler.state_dict()} if self.scaler.is_enabled() else {}
+        model, optimizer = self.model, self.optimizer
+        if self.sharded:
+            from trainer.fsdp import full_copies
+
+            copies = full_copies(self)
+            if copies is None:
+                return path
+            model, optimizer = copies
         return save_checkpoint(
             path,
-            model=self.model,
+            model=model,
             model_config=self.model_cfg,
             train_config=self.cfg,
             tokenizer=self.tokenizer,
@@ -135,13 +145,14 @@ class TrainRun:
                 "sampler": self.sampler.state_dict(),
                 "total_steps": self.total_steps,
             },
-            optimizer=self.optimizer,
+            optimizer=optimizer,
             extra_meta=extra,
         )
 
     def save_step_checkpoint(self) -> Path:
         """checkpoints/step-XXXXXXXX of the current step; keeps the newest `keep_checkpoints`."""
         path = self.save(self.step_checkpoint_path())
-        rotate_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
+        if self.is_main:
+            rotate_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
         self.last_checkpoint_step = self.step
         return path

@@ -109,7 +109,11 @@ def start_run(
     )
     if resumed is not None:
         restore_progress(run, resumed)
-    if world > 1:
+    if world > 1 and cfg.sharding == "fsdp":
+        from trainer.fsdp import shard_run
+
+        shard_run(run)
+    elif world > 1:
         run.ddp = wrap_ddp(model, device)
         run.fwd = run.ddp
     if cfg.compile:

@@ -52,7 +52,7 @@ class OptimizerStep:
 
     def __init__(self, run: TrainRun):
         self.run = run
-        self.params = [p for p in run.model.parameters() if p.requires_grad]
+        self.params = [p for p in run.model.parameters() if p.requires_grad]  # after sharding: the shards
         self.max_norm = run.cfg.grad_clip if run.cfg.grad_clip > 0 else math.inf  # inf: measure only
         self.lbfgs = run.cfg.optimizer == "lbfgs"
 
@@ -72,6 +72,10 @@ class OptimizerStep:
         for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):
             # DDP all-reduces the gradients in the last micro-batch's backward only
             sync = run.ddp.no_sync() if run.ddp is not None and i < k - 1 else contextlib.nullcontext()
+            if run.sharded:
+                from trainer.fsdp import set_gradient_sync
+
+                set_gradient_sync(run.model, i == k - 1)
             with sync:
                 with run.autocast():
                     logits, loss = run.fwd(xm, ym, reduction="sum")
@@ -89,6 +93,10 @@ class OptimizerStep:
         loss, accuracy = self._forward_backward(x, y, n_targets)
         scaler.unscale_(optimizer)  # no-op when the scaler is disabled
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
+        if self.run.sharded:
+            from trainer.fsdp import full_norm
+
+            grad_norm = full_norm(grad_norm)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)

@@ -17,6 +17,17 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 SHAKESPEARE = DATA_DIR / "tiny_shakespeare_100k.txt"
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """@pytest.mark.cuda(devices=N): skip, saying why, on a machine with fewer CUDA devices."""
+    marker = item.get_closest_marker("cuda")
+    if marker is None:
+        return
+    need = int(marker.kwargs.get("devices", 1))
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < need:
+        pytest.skip(f"cuda marker: needs {need} CUDA device(s), this machine has {have}")
+
+
 @pytest.fixture
 def shakespeare() -> Path:
     return SHAKESPEARE

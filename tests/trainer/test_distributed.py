@@ -149,6 +149,41 @@ def test_a_one_process_checkpoint_resumes_in_two_processes(runs: dict[str, Any],
     )
 
 
+def test_fsdp_trains_what_one_process_trains_and_writes_our_checkpoints(
+    runs: dict[str, Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "fsdp"
+    result = launch_train(ModelConfig(**MODEL), two_ranks(sharding="fsdp"), SHAKESPEARE, out)
+    assert result.stop_reason == "completed" and result.step == STEPS
+    ref = runs["root"] / "one"
+    assert_same_run(
+        train_losses(out), train_losses(ref), result.final_checkpoint, runs["one"].final_checkpoint
+    )
+    # the gathered optimizer state is the whole one, in our safetensors format
+    mine = load_file(str(result.final_checkpoint / "optimizer.safetensors"))
+    theirs = load_file(str(runs["one"].final_checkpoint / "optimizer.safetensors"))
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        torch.testing.assert_close(mine[name], theirs[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000010", "step-00000020"]
+    assert [m["step"] for m in read_metrics(out) if "val_loss" in m] == [10, 20, 30]  # rank 0 reports
+
+
+def test_fsdp_resumes_a_one_process_checkpoint_and_one_process_resumes_its_checkpoint(
+    runs: dict[str, Any], tmp_path: Path
+) -> None:
+    model, out = ModelConfig(**MODEL), tmp_path / "one-fsdp-one"
+    assert train(model, one_process(), SHAKESPEARE, out, PauseAfterTen()).step == 10
+    sharded = launch_train(model, two_ranks(sharding="fsdp"), SHAKESPEARE, out, StopOnCall, resume=True)
+    assert sharded.stop_reason == "stop" and sharded.step == 20  # 10 steps after resuming
+    resumed = train(model, one_process(), SHAKESPEARE, out, resume=True)
+    assert resumed.step == STEPS
+    ref = runs["root"] / "one"
+    assert_same_run(
+        train_losses(out), train_losses(ref), resumed.final_checkpoint, runs["one"].final_checkpoint
+    )
+
+
 def test_pause_is_agreed_by_every_rank(tmp_path: Path) -> None:
     out = tmp_path / "paused"
     result = launch_train(ModelConfig(**MODEL), two_ranks(max_steps=12), SHAKESPEARE, out, PauseAfterTen)
@@ -168,10 +203,24 @@ def test_a_rank_error_is_raised_by_the_launcher(tmp_path: Path) -> None:
 
 def test_config_refusals() -> None:
     with pytest.raises(ConfigError) as err:
-        launch_train(ModelConfig(**MODEL), two_ranks(sharding="fsdp"), SHAKESPEARE, Path("/nonexistent"))
-    assert err.value.param == "sharding"
+        two_ranks(sharding="fsdp", dtype="float16")
+    assert err.value.param == "dtype" and "bfloat16" in str(err.value)
     with pytest.raises(ValueError, match="launch_train"):  # devices 2 needs the launcher
         train(ModelConfig(**MODEL), two_ranks(), SHAKESPEARE, Path("/nonexistent"))
+
+
+@pytest.mark.cuda(devices=2)
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_gpus_with_nccl_train_what_one_gpu_accumulating_twice_trains(
+    tmp_path: Path, sharding: Literal["ddp", "fsdp"]
+) -> None:
+    model = ModelConfig(**MODEL)
+    cuda = dict(device="cuda", dtype="float32", max_steps=10, eval_every=5, checkpoint_every=0)
+    two = launch_train(model, two_ranks(sharding=sharding, **cuda), SHAKESPEARE, tmp_path / "two")
+    one = train(model, one_process(**cuda), SHAKESPEARE, tmp_path / "one")
+    assert two.step == one.step == 10
+    # TF32 matmuls on CUDA: equal up to their rounding, not to float32's
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-2)
 
 
 def test_cli_trains_with_two_processes(tmp_path: Path) -> None:
