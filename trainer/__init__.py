@@ -16,6 +16,7 @@ _EXPORTS: dict[str, str] = {
     "PRESETS": "trainer.config",
     "Llama": "trainer.model",
     "train": "trainer.loop",
+    "launch_train": "trainer.distributed",
     "Callbacks": "trainer.loop",
     "TrainResult": "trainer.loop",
     "TrainingDiverged": "trainer.loop",

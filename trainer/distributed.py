@@ -13,6 +13,7 @@ Rules the ranks keep (see docs/ARCHITECTURE.md, "Distributed training"):
   cancels DDP's averaging: the gradient equals the single-process one;
 - rank 0 alone logs, evaluates, writes checkpoints and calls the callbacks; its stop/pause decision
   reaches every rank in the all-reduce of the logged loss (the one sync per logged step).
+  With sharding fsdp (trainer.fsdp) every rank joins evaluations and saves, rank 0 still reports.
 """
 
 from __future__ import annotations
