@@ -192,6 +192,14 @@ def test_pause_is_agreed_by_every_rank(tmp_path: Path) -> None:
     assert not (out / "final").exists()
 
 
+def test_rank_zeros_time_limit_ends_every_rank(tmp_path: Path) -> None:
+    out = tmp_path / "timed"
+    result = launch_train(ModelConfig(**MODEL), two_ranks(max_steps=10_000, time_limit=0.5), SHAKESPEARE, out)
+    assert result.stop_reason == "time_limit" and result.step < 10_000  # rank 0 decided, all left
+    assert result.final_checkpoint == out / "checkpoints" / f"step-{result.step:08d}"
+    assert [m["step"] for m in read_metrics(out) if "train_loss" in m] == list(range(1, result.step + 1))
+
+
 def test_a_rank_error_is_raised_by_the_launcher(tmp_path: Path) -> None:
     empty = tmp_path / "tiny.txt"
     empty.write_text("too short")
@@ -205,6 +213,9 @@ def test_config_refusals() -> None:
     with pytest.raises(ConfigError) as err:
         two_ranks(sharding="fsdp", dtype="float16")
     assert err.value.param == "dtype" and "bfloat16" in str(err.value)
+    with pytest.raises(ConfigError, match="64 processes need 64 CUDA devices") as err:
+        launch_train(ModelConfig(**MODEL), two_ranks(devices=64, device="cuda"), SHAKESPEARE, Path("/none"))
+    assert err.value.param == "devices"
     with pytest.raises(ValueError, match="launch_train"):  # devices 2 needs the launcher
         train(ModelConfig(**MODEL), two_ranks(), SHAKESPEARE, Path("/nonexistent"))
 
