@@ -108,6 +108,21 @@ def test_two_processes_train_what_one_process_accumulating_twice_trains(runs: di
     assert two.full_valid_loss == pytest.approx(one.full_valid_loss, rel=1e-5)
 
 
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_accumulation_inside_each_rank_keeps_the_single_process_order(
+    tmp_path: Path, sharding: Literal["ddp", "fsdp"]
+) -> None:
+    """2 ranks x grad_accum 2 (gradient sync skipped in the first micro-batch) = 1 process x 4."""
+    model, short = ModelConfig(**MODEL), dict(batch_size=1, max_steps=6, eval_every=0, checkpoint_every=0)
+    two = launch_train(
+        model, two_ranks(grad_accum=2, sharding=sharding, **short), SHAKESPEARE, tmp_path / "2"
+    )
+    one = train(model, one_process(grad_accum=4, **short), SHAKESPEARE, tmp_path / "1")
+    assert_same_run(
+        train_losses(tmp_path / "2"), train_losses(tmp_path / "1"), two.final_checkpoint, one.final_checkpoint
+    )
+
+
 def test_only_rank_zero_writes(runs: dict[str, Any]) -> None:
     out = runs["root"] / "two"
     metrics = read_metrics(out)
