@@ -9,6 +9,7 @@ interrupted run's settings and override only the options given on the command li
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import typing
 from pathlib import Path
@@ -121,16 +122,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         if train_cfg.devices > 1:  # data-parallel: one process per device, rank 0 shows the progress
             from trainer.distributed import launch_train
 
-            result = launch_train(
-                model_cfg,
-                train_cfg,
-                args.data,
-                args.out,
-                ProgressCallbacks,
-                validation_path=args.validation_file,
-                resume=args.resume,
-                init_from=args.init_from,
-            )
+            # Ctrl-C goes to rank 0 (its progress callbacks stop the run with a checkpoint), not to
+            # the launcher, which would kill the ranks; the ranks inherit the ignored signal
+            old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                result = launch_train(
+                    model_cfg,
+                    train_cfg,
+                    args.data,
+                    args.out,
+                    ProgressCallbacks,
+                    validation_path=args.validation_file,
+                    resume=args.resume,
+                    init_from=args.init_from,
+                )
+            finally:
+                signal.signal(signal.SIGINT, old_handler)
         else:
             result = train(
                 model_cfg,

@@ -18,10 +18,13 @@ Rules the ranks keep (see docs/ARCHITECTURE.md, "Distributed training"):
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import pickle
+import signal
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from trainer.loop import Callbacks, TrainResult
     from trainer.tokenizers import Tokenizer
 
+LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 STOP_CODES: dict[str | None, int] = {None: 0, "stop": 1, "pause": 2, "time_limit": 3}
 
 
@@ -118,15 +122,29 @@ def launch_train(
         monitor_interval=0.1,
         start_method="spawn",
         local_addr="127.0.0.1",
+        # SIGINT is the caller's (the CLI lets rank 0 stop the run with a checkpoint); the others
+        # make the launcher stop the ranks
+        signals_to_handle=",".join(s.name for s in LAUNCHER_SIGNALS),
     )
+    handlers = _current_handlers()  # the launcher installs its own and never puts ours back
     with tempfile.TemporaryDirectory(prefix="fromscratch-ranks-") as errors:
         try:
             results = elastic_launch(launch, _rank_main)(spec, callbacks_factory, errors)
         except ChildFailedError as failed:
             raise _rank_error(failed, Path(errors)) from None
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
     result = results[0]
     assert result is not None
     return result
+
+
+def _current_handlers() -> dict[signal.Signals, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # the launcher installs handlers only from the main thread
+    # None: a handler not set from Python, which cannot be put back (nor was it replaced by one)
+    return {sig: h for sig in LAUNCHER_SIGNALS if (h := signal.getsignal(sig)) is not None}
 
 
 def _rank_error(failed: Exception, errors: Path) -> BaseException:
@@ -150,9 +168,12 @@ def _rank_main(spec_json: str, callbacks_factory: Callable[[], Callbacks] | None
     spec = json.loads(spec_json)
     cfg = TrainConfig.from_dict(spec["train"])
     rank = int(os.environ["RANK"])
+    if rank != 0:  # Ctrl-C reaches every process of the terminal: rank 0's callbacks decide the stop
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         device = resolve_device(cfg)
-        init: dict[str, Any] = {"backend": backend_for(device)}
+        # longer than NCCL's default 10 minutes: the other ranks wait while rank 0 evaluates and saves
+        init: dict[str, Any] = {"backend": backend_for(device), "timeout": datetime.timedelta(minutes=30)}
         if device.type == "cuda":
             torch.cuda.set_device(local_rank())
             init["device_id"] = torch.device("cuda", local_rank())

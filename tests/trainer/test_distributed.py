@@ -5,8 +5,10 @@ step rank 0 decides, and checkpoints resume across world sizes."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -267,3 +269,35 @@ def test_cli_trains_with_two_processes(tmp_path: Path) -> None:
     assert r.stdout.count("step 4/4") == 1  # rank 0 alone shows the progress
     assert [m["step"] for m in read_metrics(out) if "train_loss" in m] == [1, 2, 3, 4]
     assert (out / "final" / "model.safetensors").exists()
+
+
+def test_ctrl_c_stops_a_cli_run_with_a_checkpoint(tmp_path: Path) -> None:
+    """SIGINT to the terminal's process group: the launcher and rank 1 ignore it, rank 0's progress
+    callbacks stop the run, every rank agrees, and the CLI reports the stop and its checkpoint."""
+    out = tmp_path / "interrupted"
+    tiny = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--ctx", "32", "--batch-size", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "train", str(SHAKESPEARE), "--out", str(out), *tiny]
+        + ["--devices", "2", "--device", "cpu", "--max-steps", "100000", "--samples", "0"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    try:
+        metrics = out / "metrics.jsonl"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, stderr
+    steps = [m["step"] for m in read_metrics(out) if "train_loss" in m]
+    assert steps == list(range(1, len(steps) + 1))
+    assert f"stop at step {steps[-1]}" in stdout
+    assert (out / "checkpoints" / f"step-{steps[-1]:08d}" / "state.json").exists()
