@@ -226,6 +226,15 @@ def test_a_rank_error_is_raised_by_the_launcher(tmp_path: Path) -> None:
         launch_train(ModelConfig(**MODEL), two_ranks(), empty, tmp_path / "o")
 
 
+def test_the_global_batch_sets_steps_per_epoch_and_tokens() -> None:
+    from trainer.estimate import global_batch, total_steps, total_tokens
+
+    two, one = two_ranks(max_steps=None, n_epochs=1), one_process(max_steps=None, n_epochs=1)
+    assert global_batch(two) == global_batch(one) == 4
+    assert total_steps(two, 100) == total_steps(one, 100) == 25
+    assert total_tokens(two, 32, 10) == total_tokens(one, 32, 10) == 10 * 4 * 32
+
+
 def test_config_refusals() -> None:
     with pytest.raises(ConfigError) as err:
         two_ranks(sharding="fsdp", dtype="float16")
