@@ -55,10 +55,23 @@ class InferenceResult:
 class RowState:
     status: str
     new_output: str  # what was appended to `output` after the characters already relayed
+    new_lengths: str  # what was appended to `piece_lengths` after what was already read
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
     error: str | None
+
+
+def split_pieces(output: str, lengths: str) -> list[str]:
+    """`output` cut into the pieces the worker appended it in (`lengths` like "3,1,2,", written in
+    the same UPDATE as the text, so both always cover the same pieces)."""
+    pieces, start = [], 0
+    for n in (int(x) for x in lengths.split(",") if x):
+        pieces.append(output[start : start + n])
+        start += n
+    if start < len(output):  # defensive: text without a recorded length is still relayed
+        pieces.append(output[start:])
+    return pieces
 
 
 Disconnected = Callable[[], Awaitable[bool]]  # Request.is_disconnected
@@ -74,6 +87,7 @@ class InferenceRun:
         self.settings: Settings = app.state.settings
         self.id = row_id
         self.relayed = 0  # characters of `output` yielded so far
+        self.lengths_read = 0  # characters of `piece_lengths` read so far
         self.result: InferenceResult | None = None
         self.started = time.monotonic()
         self.closed = False
@@ -117,9 +131,10 @@ class InferenceRun:
                 raise APIError(
                     500, "The completion was withdrawn before it finished.", code="inference_failed"
                 )
-            if state.new_output:
-                self.relayed += len(state.new_output)
-                yield state.new_output
+            for piece in split_pieces(state.new_output, state.new_lengths):
+                self.relayed += len(piece)
+                yield piece
+            self.lengths_read += len(state.new_lengths)
             if state.status == "done":
                 self.result = InferenceResult(
                     state.finish_reason or "stop", state.prompt_tokens, state.completion_tokens
@@ -160,6 +175,7 @@ class InferenceRun:
                 select(
                     InferenceRequest.status,
                     func.substr(InferenceRequest.output, self.relayed + 1),
+                    func.substr(InferenceRequest.piece_lengths, self.lengths_read + 1),
                     InferenceRequest.finish_reason,
                     InferenceRequest.prompt_tokens,
                     InferenceRequest.completion_tokens,
@@ -168,7 +184,7 @@ class InferenceRun:
             ).one_or_none()
         if row is None:
             return None
-        return RowState(row[0], row[1] or "", row[2], row[3], row[4], row[5])
+        return RowState(row[0], row[1] or "", row[2] or "", row[3], row[4], row[5], row[6])
 
     def _withdraw_queued(self) -> bool:
         with self.factory() as session:

@@ -246,6 +246,8 @@ class InferenceRequest(Base):
     """One completion asked of an inference worker: the API inserts it `queued` and sends its id;
     the worker sets `running`, appends the generated text to `output` as it goes (what is there is
     final: a stop sequence's possible prefix is held back), then `done` (or `failed`, `error`).
+    `piece_lengths` lists, as "3,1,2,", the lengths of the pieces `output` was appended in (one per
+    token that made text final), so the API streams one chunk per piece whatever its poll timing.
     The API relays `output` and deletes the row; a row deleted early tells the worker to stop."""
 
     __tablename__ = "inference_requests"
@@ -256,6 +258,7 @@ class InferenceRequest(Base):
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)  # prompt, max_tokens, temperature, ...
     status: Mapped[str] = mapped_column(String(16), default="queued")  # queued|running|done|failed
     output: Mapped[str] = mapped_column(Text, default="")
+    piece_lengths: Mapped[str] = mapped_column(Text, default="")
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     finish_reason: Mapped[str | None] = mapped_column(String(16), default=None)  # stop | length

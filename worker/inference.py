@@ -125,7 +125,14 @@ class RowWriter:
     def __init__(self, session_factory: sessionmaker[Session], request_id: str) -> None:
         self.session_factory, self.request_id = session_factory, request_id
         self.buffer = ""
+        self.lengths = ""  # "3,1," : the pieces of `buffer`, appended to the row's piece_lengths
         self.last_flush = time.monotonic()
+
+    def add(self, piece: str) -> None:
+        """Buffer one piece of final text (what one token made final)."""
+        if piece:
+            self.buffer += piece
+            self.lengths += f"{len(piece)},"
 
     def due(self) -> bool:
         return time.monotonic() - self.last_flush >= FLUSH_SECONDS
@@ -135,6 +142,7 @@ class RowWriter:
         changes: dict[str, Any] = {"updated_at": utcnow(), **values}
         if self.buffer:
             changes["output"] = InferenceRequest.output + self.buffer
+            changes["piece_lengths"] = InferenceRequest.piece_lengths + self.lengths
         with self.session_factory() as session:
             result = session.execute(
                 update(InferenceRequest)
@@ -142,7 +150,7 @@ class RowWriter:
                 .values(**changes)
             )
             session.commit()
-        self.buffer = ""
+        self.buffer = self.lengths = ""
         self.last_flush = time.monotonic()
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
@@ -178,7 +186,7 @@ def generate_into_row(
     try:
         for token in tokens:
             n += 1
-            writer.buffer += text.push(tokenizer.token_bytes(token))
+            writer.add(text.push(tokenizer.token_bytes(token)))
             if text.stopped:
                 break
             if n == max_tokens or time.monotonic() >= deadline:
@@ -188,7 +196,7 @@ def generate_into_row(
                 return f"stopped after {n} tokens: the request was withdrawn"
     finally:
         tokens.close()
-    writer.buffer += text.finish()
+    writer.add(text.finish())
     done = writer.flush(
         status="done", prompt_tokens=len(prompt_ids), completion_tokens=n, finish_reason=finish_reason
     )

@@ -49,6 +49,7 @@ def upgrade() -> None:
         sa.Column("params", sa.JSON(), nullable=False),
         sa.Column("status", sa.String(16), nullable=False),
         sa.Column("output", sa.Text(), nullable=False),
+        sa.Column("piece_lengths", sa.Text(), nullable=False),
         sa.Column("prompt_tokens", sa.Integer(), nullable=False),
         sa.Column("completion_tokens", sa.Integer(), nullable=False),
         sa.Column("finish_reason", sa.String(16), nullable=True),

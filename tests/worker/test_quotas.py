@@ -182,7 +182,12 @@ def test_a_job_over_the_storage_quota_still_succeeds(
     ckpts = checkpoint_rows(session_factory, job_id)
     assert [(c.step, c.is_final) for c in ckpts] == [(50, True)]  # each checkpoint is over 300 kB
     warned = warnings_of(session_factory, job_id)
-    assert len(warned) == 1 and "max_stored_bytes_per_key" in warned[0].message, warned
+    assert all("max_stored_bytes_per_key" in w.message for w in warned), [w.message for w in warned]
+    # one warning for the pruned checkpoints (not one per prune), one per export format not stored
+    pruned = [w for w in warned if "export" not in (w.data or {})]
+    assert len(pruned) == 1, [w.message for w in warned]
+    skipped = sorted((w.data or {})["export"] for w in warned if "export" in (w.data or {}))
+    assert skipped == ["gguf", "hf"]  # the default export_formats, each too big for what is left
 
 
 @pytest.mark.service_settings(max_checkpoints_per_job=2, **FAST_LEASE)

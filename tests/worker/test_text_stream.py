@@ -89,3 +89,12 @@ def test_held_tail() -> None:
     assert held_tail("abc", ["abc"]) == 0  # a whole stop sequence is found, not held
     assert held_tail("aaa", ["aab"]) == 2
     assert held_tail("", ["x"]) == 0 and held_tail("abc", []) == 0
+
+
+def test_the_api_cuts_the_output_into_the_pieces_the_worker_appended() -> None:
+    from api.inference import split_pieces
+
+    assert split_pieces("Hello, wor", "5,2,3,") == ["Hello", ", ", "wor"]
+    assert split_pieces("", "") == []
+    assert split_pieces("ab", "1,") == ["a", "b"]  # text without a recorded length still goes out
+    assert split_pieces("é€x", "1,1,1,") == ["é", "€", "x"]  # lengths count characters, not bytes

@@ -27,10 +27,15 @@ export function dataFieldset({ errors, signal }) {
     el("div", { class: "field" }, labelled("validation_file", "Validation file", "validation_file"),
       validationFile, errors.slot("validation_file", validationFile)));
 
-  /** Fill both selects with the uploaded files, newest first; then select `selectId` if given. */
+  /** Fill both selects with the uploaded files, newest first; then select `selectId` if given.
+   *  Listings can overlap (the one on mount, the one after an upload): only the newest one asked
+   *  for is applied, so a slow older answer never puts back a list without the new file. */
+  let listing = 0;
   async function load(selectId) {
+    const mine = ++listing;
     try {
       const page = await api("/files", { signal });
+      if (mine !== listing) return;
       const files = (page.data || []).slice().sort((a, b) => (b.created_at || 0) - (a.created_at || 0));
       for (const sel of [trainingFile, validationFile]) {
         const keep = sel.value;
@@ -64,10 +69,14 @@ export function dataFieldset({ errors, signal }) {
         },
       });
       setProgress(bar, 1, 1);
+      await load(obj.id);
+      if (![...trainingFile.options].some((o) => o.value === obj.id)) {  // the listing failed
+        trainingFile.append(el("option", { value: obj.id }, `${obj.filename || file.name} (${obj.id})`));
+      }
+      trainingFile.value = obj.id;
+      // said once the file is selected: "Uploaded" means the form is ready to start with it
       progress.classList.add("done");
       text.textContent = `Uploaded ${obj.filename || file.name} (${fmtBytes(obj.bytes)}) as ${obj.id}`;
-      await load(obj.id);
-      trainingFile.value = obj.id;
     } catch (e) {
       if (e.name === "AbortError") return;
       text.textContent = "Upload failed.";
