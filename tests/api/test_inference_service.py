@@ -204,11 +204,12 @@ def test_a_client_that_goes_away_stops_the_worker(
     with httpx.Client(timeout=120) as client:
         with client.stream("POST", url, json={**body, "stream": True}, headers=live_server.headers()) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            # read three events without closing the line iterator: leaving a `for` over it early
+            # closes it, and with it the connection, and the API would be right to delete the row
+            lines = r.iter_lines()
             events = 0
-            for line in r.iter_lines():
-                events += line.startswith("data: ")
-                if events == 3:
-                    break
+            while events < 3:
+                events += next(lines).startswith("data: ")
             (running,) = rows(session_factory, owner)
             assert running.status == "running"
     wait_until(lambda: not rows(session_factory, owner), timeout=60, message="the API to delete the row")
