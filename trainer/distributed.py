@@ -23,6 +23,7 @@ import json
 import os
 import pickle
 import signal
+import sys
 import tempfile
 import threading
 import uuid
@@ -36,10 +37,15 @@ import torch.distributed as dist
 from trainer.config import ConfigError, ModelConfig, TrainConfig
 
 if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     from trainer.loop import Callbacks, TrainResult
     from trainer.tokenizers import Tokenizer
 
 LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# The launcher handles at least one signal; with handle_signals=False it gets this one, which no part
+# of fromscratch sends or handles, so the caller's own handlers stay in place.
+UNUSED_SIGNAL = signal.SIGUSR2
 STOP_CODES: dict[str | None, int] = {None: 0, "stop": 1, "pause": 2, "time_limit": 3}
 
 
@@ -48,6 +54,18 @@ def rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+class RankLost(RuntimeError):
+    """A rank of the run died without raising (killed by a signal: SIGKILL, the OOM killer...).
+    The run cannot continue; it may resume from its last checkpoint."""
+
+    def __init__(self, rank: int, world: int, how: str):
+        self.rank, self.world, self.how = rank, world, how
+        super().__init__(f"training process {rank} of {world} died ({how})")
+
+    def __reduce__(self) -> tuple[type[RankLost], tuple[int, int, str]]:
+        return RankLost, (self.rank, self.world, self.how)
 
 
 def local_rank() -> int:
@@ -87,12 +105,16 @@ def launch_train(
     validation_path: str | os.PathLike[str] | None = None,
     resume: bool | Path = False,
     init_from: Path | None = None,
+    handle_signals: bool = True,
 ) -> TrainResult:
     """trainer.loop.train in cfg.devices processes; returns rank 0's TrainResult.
 
     The configs, paths and tokenizer travel to the ranks as JSON. `callbacks_factory` (a picklable
-    callable: a module-level class or function) is called in rank 0 only, which alone reports.
-    An exception of a rank is raised here as it was raised there."""
+    callable: a module-level class or function, or trainer.callback_relay's) is called in rank 0
+    only, which alone reports. The exception of the rank that failed first is raised here as it
+    was raised there; a rank killed by a signal raises RankLost. handle_signals=False leaves
+    SIGTERM/SIGHUP/SIGQUIT to the caller (a worker stops the run through its callbacks); the
+    ranks die with the calling process either way."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -124,14 +146,16 @@ def launch_train(
         local_addr="127.0.0.1",
         # SIGINT is the caller's (the CLI lets rank 0 stop the run with a checkpoint); the others
         # make the launcher stop the ranks
-        signals_to_handle=",".join(s.name for s in LAUNCHER_SIGNALS),
+        signals_to_handle=",".join(s.name for s in LAUNCHER_SIGNALS)
+        if handle_signals
+        else UNUSED_SIGNAL.name,
     )
     handlers = _current_handlers()  # the launcher installs its own and never puts ours back
     with tempfile.TemporaryDirectory(prefix="fromscratch-ranks-") as errors:
         try:
             results = elastic_launch(launch, _rank_main)(spec, callbacks_factory, errors)
         except ChildFailedError as failed:
-            raise _rank_error(failed, Path(errors)) from None
+            raise _rank_error(failed, Path(errors), cfg.devices) from None
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
@@ -147,16 +171,32 @@ def _current_handlers() -> dict[signal.Signals, Any]:
     return {sig: h for sig in LAUNCHER_SIGNALS if (h := signal.getsignal(sig)) is not None}
 
 
-def _rank_error(failed: Exception, errors: Path) -> BaseException:
-    """The exception a rank raised (the lowest rank that saved one), else the launcher's error."""
-    for path in sorted(errors.glob("rank-*.pickle"), key=lambda p: int(p.stem.split("-")[1])):
+def _rank_error(failed: ChildFailedError, errors: Path, world: int) -> BaseException:
+    """What ended the run: the exception of the rank that failed first (the launcher stops the
+    others then, whose own errors are only the consequence), RankLost when that rank was killed
+    by a signal, else the launcher's error."""
+    saved: dict[int, BaseException] = {}
+    for path in errors.glob("rank-*.pickle"):
         try:
             err = pickle.loads(path.read_bytes())  # written by our own rank process just now
         except Exception:
             continue
         if isinstance(err, BaseException):
-            return err
-    return failed
+            saved[int(path.stem.split("-")[1])] = err
+    for rank in sorted(failed.failures):
+        if rank in saved:
+            return saved[rank]
+        exitcode = failed.failures[rank].exitcode
+        if exitcode < 0:
+            return RankLost(rank, world, _signal_name(-exitcode))
+    return saved[min(saved)] if saved else failed
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _rank_main(spec_json: str, callbacks_factory: Callable[[], Callbacks] | None, errors: str) -> Any:
@@ -168,6 +208,7 @@ def _rank_main(spec_json: str, callbacks_factory: Callable[[], Callbacks] | None
     spec = json.loads(spec_json)
     cfg = TrainConfig.from_dict(spec["train"])
     rank = int(os.environ["RANK"])
+    _die_with_parent()
     if rank != 0:  # Ctrl-C reaches every process of the terminal: rank 0's callbacks decide the stop
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -203,6 +244,22 @@ def _rank_main(spec_json: str, callbacks_factory: Callable[[], Callbacks] | None
                 pickle.dumps(RuntimeError(f"rank {rank}: {err!r}"))
             )
         raise
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank when the process that launched it dies (a SIGKILLed worker
+    must not leave ranks training on). Elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher died before the call: nothing will send the signal
+        os._exit(1)
 
 
 def agree_stop(code: int, device: torch.device) -> int:

@@ -33,8 +33,9 @@ class StartInfo(TypedDict):
     start_step: int
     n_params: int
     tokens_per_step: int
-    device: str  # e.g. "cpu", "cuda:0"
+    device: str  # e.g. "cpu", "cuda:0" (rank 0's)
     dtype: str  # e.g. "float32", "bfloat16"
+    processes: int  # data-parallel processes (devices), 1 without a process group
 
 
 @dataclass
@@ -117,6 +118,7 @@ class TrainRun:
             "tokens_per_step": self.tokens_per_step,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "processes": self.world,
         }
 
     # ------------------------------------------------------------------ checkpoints

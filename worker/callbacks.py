@@ -107,6 +107,16 @@ class ServiceCallbacks(Callbacks):
     # ------------------------------------------------------------------ trainer hooks
     def on_start(self, info: StartInfo) -> None:
         self.progress.update(total_steps=int(info["total_steps"]), step=int(info["start_step"]))
+        where = info["device"]
+        if info["processes"] > 1:  # device: rank 0's
+            where = f"{info['processes']} x {where.split(':')[0]}"
+        self.events.append(
+            (
+                f"Training on {where} in {info['dtype']}: {info['n_params']:,} parameters, "
+                f"{info['tokens_per_step']:,} tokens per step",
+                dict(info),
+            )
+        )
         self.flush()
 
     def on_step(

@@ -68,6 +68,8 @@ class TrainingInputs:
     resume_path: Path | None  # the job's newest stored checkpoint (None: a fresh start)
     resume_step: int  # its step (0 without one)
     init_from: Path | None  # the base model's final checkpoint ("continue training"), for a fresh start
+    train_path: Path  # the files `data` was tokenized from (a distributed run's ranks read them)
+    val_path: Path | None
 
 
 def prepare_inputs(
@@ -103,7 +105,9 @@ def prepare_inputs(
     else:
         tokenizer = job_tokenizer(cache_dir, train_path, snapshot.training_sha256, train_cfg)
     data = prepare_tokens(cache_dir, train_path, val_path, tokenizer, train_cfg)
-    return TrainingInputs(model_cfg, train_cfg, data, tokenizer, resume_path, resume_step, init_from)
+    return TrainingInputs(
+        model_cfg, train_cfg, data, tokenizer, resume_path, resume_step, init_from, train_path, val_path
+    )
 
 
 def job_configs(snapshot: JobSnapshot, device_setting: str) -> tuple[ModelConfig, TrainConfig]:

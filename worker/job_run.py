@@ -24,10 +24,12 @@ from core.models import Job
 from core.naming import checkpoint_model_id, final_model_id
 from core.settings import Settings
 from core.status import JobStatus
+from trainer.distributed import RankLost
 from trainer.loop import TrainResult, train
 from worker.callbacks import ServiceCallbacks
 from worker.checkpoint_store import store_checkpoint
 from worker.db_retry import DatabaseUnavailable, DbRetry
+from worker.distributed_job import train_distributed
 from worker.failures import JobFailure, classify_exception
 from worker.final_exports import store_final_exports
 from worker.integrations import TrackedCallbacks, Trackers, start_trackers
@@ -76,6 +78,8 @@ class JobRun:
             return self._give_up(exc)
         except JobFailure as exc:
             return self._fail(exc.code, exc.message, exc.param)
+        except RankLost as exc:
+            return self._requeue_lost_rank(exc)
         except Exception as exc:
             if db_faults.is_connection_error(exc):  # where no retry covers: not the job's fault
                 return self._give_up(exc)
@@ -179,16 +183,19 @@ class JobRun:
         keep = self._keep(inputs.train_cfg.keep_checkpoints)
         train_cfg = inputs.train_cfg.model_copy(update={"keep_checkpoints": keep})
         try:
-            result = train(
-                inputs.model_cfg,
-                train_cfg,
-                inputs.data,
-                self.job_dir / "run",
-                callbacks,
-                tokenizer=inputs.tokenizer,
-                resume=inputs.resume_path or False,
-                init_from=inputs.init_from,
-            )
+            if train_cfg.devices > 1:
+                result = train_distributed(inputs, train_cfg, self.job_dir / "run", callbacks)
+            else:
+                result = train(
+                    inputs.model_cfg,
+                    train_cfg,
+                    inputs.data,
+                    self.job_dir / "run",
+                    callbacks,
+                    tokenizer=inputs.tokenizer,
+                    resume=inputs.resume_path or False,
+                    init_from=inputs.init_from,
+                )
         except BaseException:
             with contextlib.suppress(DatabaseUnavailable):
                 callbacks.flush()  # the rows logged before the failure, if the database takes them now
@@ -277,13 +284,55 @@ class JobRun:
             self.job_id,
             f" from step {step}" if step is not None else "",
         )
-        try:
-            from worker.celery_app import enqueue_job
-
-            enqueue_job(self.job_id, queue, front=True)
-        except Exception as exc:  # the reaper re-sends the messages the broker does not hold
-            log.warning("could not re-send job %s (%s); the reaper will", self.job_id, describe(exc))
+        self._send_again(queue, front=True)
         return JobStatus.QUEUED
+
+    def _requeue_lost_rank(self, exc: RankLost) -> JobStatus | None:
+        """A rank of a distributed run died (killed, out of memory): the attempt is dead, like a
+        worker that died, and counted as one. The job goes back to the head of its queue and
+        resumes from its last stored checkpoint, or fails with `worker_lost` after max_attempts."""
+        max_attempts = self.settings.max_attempts
+
+        def write() -> tuple[JobStatus, str]:
+            with self.sf() as session:
+                job = self._held(session)
+                if job.attempts < max_attempts:
+                    transition(session, job, JobStatus.QUEUED)
+                    add_event(
+                        session,
+                        self.job_id,
+                        f"The {exc}; the job goes back to the queue and resumes from its last "
+                        f"checkpoint (attempt {job.attempts + 1} of {max_attempts})",
+                        level="warn",
+                        data={"attempt": job.attempts + 1, "max_attempts": max_attempts, "rank": exc.rank},
+                    )
+                    status = JobStatus.QUEUED
+                else:
+                    transition(
+                        session,
+                        job,
+                        JobStatus.FAILED,
+                        error_code="worker_lost",
+                        error_message=(
+                            f"A training process died on each of {job.attempts} attempts "
+                            f"(max_attempts={max_attempts}), the last time: {exc}. Check the worker's "
+                            "logs (out of memory? killed?), then start a new job."
+                        ),
+                    )
+                    status = JobStatus.FAILED
+                session.commit()
+                return status, job.queue
+
+        try:
+            status, queue = self.db.call(write)
+        except LeaseLost:
+            return None
+        except DatabaseUnavailable as error:
+            return self._give_up(error)
+        log.warning("job %s: %s; %s", self.job_id, exc, status)
+        if status == JobStatus.QUEUED:
+            self._send_again(queue, front=True)
+        return status
 
     def _fail(self, code: str, message: str, param: str | None = None) -> JobStatus | None:
         def write() -> None:
@@ -331,10 +380,14 @@ class JobRun:
             reason = db_faults.describe(error)
             log.warning("job %s: not handed back (%s); its lease will lapse", self.job_id, reason)
             return None
+        self._send_again(queue)
+        return JobStatus.QUEUED
+
+    def _send_again(self, queue: str, *, front: bool = False) -> None:
+        """The job's message, for the job handed back to `queue` (front: it keeps its place)."""
         try:
             from worker.celery_app import enqueue_job
 
-            enqueue_job(self.job_id, queue)
+            enqueue_job(self.job_id, queue, front=front)
         except Exception as error:  # the reaper re-sends the messages the broker does not hold
             log.warning("could not re-send job %s (%s); the reaper will", self.job_id, describe(error))
-        return JobStatus.QUEUED
