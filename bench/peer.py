@@ -1,0 +1,254 @@
+"""fromscratch side by side with nanoGPT, on this machine, in one run (issue 13).
+
+    git clone https://github.com/karpathy/nanoGPT /somewhere/outside/the/repo
+    .venv/bin/python bench/peer.py --nanogpt /somewhere/outside/the/repo/nanoGPT
+    .venv/bin/python bench/peer.py --nanogpt PATH --speed-only --rounds 5
+
+Both programs run as they are (their own `train.py` and our `fromscratch train`), as subprocesses,
+on the same corpus (tinyshakespeare; nanoGPT's character ids, our byte tokenizer), fp32, eager, with
+the same number of threads. Two figures, each a ratio taken in this run:
+
+1. **Step speed at nanoGPT's shape** (4 layers, 4 heads, 256 wide, ctx 128, batch 16): the
+   median steady-state time per step of each (steps 5 on; nanoGPT's own `time ...ms` lines, our
+   metrics.jsonl timestamps), rounds interleaved (nanoGPT, ours, nanoGPT, ours ...); printed as
+   our tokens/s / nanoGPT's, per round and their median.
+2. **Time to quality** on nanoGPT's README CPU recipe (4 layers, 4 heads, 128 wide, ctx 64,
+   2000 iterations of 12 sequences, dropout 0): nanoGPT's wall time and final validation loss,
+   then the wall time from our process's start until our validation loss (same model size, same
+   validation split: the last 10% of the text) first reaches that loss, with our defaults for the
+   rest. Printed as our time / nanoGPT's.
+
+nanoGPT is never imported or committed: it runs from the path given, in a scratch folder that
+holds the data in its format (train.bin/val.bin of uint16 character ids, meta.pkl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.trainer_throughput import machine_description  # noqa: E402
+
+SPEED_SHAPE = dict(n_layer=4, n_head=4, n_embd=256, ctx=128, batch=16)
+RECIPE = dict(n_layer=4, n_head=4, n_embd=128, ctx=64, batch=12, iters=2000)
+ITER_LINE = re.compile(r"^iter (\d+): loss [\d.naninf]+, time ([\d.]+)ms", re.M)
+EVAL_LINE = re.compile(r"^step (\d+): train loss ([\d.]+), val loss ([\d.]+)", re.M)
+
+
+def default_corpus() -> Path:
+    return REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+
+
+# ------------------------------------------------------------------------------------ nanoGPT
+def nanogpt_workdir(nanogpt: Path, corpus: Path, into: Path) -> Path:
+    """A folder nanoGPT's train.py runs in: its configurator.py and data/shakespeare_char as its
+    prepare.py writes it (first 90% train, last 10% val, sorted characters as ids)."""
+    text = corpus.read_text(encoding="utf-8")
+    chars = sorted(set(text))
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
+    n = int(len(ids) * 0.9)
+    data = into / "data" / "shakespeare_char"
+    data.mkdir(parents=True)
+    ids[:n].tofile(data / "train.bin")
+    ids[n:].tofile(data / "val.bin")
+    meta = {"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}
+    (data / "meta.pkl").write_bytes(pickle.dumps(meta))  # nanoGPT's own format, read by nanoGPT
+    shutil.copy(nanogpt / "configurator.py", into / "configurator.py")
+    return into
+
+
+def run_nanogpt(nanogpt: Path, workdir: Path, args: list[str], env: dict[str, str]) -> tuple[str, float]:
+    """(stdout, wall seconds) of nanoGPT's train.py with `args`."""
+    out = workdir / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    r = subprocess.run(
+        [sys.executable, str(nanogpt / "train.py"), *args, f"--out_dir={out}"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"nanoGPT failed:\n{r.stderr[-3000:]}")
+    return r.stdout, wall
+
+
+def nanogpt_shape_args(shape: dict[str, int], **extra: object) -> list[str]:
+    base: dict[str, object] = {
+        "dataset": "shakespeare_char",
+        "device": "cpu",
+        "compile": False,
+        "dtype": "float32",
+        "n_layer": shape["n_layer"],
+        "n_head": shape["n_head"],
+        "n_embd": shape["n_embd"],
+        "block_size": shape["ctx"],
+        "batch_size": shape["batch"],
+        "gradient_accumulation_steps": 1,
+        "dropout": 0.0,
+        "log_interval": 1,
+        "always_save_checkpoint": False,
+        **extra,
+    }
+    return [f"--{k}={v}" for k, v in base.items()]
+
+
+# ------------------------------------------------------------------------------------ fromscratch
+def run_ours(
+    corpus: Path, out: Path, args: list[str], env: dict[str, str]
+) -> tuple[list[dict], float, float]:
+    """(metrics.jsonl records, wall seconds, start time as time.time()) of `fromscratch train`."""
+    shutil.rmtree(out, ignore_errors=True)
+    started = time.time()
+    t0 = time.perf_counter()
+    r = subprocess.run(
+        [sys.executable, "-m", "cli.main", "train", str(corpus), "--out", str(out), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"fromscratch failed:\n{r.stderr[-3000:]}")
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return records, wall, started
+
+
+def our_shape_args(shape: dict[str, int], steps: int) -> list[str]:
+    return [
+        *("--n-layer", str(shape["n_layer"]), "--n-head", str(shape["n_head"])),
+        *("--n-embd", str(shape["n_embd"]), "--ctx", str(shape["ctx"])),
+        *("--batch-size", str(shape["batch"]), "--max-steps", str(steps)),
+        *("--eval-every", "0", "--checkpoint-every", "0", "--export-formats", "none", "--samples", "0"),
+        *("--device", "cpu", "--dtype", "float32", "--no-compile", "--log-every", "1"),
+    ]
+
+
+# ------------------------------------------------------------------------------------ figures
+def steady_step_seconds(times: list[float]) -> float:
+    """Median of the per-step times from step 5 on (the first steps warm allocators and caches)."""
+    return statistics.median(times[5:])
+
+
+@dataclass
+class SpeedRound:
+    nano_tps: float
+    ours_tps: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_tps / self.nano_tps
+
+
+def speed_round(nanogpt: Path, workdir: Path, corpus: Path, steps: int, env: dict[str, str]) -> SpeedRound:
+    shape = SPEED_SHAPE
+    tokens = shape["batch"] * shape["ctx"]
+    stdout, _ = run_nanogpt(
+        nanogpt, workdir, nanogpt_shape_args(shape, max_iters=steps, eval_interval=10**6, eval_iters=1), env
+    )
+    nano_dt = [float(ms) / 1000 for it, ms in ITER_LINE.findall(stdout) if int(it) > 0]
+    records, _, _ = run_ours(corpus, workdir / "ours-speed", our_shape_args(shape, steps), env)
+    stamps = [r["time"] for r in records if "train_loss" in r]
+    ours_dt = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return SpeedRound(tokens / steady_step_seconds(nano_dt), tokens / steady_step_seconds(ours_dt))
+
+
+def time_to_quality(
+    nanogpt: Path, workdir: Path, corpus: Path, env: dict[str, str], ours_extra: list[str]
+) -> None:
+    r = RECIPE
+    config = nanogpt / "config" / "train_shakespeare_char.py"
+    nano_args = [str(config)] + nanogpt_shape_args(
+        r,
+        eval_iters=20,
+        max_iters=r["iters"],
+        lr_decay_iters=r["iters"],
+    )
+    stdout, nano_wall = run_nanogpt(nanogpt, workdir, nano_args, env)
+    evals = EVAL_LINE.findall(stdout)
+    target = float(evals[-1][2])
+    print(f"nanoGPT recipe: {nano_wall:.1f} s, final val loss {target:.4f} ({len(evals)} evaluations)")
+
+    ours_args = [
+        *("--n-layer", str(r["n_layer"]), "--n-head", str(r["n_head"])),
+        *("--n-embd", str(r["n_embd"]), "--ctx", str(r["ctx"])),
+        *("--export-formats", "none", "--samples", "0", "--device", "cpu", "--val-fraction", "0.1"),
+        *ours_extra,
+    ]
+    records, ours_wall, started = run_ours(corpus, workdir / "ours-quality", ours_args, env)
+    evals_ours = [
+        (rec["step"], rec["val_loss"], rec["time"] - started) for rec in records if "val_loss" in rec
+    ]
+    reached = next(((s, v, t) for s, v, t in evals_ours if v <= target), None)
+    final = evals_ours[-1] if evals_ours else None
+    print(f"fromscratch ({' '.join(ours_extra) or 'defaults'}): {ours_wall:.1f} s in all", end="")
+    if final:
+        print(f", last val loss {final[1]:.4f} at step {final[0]}", end="")
+    print()
+    if reached is None:
+        print("fromscratch did not reach nanoGPT's final validation loss")
+        return
+    step, val, t = reached
+    print(
+        f"fromscratch reached val {val:.4f} <= {target:.4f} at step {step}, {t:.1f} s after its start: "
+        f"time to quality {t / nano_wall:.2f}x nanoGPT's"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout (outside this repo)")
+    p.add_argument("--data", type=Path, default=default_corpus(), help="tinyshakespeare.txt")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved speed rounds")
+    p.add_argument("--steps", type=int, default=40, help="steps per speed run")
+    p.add_argument("--threads", type=int, default=2, help="threads of both programs")
+    p.add_argument("--speed-only", action="store_true", help="skip the time-to-quality runs")
+    p.add_argument("--ours", default="", help="extra `fromscratch train` options for the quality run")
+    args = p.parse_args()
+    if not (args.nanogpt / "train.py").exists():
+        raise SystemExit(f"{args.nanogpt} is not a nanoGPT checkout (no train.py)")
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    print(f"# peer  {time.strftime('%Y-%m-%d %H:%M')}  {machine_description(torch.device('cpu'))}")
+    with tempfile.TemporaryDirectory(prefix="fromscratch-peer-") as tmp:
+        workdir = nanogpt_workdir(args.nanogpt, args.data, Path(tmp))
+        rounds = []
+        for i in range(args.rounds):
+            rnd = speed_round(args.nanogpt, workdir, args.data, args.steps, env)
+            rounds.append(rnd)
+            print(
+                f"speed round {i + 1}: nanoGPT {rnd.nano_tps:,.0f} tok/s, fromscratch {rnd.ours_tps:,.0f} tok/s "
+                f"= {rnd.ratio:.2f}x"
+            )
+        print(
+            f"step speed at nanoGPT's shape (fp32, eager): {statistics.median(r.ratio for r in rounds):.2f}x"
+        )
+        if not args.speed_only:
+            time_to_quality(args.nanogpt, workdir, args.data, env, args.ours.split())
+
+
+if __name__ == "__main__":
+    main()
