@@ -11,7 +11,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     FROMSCRATCH_DATA_DIR=/data
 
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends curl \
+    && apt-get install -y --no-install-recommends curl g++ \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app

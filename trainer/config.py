@@ -427,10 +427,16 @@ class TrainConfig(_Config):
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = param(
         "auto",
-        "auto = bfloat16 on CUDA when supported, else float32; bfloat16 autocasts on CPU too",
+        "auto = bfloat16 on CUDA when supported and on CPUs with native bfloat16 that a probe finds "
+        "faster, else float32; bfloat16 autocasts on CPU too",
         title="Dtype",
     )
-    compile: bool = param(False, "torch.compile the model", title="torch.compile")
+    compile: bool | None = param(
+        None,
+        "torch.compile the model",
+        title="torch.compile",
+        null_means="auto: when the run is estimated long enough to pay back compiling",
+    )
     time_limit: float | None = param(
         None,
         "stop (with a checkpoint) after this many seconds of training",

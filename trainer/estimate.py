@@ -41,8 +41,8 @@ INT64 = 8
 
 
 def compute_dtype_bytes(cfg: TrainConfig, device: Device) -> int:
-    """Bytes per element of the matmuls: trainer.run_setup.resolve_dtype's choice (auto is
-    bfloat16 on CUDA, float32 on CPU)."""
+    """Bytes per element of the matmuls: trainer.precision.choose_dtype's choice (auto is
+    bfloat16 on CUDA; on CPU float32, the larger of its two choices)."""
     if cfg.dtype == "auto":
         return 2 if device == "cuda" else FP32
     return FP32 if cfg.dtype == "float32" else 2

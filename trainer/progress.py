@@ -75,6 +75,8 @@ class ProgressCallbacks(Callbacks):
             f"training {info['n_params']:,} parameters on {info['device']} ({info['dtype']}), "
             f"{info['tokens_per_step']:,} tokens/step, steps {info['start_step']}..{info['total_steps']}"
         )
+        self._print(f"dtype {info['dtype']}: {info['dtype_reason']}")
+        self._print(f"torch.compile {'on' if info['compile'] else 'off'}: {info['compile_reason']}")
         if self.rich_bar:
             from rich.console import Console
             from rich.progress import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -36,6 +36,9 @@ class StartInfo(TypedDict):
     device: str  # e.g. "cpu", "cuda:0" (rank 0's)
     dtype: str  # e.g. "float32", "bfloat16"
     processes: int  # data-parallel processes (devices), 1 without a process group
+    dtype_reason: str  # why this dtype (trainer.precision: "asked for", or what auto found)
+    compile: bool
+    compile_reason: str
 
 
 @dataclass
@@ -61,6 +64,8 @@ class TrainRun:
     world: int = 1
     ddp: torch.nn.parallel.DistributedDataParallel | None = None
     sharded: bool = False  # sharding fsdp (trainer.fsdp): every rank joins evaluation and saving
+    # what dtype auto / compile auto decided and why (trainer.precision); saved in checkpoints
+    precision: dict[str, str | bool] = field(default_factory=dict)
     # progress, saved in every checkpoint
     step: int = 0
     tokens_seen: int = 0
@@ -119,6 +124,9 @@ class TrainRun:
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "processes": self.world,
+            "dtype_reason": str(self.precision.get("dtype_reason", "")),
+            "compile": bool(self.precision.get("compile", False)),
+            "compile_reason": str(self.precision.get("compile_reason", "")),
         }
 
     # ------------------------------------------------------------------ checkpoints
@@ -146,6 +154,7 @@ class TrainRun:
                 "best_val_loss": self.best_val_loss,
                 "sampler": self.sampler.state_dict(),
                 "total_steps": self.total_steps,
+                "precision": self.precision,
             },
             optimizer=optimizer,
             extra_meta=extra,

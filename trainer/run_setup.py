@@ -30,6 +30,7 @@ from trainer.distributed import check_devices, local_rank, rank_and_world
 from trainer.estimate import total_steps
 from trainer.model import Llama
 from trainer.optim import make_optimizer
+from trainer.precision import DTYPES, choose_compile, choose_dtype
 from trainer.run import TrainRun
 
 if TYPE_CHECKING:  # trainer.data is imported lazily: it keeps `import trainer.loop` light
@@ -67,7 +68,8 @@ def start_run(
     device = resolve_device(cfg)
     if device.type == "cuda" and world > 1:
         device = torch.device("cuda", local_rank())
-    dtype = resolve_dtype(cfg, device)
+    dtype_choice = choose_dtype(cfg, device)
+    dtype = DTYPES[dtype_choice.value]
     out_dir.mkdir(parents=True, exist_ok=True)
 
     resume_path = resume_checkpoint_path(out_dir, resume)
@@ -116,7 +118,15 @@ def start_run(
     elif world > 1:
         run.ddp = wrap_ddp(model, device)
         run.fwd = run.ddp
-    if cfg.compile:
+    flops_per_step = model.flops_per_token() * run.tokens_per_step // world
+    compile_choice = choose_compile(cfg, device, dtype_choice.value, flops_per_step, total_steps - run.step)
+    run.precision = {
+        "dtype": dtype_choice.value,
+        "dtype_reason": dtype_choice.reason,
+        "compile": compile_choice.value == "on",
+        "compile_reason": compile_choice.reason,
+    }
+    if compile_choice.value == "on":
         # an OptimizedModule, typed as a callable (DDP is compiled, not wrapped around a compiled model)
         run.fwd = cast(torch.nn.Module, torch.compile(run.fwd))
     return run
@@ -167,15 +177,6 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     if cfg.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(cfg.device)
-
-
-def resolve_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
-    """auto: bf16 on a CUDA device that supports it, else fp32 (bf16 on CPU only when asked)."""
-    if cfg.dtype == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
 
 
 def resume_checkpoint_path(out_dir: Path, resume: bool | Path) -> Path | None:

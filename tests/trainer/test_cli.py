@@ -228,6 +228,10 @@ def test_progress_display(rich_bar):
             "tokens_per_step": 128,
             "device": "cpu",
             "dtype": "float32",
+            "processes": 1,
+            "dtype_reason": "auto: this CPU has no native bfloat16",
+            "compile": False,
+            "compile_reason": "auto: the run is estimated at 3 s",
         }
     )
     for step in range(1, 5):
@@ -236,5 +240,7 @@ def test_progress_display(rich_bar):
     progress.close()
     text = stream.getvalue()
     assert "1,234 parameters" in text and "val_loss 2.0000" in text
+    assert "dtype float32: auto: this CPU has no native bfloat16" in text
+    assert "torch.compile off: auto: the run is estimated at 3 s" in text
     assert "4/4" in text and "2.1000" in text
     assert progress.should_stop() is None

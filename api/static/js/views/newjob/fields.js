@@ -7,8 +7,8 @@ import { defaultPreset, defaultValue, schemaFields } from "./schema.js";
 
 export const fieldId = (name) => `hp-${name}`;
 
-/** The control of one field: a select (choice), a checkbox (bool), a group of checkboxes (list: a
- *  set of choices) or a text box (numbers, "auto"). */
+/** The control of one field: a select (choice, or a bool left unset by default: unset/on/off), a
+ *  checkbox (bool), a group of checkboxes (list: a set of choices) or a text box (numbers, "auto"). */
 function control(f) {
   const attrs = { id: fieldId(f.name), name: f.name, "aria-describedby": `help-${f.name} err-${f.name}` };
   if (f.kind === "list") {
@@ -16,6 +16,10 @@ function control(f) {
       "aria-labelledby": `label-${f.name}`, "aria-describedby": attrs["aria-describedby"] },
     f.choices.map((c) => el("label", { class: "choice" },
       el("input", { type: "checkbox", id: `${attrs.id}-${c}`, name: f.name, value: c }), c)));
+  }
+  if (f.tristate) {
+    return el("select", attrs, el("option", { value: "" }, f.nullMeans || "default"),
+      el("option", { value: "true" }, "on"), el("option", { value: "false" }, "off"));
   }
   if (f.kind === "choice") {
     const empty = f.default === null ? el("option", { value: "" }, f.nullMeans || "default") : null;
@@ -29,6 +33,7 @@ function control(f) {
 /** The typed value of a control: null when left empty (the default applies). */
 function parse(f, input) {
   if (f.kind === "list") return [...input.querySelectorAll("input:checked")].map((box) => box.value);
+  if (f.tristate) return input.value === "" ? null : input.value === "true";
   if (f.kind === "bool") return input.checked;
   if (f.kind === "choice") return input.value === "" ? null : input.value;
   const text = input.value.trim();
@@ -57,9 +62,10 @@ export function hyperparameterFields({ schema, errors }) {
     // the help text as a tooltip and as the control's description; a long placeholder may be cut off
     const text = [f.help, f.nullMeans && `Left empty: ${f.nullMeans}.`].filter(Boolean).join("\n");
     const help = el("span", { id: `help-${f.name}`, hidden: true }, text);
-    const wrap = el("div", { class: f.kind === "bool" ? "field field-check" : "field", title: text || null,
+    const check = f.kind === "bool" && !f.tristate;
+    const wrap = el("div", { class: check ? "field field-check" : "field", title: text || null,
       dataset: { field: f.name, kind: f.kind } });
-    if (f.kind === "bool") wrap.append(input, el("label", { for: input.id }, f.label));
+    if (check) wrap.append(input, el("label", { for: input.id }, f.label));
     else if (f.kind === "list") {
       wrap.append(el("span", { class: "label", id: `label-${f.name}` }, f.label,
         el("span", { class: "param-name" }, f.name)), input);
@@ -72,7 +78,8 @@ export function hyperparameterFields({ schema, errors }) {
   function showDefault(f) {
     const input = inputs.get(f.name);
     const d = defaultValue(schema, f, preset);
-    if (f.kind === "bool") input.checked = !!d;
+    if (f.tristate) input.value = shown(d);
+    else if (f.kind === "bool") input.checked = !!d;
     else if (f.kind === "list") {
       for (const box of input.querySelectorAll("input")) box.checked = (d || []).includes(box.value);
     } else if (f.kind === "choice") input.value = shown(d);
@@ -86,7 +93,8 @@ export function hyperparameterFields({ schema, errors }) {
   const untouched = (f) => {
     const input = inputs.get(f.name);
     if (f.kind === "list") return same(parse(f, input), defaultValue(schema, f, preset) || []);
-    return f.kind === "bool" ? input.checked === (input.dataset.default === "true") : input.value === input.dataset.default;
+    if (f.kind === "bool" && !f.tristate) return input.checked === (input.dataset.default === "true");
+    return input.value === input.dataset.default;
   };
 
   const nodes = (pick) => fields.filter(pick).map(fieldNode);

@@ -9,6 +9,8 @@ export function schemaFields(schema) {
     label: p.title || name,
     help: p.description || "",
     kind: p["x-kind"], // int | float | bool | choice | list (a set of choices: an array of an enum)
+    // a bool whose default is unset (null: decided at run time, e.g. "auto") has three states
+    tristate: p["x-kind"] === "bool" && (p.default ?? null) === null,
     choices: p.enum || (p.items && p.items.enum) || [],
     default: p.default ?? null,
     architecture: p["x-section"] === "model", // its default follows the preset

@@ -1,0 +1,57 @@
+"""trainer.precision: what dtype auto and compile auto become, with their reasons."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer import precision
+from trainer.config import TrainConfig
+from trainer.precision import choose_compile, choose_dtype
+
+CPU = torch.device("cpu")
+
+
+def test_a_cpu_without_native_bf16_trains_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx2", "fma"})
+    choice = choose_dtype(TrainConfig(dtype="auto"), CPU)
+    assert choice.value == "float32" and "no native bfloat16" in choice.reason
+
+
+@pytest.mark.parametrize(("bf16_rate", "expected"), [(4.0e10, "bfloat16"), (1.0e10, "float32")])
+def test_native_bf16_is_chosen_only_where_the_probe_finds_it_faster(
+    monkeypatch: pytest.MonkeyPatch, bf16_rate: float, expected: str
+) -> None:
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    rates = {torch.float32: 1.0e10, torch.bfloat16: bf16_rate}
+    monkeypatch.setattr(precision, "matmul_rate", lambda device_type, dtype: rates[dtype])
+    choice = choose_dtype(TrainConfig(dtype="auto"), CPU)
+    assert choice.value == expected and "avx512_bf16" in choice.reason and "matmul probe" in choice.reason
+
+
+def test_an_explicit_dtype_is_kept() -> None:
+    assert choose_dtype(TrainConfig(dtype="bfloat16"), CPU) == precision.Choice("bfloat16", "asked for")
+
+
+def test_compile_auto_waits_for_a_run_long_enough_to_pay_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(precision, "matmul_rate", lambda device_type, dtype: 1.0e11)
+    cfg = TrainConfig()
+    flops = 1.0e11  # 2 s a step at half the probe's rate
+    short = choose_compile(cfg, CPU, "float32", flops, steps=100)  # 200 s
+    assert short.value == "off" and "estimated at 3 min, under 20x" in short.reason
+    long = choose_compile(cfg, CPU, "float32", flops, steps=10_000)  # 5.6 h > 20 x 100 s
+    assert long.value == "on" and "over 20x" in long.reason
+    assert choose_compile(TrainConfig(compile=True), CPU, "float32", flops, 1) == precision.Choice(
+        "on", "asked for"
+    )
+    assert choose_compile(TrainConfig(compile=False), CPU, "float32", flops, 10**6).value == "off"
+
+
+def test_the_probe_measures_a_positive_rate() -> None:
+    assert precision.matmul_rate("cpu", torch.float32) > 0
+
+
+def test_a_time_limit_caps_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(precision, "matmul_rate", lambda device_type, dtype: 1.0e11)
+    choice = choose_compile(TrainConfig(time_limit=60), CPU, "float32", 1.0e11, steps=10**6)
+    assert choice.value == "off" and "estimated at 60 s" in choice.reason
