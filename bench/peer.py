@@ -219,7 +219,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout (outside this repo)")
     p.add_argument("--data", type=Path, default=default_corpus(), help="tinyshakespeare.txt")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved speed rounds")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved speed rounds (0: none)")
     p.add_argument("--steps", type=int, default=40, help="steps per speed run")
     p.add_argument("--threads", type=int, default=2, help="threads of both programs")
     p.add_argument("--speed-only", action="store_true", help="skip the time-to-quality runs")
@@ -243,9 +243,9 @@ def main() -> None:
                 f"speed round {i + 1}: nanoGPT {rnd.nano_tps:,.0f} tok/s, fromscratch {rnd.ours_tps:,.0f} tok/s "
                 f"= {rnd.ratio:.2f}x"
             )
-        print(
-            f"step speed at nanoGPT's shape (fp32, eager): {statistics.median(r.ratio for r in rounds):.2f}x"
-        )
+        if rounds:
+            median = statistics.median(r.ratio for r in rounds)
+            print(f"step speed at nanoGPT's shape (fp32, eager): {median:.2f}x")
         if not args.speed_only:
             time_to_quality(args.nanogpt, workdir, args.data, env, args.ours.split())
 

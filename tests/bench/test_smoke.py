@@ -20,6 +20,7 @@ SCRIPTS = {
     "stream_latency.py": "service ",
     "api_load.py": "requests/s ",
     "transfer.py": "backend ",
+    "devices.py": "run ",
 }
 
 
