@@ -39,9 +39,13 @@ class RMSNorm(nn.Module):
         # Returned in the dtype of the matmul that follows (bf16 under bf16 autocast), so the one
         # cast happens here rather than once in every consuming linear (the same values: autocast
         # would round the float32 result to bf16 there).
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+        eager = not torch.compiler.is_compiling()  # compiled: plain ops, fused by inductor
+        if eager and torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return _RMSNorm.apply(x, self.weight, self.eps, compute_dtype(x))
-        return _rms_norm(_f32(x), _f32(self.weight), self.eps)[0].to(compute_dtype(x))
+        xf, wf = _f32(x), _f32(self.weight)
+        if eager:  # no gradient to track: in-place ops are fine
+            return _rms_norm(xf, wf, self.eps)[0].to(compute_dtype(x))
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * wf).to(compute_dtype(x))
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:
@@ -120,6 +124,9 @@ def _rotate(
     c, s = cos[..., :half], sin[..., :half]
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
     x1, x2 = xf[..., :half], xf[..., half:n_rot]
+    if torch.compiler.is_compiling():  # inductor fuses the plain form (and lowers no out= ops)
+        r = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s, xf[..., n_rot:]), dim=-1)
+        return r.to(out_dtype) if out is None else out.copy_(r)
     # (x1, x2) -> (x1 c - x2 s, x2 c + x1 s): four half-width products written in place, no
     # rotated copy of x
     rotated = (
@@ -171,7 +178,7 @@ def apply_rope(
     broadcast against x[..., :n_rot] for other layouts: x (B, H, T, hd) takes (T, n_rot) as they
     are, x (B, T, H, hd) takes them unsqueezed to (T, 1, n_rot)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if torch.is_grad_enabled() and x.requires_grad:
+    if torch.is_grad_enabled() and x.requires_grad and not torch.compiler.is_compiling():
         return _RoPE.apply(x, cos, sin, out_dtype)
     return _rotate(x, cos, sin, out_dtype)  # inference, tracing and export: plain tensor ops
 
@@ -231,6 +238,13 @@ def qkv_heads(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: tuple[int, int], attn_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v for SDPA from the fused projection's output (see _QKV)."""
+    if torch.compiler.is_compiling():  # plain ops: inductor fuses them and derives the backward
+        H, KV = heads
+        q, k = (
+            _rotate(t, cos, sin, attn_dtype).transpose(1, 2)
+            for t in qkv[:, :, : H + KV].split((H, KV), dim=2)
+        )
+        return q, k, qkv[:, :, H + KV :].transpose(1, 2).to(attn_dtype)
     if torch.is_grad_enabled() and qkv.requires_grad:
         return _QKV.apply(qkv, cos, sin, heads, attn_dtype)
     return _split_qkv(qkv, cos, sin, heads, attn_dtype)
@@ -258,7 +272,7 @@ class _SwiGLU(torch.autograd.Function):
 
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:
-    if torch.is_grad_enabled() and h.requires_grad:
+    if torch.is_grad_enabled() and h.requires_grad and not torch.compiler.is_compiling():
         return _SwiGLU.apply(h)
     gate, up = h.chunk(2, dim=-1)
     return F.silu(gate) * up
