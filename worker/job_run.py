@@ -290,13 +290,21 @@ class JobRun:
     def _requeue_lost_rank(self, exc: RankLost) -> JobStatus | None:
         """A rank of a distributed run died (killed, out of memory): the attempt is dead, like a
         worker that died, and counted as one. The job goes back to the head of its queue and
-        resumes from its last stored checkpoint, or fails with `worker_lost` after max_attempts."""
+        resumes from its last stored checkpoint, or fails with `worker_lost` after max_attempts;
+        a cancel or pause asked for meanwhile is honoured instead (paused: it resumes from there)."""
         max_attempts = self.settings.max_attempts
 
         def write() -> tuple[JobStatus, str]:
             with self.sf() as session:
                 job = self._held(session)
-                if job.attempts < max_attempts:
+                # a stop asked for meanwhile wins, as the reaper decides for a lost worker
+                if job.status == JobStatus.CANCELLED or job.cancel_requested:
+                    transition(session, job, JobStatus.CANCELLED)
+                    status = JobStatus.CANCELLED
+                elif job.pause_requested:
+                    transition(session, job, JobStatus.PAUSED)
+                    status = JobStatus.PAUSED
+                elif job.attempts < max_attempts:
                     transition(session, job, JobStatus.QUEUED)
                     add_event(
                         session,
