@@ -78,18 +78,21 @@ def run_nanogpt(nanogpt: Path, workdir: Path, args: list[str], env: dict[str, st
     """(stdout, wall seconds) of nanoGPT's train.py with `args`."""
     out = workdir / "out"
     shutil.rmtree(out, ignore_errors=True)
-    t0 = time.perf_counter()
-    r = subprocess.run(
-        [sys.executable, str(nanogpt / "train.py"), *args, f"--out_dir={out}"],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
+    stdout, wall, _ = timed_run(
+        "nanoGPT", [sys.executable, str(nanogpt / "train.py"), *args, f"--out_dir={out}"], workdir, env
     )
+    return stdout, wall
+
+
+def timed_run(name: str, cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[str, float, float]:
+    """(stdout, wall seconds, start as time.time()) of a program that must succeed."""
+    started = time.time()
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
-        raise SystemExit(f"nanoGPT failed:\n{r.stderr[-3000:]}")
-    return r.stdout, wall
+        raise SystemExit(f"{name} failed:\n{r.stderr[-3000:]}")
+    return r.stdout, wall, started
 
 
 def nanogpt_shape_args(shape: dict[str, int], **extra: object) -> list[str]:
@@ -118,18 +121,8 @@ def run_ours(
 ) -> tuple[list[dict], float, float]:
     """(metrics.jsonl records, wall seconds, start time as time.time()) of `fromscratch train`."""
     shutil.rmtree(out, ignore_errors=True)
-    started = time.time()
-    t0 = time.perf_counter()
-    r = subprocess.run(
-        [sys.executable, "-m", "cli.main", "train", str(corpus), "--out", str(out), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"fromscratch failed:\n{r.stderr[-3000:]}")
+    cmd = [sys.executable, "-m", "cli.main", "train", str(corpus), "--out", str(out), *args]
+    _, wall, started = timed_run("fromscratch", cmd, REPO, env)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return records, wall, started
 

@@ -14,6 +14,7 @@ from typing import Literal
 
 import pytest
 
+from tests.fixtures.processes import running, spawned_ranks
 from tests.trainer.conftest import SHAKESPEARE
 from tests.trainer.test_distributed import MODEL, REPO, two_ranks
 from trainer.callback_relay import CallbackRelay, RelayedCallbackError
@@ -92,21 +93,6 @@ def test_a_killed_rank_raises_rank_lost_not_the_other_ranks_errors(tmp_path: Pat
     assert str(err.value) == "training process 0 of 2 died (SIGKILL)"
 
 
-def _children(pid: int) -> set[int]:
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found.update(int(c) for c in (task / "children").read_text().split())
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
     tiny = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--ctx", "32", "--batch-size", "2"]
@@ -125,12 +111,12 @@ def test_the_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
         while not (metrics.exists() and metrics.read_text().count("train_loss") >= 2):
             assert proc.poll() is None and time.monotonic() < deadline, "the run did not start"
             time.sleep(0.2)
-        ranks = {c for c in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}
+        ranks = spawned_ranks(proc.pid)
         assert len(ranks) == 2
         proc.kill()
         proc.wait(timeout=30)
         deadline = time.monotonic() + 30
-        while any(_alive(r) for r in ranks):
+        while any(running(r) for r in ranks):
             assert time.monotonic() < deadline, "a rank outlived its launcher"
             time.sleep(0.1)
     finally:

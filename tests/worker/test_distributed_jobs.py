@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-from pathlib import Path
 
 import pytest
 
 from core.jobstates import request_pause, resume
 from core.models import Job
+from tests.fixtures.processes import spawned_ranks
 from tests.fixtures.service import get_job, make_job, send_job, wait_for_status, wait_until
 from tests.worker.helpers import assert_clean_series, checkpoint_rows, event_messages, long_run, metric_rows
 
@@ -23,21 +23,6 @@ pytestmark = [
     pytest.mark.service_settings(**FAST_LEASE, **TWO_DEVICES),
     pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a worker of 2 CPU devices needs 2 cores"),
 ]
-
-
-def _rank_pids(worker_pid: int) -> list[int]:
-    """The worker's child processes that are training ranks: the launcher spawns them
-    (multiprocessing's spawn_main), beside multiprocessing's resource tracker."""
-    pids: list[int] = []
-    for task in Path(f"/proc/{worker_pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            try:
-                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if b"spawn_main" in cmdline:
-                pids.append(int(child))
-    return sorted(pids)
 
 
 def _wait_for_step(session_factory, job_id: str, step: int, worker) -> Job:  # type: ignore[no-untyped-def]
@@ -65,7 +50,7 @@ def test_a_two_device_job_trains_in_two_processes_and_pauses(
     paused = wait_for_status(session_factory, job_id, "paused", timeout=60, diagnostics=worker_proc.output)
     assert 10 <= paused.step < total
     assert checkpoint_rows(session_factory, job_id)[-1].step == paused.step
-    wait_until(lambda: not _rank_pids(worker_proc.pid), timeout=30, message="the ranks to exit")
+    wait_until(lambda: not spawned_ranks(worker_proc.pid), timeout=30, message="the ranks to exit")
 
     with session_factory() as session:
         _, needs_enqueue = resume(session, session.get(Job, job_id))
@@ -91,7 +76,7 @@ def test_a_killed_rank_requeues_the_job_which_resumes_from_its_checkpoint(
         timeout=180,
         message=lambda: f"a checkpoint\n{worker_proc.output()}",
     )
-    ranks = _rank_pids(worker_proc.pid)
+    ranks = spawned_ranks(worker_proc.pid)
     assert len(ranks) == 2, ranks
     os.kill(ranks[-1], signal.SIGKILL)  # one of the two (their ranks are not visible from here)
 
