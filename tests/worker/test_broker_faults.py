@@ -147,13 +147,15 @@ def test_redis_killed_during_a_job_and_restarted_empty(
 def test_sigterm_hands_the_job_to_the_waiting_worker_at_the_head_of_the_queue(
     fault_settings: Settings, session_factory: Any, workers: Workers
 ) -> None:
+    # Both long jobs run until cancelled: a job that could finish on its own might end before the
+    # SIGTERM on a slow machine (starting the second worker can take a while under load).
     first = workers.start()
-    handed = make_job(fault_settings, session_factory, train=long_run(150))
+    handed = make_job(fault_settings, session_factory, train=long_run(100_000))
     wait_until(lambda: step_of(session_factory, handed)() >= 10, timeout=120, message=workers.output)
     assert workers.holding(get_job(session_factory, handed).lease_owner) is first
 
     second = workers.start()
-    busy = make_job(fault_settings, session_factory, train=long_run(100_000))  # until cancelled below
+    busy = make_job(fault_settings, session_factory, train=long_run(100_000))
     wait_until(lambda: get_job(session_factory, busy).lease_owner, timeout=60, message=workers.output)
     assert workers.holding(get_job(session_factory, busy).lease_owner) is second
     later = [make_job(fault_settings, session_factory, train=SHORT) for _ in range(2)]
@@ -163,21 +165,41 @@ def test_sigterm_hands_the_job_to_the_waiting_worker_at_the_head_of_the_queue(
     job = get_job(session_factory, handed)
     assert job.status == "queued" and job.lease_owner is None
     assert job.attempts == 0  # the hand-off gave its claim back: not a failed attempt
-    assert checkpoint_rows(session_factory, handed)[-1].step == job.step
+    handed_back_at = job.step
+    assert checkpoint_rows(session_factory, handed)[-1].step == handed_back_at
     assert queued(fault_settings)[0] == handed  # at the head, before the jobs sent after it
-    with session_factory() as session:  # the second worker is free from its next step on
-        request_cancel(session, session.get(Job, busy))
-        session.commit()
+    cancel(session_factory, busy)  # the second worker is free from its next step on
     wait_for_status(session_factory, busy, "cancelled", timeout=60, diagnostics=workers.output)
 
-    done = wait_for_status(session_factory, handed, "succeeded", diagnostics=workers.output)
+    # the second worker resumes the handed-back job from its checkpoint and trains on
+    wait_until(
+        lambda: (
+            get_job(session_factory, handed).status == "running"
+            and step_of(session_factory, handed)() >= handed_back_at + 10
+        ),
+        timeout=120,
+        message=workers.output,
+    )
+    assert workers.holding(get_job(session_factory, handed).lease_owner) is second
+    cancel(session_factory, handed)
+    done = wait_for_status(session_factory, handed, "cancelled", timeout=60, diagnostics=workers.output)
     assert done.attempts == 1
-    assert_clean_series(metric_rows(session_factory, handed), total_steps=150)
+    rows = metric_rows(session_factory, handed)
+    assert_clean_series(rows, total_steps=rows[-1].step)  # no step trained twice, none skipped
+    assert rows[-1].step >= handed_back_at + 10
+    resumed = [m for m in event_messages(session_factory, handed) if m.startswith("Resuming")]
+    assert len(resumed) == 1, resumed
     for job_id in later:
         wait_for_status(session_factory, job_id, "succeeded", diagnostics=workers.output)
     # the second worker took the handed-back job before the two sent before the hand-off
     resumed_at = running_seq(session_factory, handed)[-1]
     assert all(resumed_at < running_seq(session_factory, job_id)[0] for job_id in later)
+
+
+def cancel(session_factory: Any, job_id: str) -> None:
+    with session_factory() as session:
+        request_cancel(session, session.get(Job, job_id))
+        session.commit()
 
 
 # ---------------------------------------------------------------------------------------- (c)
