@@ -337,9 +337,19 @@ class TrainConfig(_Config):
     weight_decay: float = param(
         0.1, "AdamW weight decay (2-D weights only)", title="Weight decay", ge=0, le=10
     )
-    beta1: float = param(0.9, "AdamW beta1", title="Adam β1", ge=0, lt=1)
+    # 0.8, not the usual 0.9: at the small batches this trains with, less momentum reaches a given
+    # loss in fewer steps (bench/README.md, "time to quality")
+    beta1: float = param(0.8, "AdamW beta1", title="Adam β1", ge=0, lt=1)
     beta2: float = param(0.95, "AdamW beta2", title="Adam β2", ge=0, lt=1)
     eps: float = param(1e-8, "AdamW epsilon", title="Adam ε", ge=0, le=1)
+    embedding_lr_scale: float = param(
+        10.0,
+        "AdamW: the token embedding's learning rate as a multiple of the schedule's, without weight "
+        "decay (untied embeddings only; 1 = like the other weights)",
+        title="Embedding LR scale",
+        gt=0,
+        le=1000,
+    )
     grad_clip: float = param(
         1.0, "clip the gradient norm to this (0 disables)", title="Gradient clip (0 = off)", ge=0, le=1e6
     )

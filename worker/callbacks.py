@@ -35,7 +35,7 @@ from trainer.loop import Callbacks
 from worker.checkpoint_store import store_checkpoint
 from worker.db_retry import DbRetry
 from worker.lease import LeaseLost
-from worker.metric_rows import MetricValues, write_progress
+from worker.metric_rows import MetricValues, Requests, write_progress
 
 if TYPE_CHECKING:
     from core.blobstore import BlobStore
@@ -44,7 +44,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FLUSH_ROWS = 50  # flush the metric buffer when it holds this many steps, whatever the time
-STOP_CHECK_SECONDS = 0.5  # how often should_stop() reads cancel/pause requests from the database
+# How often should_stop() reads cancel/pause requests from the database. Every metrics flush reads
+# them too (in its UPDATE), so with flushes at least this often no separate query is made.
+STOP_CHECK_SECONDS = 1.0
 
 # why the run is being stopped (the first reason seen wins)
 StopCause = Literal["cancel", "pause", "shutdown", "lease_lost"]
@@ -261,12 +263,15 @@ class ServiceCallbacks(Callbacks):
 
     def _write_buffer(self) -> None:
         with self.session_factory() as session:
-            if not write_progress(session, self.job_id, self.worker_id, self.progress, self.buffer):
+            requests = write_progress(session, self.job_id, self.worker_id, self.progress, self.buffer)
+            if requests is None:
                 session.rollback()
                 raise LeaseLost(self.job_id)
             for message, data in self.events:
                 add_event(session, self.job_id, message, data=data)
             session.commit()
+        self.last_check = time.monotonic()  # this flush was a stop check too
+        self._take_requests(requests)
 
     def _read_requests(self) -> None:
         row: Any = None
@@ -288,9 +293,16 @@ class ServiceCallbacks(Callbacks):
             return
         if row is None or row.lease_owner != self.worker_id:
             self._lose_lease()
-        elif row.cancel_requested:
+        else:
+            self._take_requests(Requests(cancel=bool(row.cancel_requested), pause=bool(row.pause_requested)))
+
+    def _take_requests(self, requests: Requests) -> None:
+        """A cancel or pause the owner asked for becomes the run's stop cause (the first one wins)."""
+        if self.cause is not None:
+            return
+        if requests.cancel:
             self.cause = "cancel"
-        elif row.pause_requested:
+        elif requests.pause:
             self.cause = "pause"
 
     def _lose_lease(self) -> None:

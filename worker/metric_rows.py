@@ -8,7 +8,7 @@ after S first (`delete_metrics_after`), so the series never holds a step twice.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import delete, func, update
 from sqlalchemy.orm import Session
@@ -34,20 +34,30 @@ METRIC_COLUMNS = (
 MetricValues = dict[str, float | None]
 
 
+class Requests(NamedTuple):
+    """What the job's owner has asked of the training run, as the database holds it."""
+
+    cancel: bool
+    pause: bool
+
+
 def write_progress(
     session: Session, job_id: str, worker_id: str, progress: dict[str, Any], rows: dict[int, MetricValues]
-) -> bool:
+) -> Requests | None:
     """Update the job's progress columns and upsert its metric rows, only while `worker_id` holds
-    the job's lease (the caller commits). False, with nothing written, when the lease is gone."""
-    result = session.execute(
+    the job's lease (the caller commits). Returns the cancel/pause requests the same UPDATE read
+    back (so a flush is also a stop check, without a query of its own); None, with nothing
+    written, when the lease is gone."""
+    row = session.execute(
         update(Job)
         .where(Job.id == job_id, Job.lease_owner == worker_id)
         .values(**progress, updated_at=utcnow())
-    )
-    if result.rowcount == 0:  # type: ignore[attr-defined]
-        return False
+        .returning(Job.cancel_requested, Job.pause_requested)
+    ).one_or_none()
+    if row is None:
+        return None
     upsert_metrics(session, job_id, rows)
-    return True
+    return Requests(cancel=bool(row.cancel_requested), pause=bool(row.pause_requested))
 
 
 def upsert_metrics(session: Session, job_id: str, rows: dict[int, MetricValues]) -> None:

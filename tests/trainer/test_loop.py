@@ -333,16 +333,27 @@ def test_lbfgs_reduces_the_loss(tmp_path, tiny_model, tiny_train, byte_tokenizer
     assert result.last_train_loss < losses[0] - 1.0
 
 
-def test_adamw_decays_only_matrices(tiny_model):
+def test_adamw_decays_only_matrices_and_runs_the_embedding_at_its_own_rate(tiny_model):
     from trainer.model import Llama
+    from trainer.optim import set_lr
 
     model = Llama(tiny_model())
-    opt = make_optimizer(model, TrainConfig(weight_decay=0.1, beta1=0.8, beta2=0.9, eps=1e-6), "cpu")
+    cfg = TrainConfig(weight_decay=0.1, beta1=0.8, beta2=0.9, eps=1e-6, embedding_lr_scale=4.0)
+    opt = make_optimizer(model, cfg, "cpu")
     assert isinstance(opt, torch.optim.AdamW)
-    decay, no_decay = opt.param_groups
+    decay, no_decay, embedding = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
     assert decay["betas"] == (0.8, 0.9) and decay["eps"] == 1e-6
+    assert embedding["params"] == [model.tok_embeddings.weight] and embedding["weight_decay"] == 0.0
+    assert all(p is not model.tok_embeddings.weight for p in decay["params"])
+    set_lr(opt, 1e-3)
+    assert (decay["lr"], no_decay["lr"], embedding["lr"]) == (1e-3, 1e-3, 4e-3)
+
+    # a tied embedding is the output projection too: it stays with the decayed matrices
+    tied = Llama(tiny_model(tie_embeddings=True))
+    decay, no_decay = make_optimizer(tied, cfg, "cpu").param_groups
+    assert any(p is tied.tok_embeddings.weight for p in decay["params"])
 
 
 # ---------------------------------------------------------------- schedules

@@ -1,0 +1,80 @@
+"""ServiceCallbacks against a real database (PostgreSQL and the embedded SQLite): a metrics flush
+reads the job's cancel/pause requests in its own UPDATE, so should_stop() sees them without a query
+of its own (one round trip per flush interval, not one more per stop check)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.blobstore import blobstore_from_settings
+from core.jobstates import claim_job, request_cancel, request_pause
+from core.models import Job
+from core.settings import Settings
+from tests.fixtures.service import make_job
+from worker.callbacks import ServiceCallbacks
+
+WORKER = "host:1:callbacks-test"
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def db(request: pytest.FixtureRequest) -> tuple[Settings, sessionmaker[Session]]:
+    if request.param == "postgres":
+        return request.getfixturevalue("settings"), request.getfixturevalue("session_factory")
+    return request.getfixturevalue("sqlite_settings"), request.getfixturevalue("sqlite_session_factory")
+
+
+def claimed_job(settings: Settings, session_factory: sessionmaker[Session]) -> str:
+    job_id = make_job(settings, session_factory, enqueue=False, status="queued")
+    with session_factory() as session:
+        assert claim_job(session, job_id, WORKER, lease_seconds=600) is not None
+    return job_id
+
+
+def step(cb: ServiceCallbacks, n: int) -> None:
+    cb.on_step(n, train_loss=2.0, lr=1e-3, grad_norm=1.0, tokens_per_s=1000.0, tokens_seen=n * 64)
+
+
+@pytest.mark.parametrize(
+    ("ask", "answer"), [(request_cancel, "stop"), (request_pause, "pause")], ids=["cancel", "pause"]
+)
+def test_a_flush_is_also_the_stop_check(
+    db: tuple[Settings, sessionmaker[Session]], tmp_path: Path, ask: Any, answer: str
+) -> None:
+    settings, session_factory = db
+    job_id = claimed_job(settings, session_factory)
+    cb = ServiceCallbacks(
+        session_factory,
+        blobstore_from_settings(settings, session_factory),
+        job_id=job_id,
+        worker_id=WORKER,
+        checkpoint_model_id=lambda s: f"ckpt-{s}",
+        scratch=tmp_path,
+        flush_seconds=0.0,  # every step flushes
+        stop_check_seconds=1e9,  # and no separate read would come in this test's lifetime
+        db_retry_seconds=5.0,
+    )
+    step(cb, 1)
+    assert cb.should_stop() is None
+
+    with session_factory() as session:
+        ask(session, session.get(Job, job_id))
+        session.commit()
+    step(cb, 2)  # the flush writes step 2 and reads the request back
+
+    statements: list[str] = []
+    engine = session_factory.kw["bind"]
+    listener = lambda *args: statements.append(args[2])  # noqa: E731  # (conn, cursor, statement, ...)
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        assert cb.should_stop() == answer
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    assert statements == []  # decided from what the flush read
+    with session_factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None and job.step == 2  # and the flush did write
