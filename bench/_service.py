@@ -154,7 +154,7 @@ class Service:
         r.raise_for_status()
         return dict(r.json())
 
-    def wait_job(self, job_id: str, timeout: float = 600.0) -> dict[str, Any]:
+    def wait_job(self, job_id: str, timeout: float = 600.0, poll: float = 0.2) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
             job = self.job(job_id)
@@ -168,7 +168,7 @@ class Service:
                 raise TimeoutError(
                     f"job {job_id} still {job['status']} after {timeout:.0f}s\n{self.log_tail()}"
                 )
-            time.sleep(0.2)
+            time.sleep(poll)
 
     def metrics(self, job_id: str) -> list[dict[str, Any]]:
         r = self.client.get(f"/v1/fine_tuning/jobs/{job_id}/metrics", params={"limit": 100_000})
