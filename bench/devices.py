@@ -26,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.peer import logged_step_seconds, steady_step_seconds  # noqa: E402
 from bench.trainer_throughput import machine_description  # noqa: E402
 
 MODEL = ["--n-layer", "4", "--n-head", "4", "--n-embd", "256", "--ctx", "128"]
@@ -34,13 +35,8 @@ TEST_CORPUS = REPO / "tests" / "data" / "tiny_shakespeare_100k.txt"
 
 
 def steady_tokens_per_s(out: Path, tokens_per_step: int) -> float:
-    stamps = [
-        json.loads(line)["time"]
-        for line in (out / "metrics.jsonl").read_text().splitlines()
-        if "train_loss" in json.loads(line)
-    ]
-    step_s = statistics.median(b - a for a, b in zip(stamps[5:], stamps[6:], strict=False))
-    return tokens_per_step / step_s
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return tokens_per_step / steady_step_seconds(logged_step_seconds(records))
 
 
 def run(

@@ -138,6 +138,12 @@ def our_shape_args(shape: dict[str, int], steps: int) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ figures
+def logged_step_seconds(records: list[dict]) -> list[float]:
+    """Seconds between consecutive logged training steps of `fromscratch train`'s metrics.jsonl."""
+    stamps = [r["time"] for r in records if "train_loss" in r]
+    return [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+
+
 def steady_step_seconds(times: list[float]) -> float:
     """Median of the per-step times from step 5 on (the first steps warm allocators and caches)."""
     return statistics.median(times[5:])
@@ -161,8 +167,7 @@ def speed_round(nanogpt: Path, workdir: Path, corpus: Path, steps: int, env: dic
     )
     nano_dt = [float(ms) / 1000 for it, ms in ITER_LINE.findall(stdout) if int(it) > 0]
     records, _, _ = run_ours(corpus, workdir / "ours-speed", our_shape_args(shape, steps), env)
-    stamps = [r["time"] for r in records if "train_loss" in r]
-    ours_dt = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    ours_dt = logged_step_seconds(records)
     return SpeedRound(tokens / steady_step_seconds(nano_dt), tokens / steady_step_seconds(ours_dt))
 
 
