@@ -249,6 +249,20 @@ def hand_back(session: Session, job: Job) -> Job:
     return job
 
 
+def after_lost_attempt(job: Job, max_attempts: int) -> JobStatus:
+    """What a job whose attempt died (its worker lost, or a rank of its distributed run) becomes:
+    a cancel or pause asked for meanwhile wins, else it is re-queued while it has attempts left
+    (it resumes from its last checkpoint), else it fails with `worker_lost`. The reaper and the
+    worker that saw a rank die decide by this one rule."""
+    if job.status == JobStatus.CANCELLED or job.cancel_requested:
+        return JobStatus.CANCELLED
+    if job.pause_requested:
+        return JobStatus.PAUSED
+    if job.attempts < max_attempts:
+        return JobStatus.QUEUED
+    return JobStatus.FAILED
+
+
 def requeue_expired(session: Session, max_attempts: int) -> list[tuple[str, str]]:
     """The reaper: every job whose lease expired (its worker died or lost the database) is
     re-queued when it has attempts left, else failed with error code `worker_lost`. A pending
@@ -264,13 +278,12 @@ def requeue_expired(session: Session, max_attempts: int) -> list[tuple[str, str]
     for job in expired:
         # guard every change by the lease still being expired: a late heartbeat wins
         still_expired = Job.lease_expires_at < now
+        outcome = after_lost_attempt(job, max_attempts)
         if job.status in TERMINAL:  # cancelled while held, its worker gone: only the lease is left
             _cas(session, job, {"lease_owner": None, "lease_expires_at": None}, still_expired)
-        elif job.cancel_requested:
-            _transition_if_expired(session, job, JobStatus.CANCELLED, still_expired)
-        elif job.pause_requested:
-            _transition_if_expired(session, job, JobStatus.PAUSED, still_expired)
-        elif job.attempts < max_attempts:
+        elif outcome in (JobStatus.CANCELLED, JobStatus.PAUSED):
+            _transition_if_expired(session, job, outcome, still_expired)
+        elif outcome == JobStatus.QUEUED:
             if job.status in ACTIVE:
                 requeued = _transition_if_expired(session, job, JobStatus.QUEUED, still_expired)
             else:  # claimed while queued, lost before it started: just give the job back

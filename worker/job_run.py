@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from core import db_faults
 from core.broker_faults import describe
-from core.jobstates import add_event, hand_back, transition
+from core.jobstates import add_event, after_lost_attempt, hand_back, transition
 from core.models import Job
 from core.naming import checkpoint_model_id, final_model_id
 from core.settings import Settings
@@ -297,14 +297,10 @@ class JobRun:
         def write() -> tuple[JobStatus, str]:
             with self.sf() as session:
                 job = self._held(session)
-                # a stop asked for meanwhile wins, as the reaper decides for a lost worker
-                if job.status == JobStatus.CANCELLED or job.cancel_requested:
-                    transition(session, job, JobStatus.CANCELLED)
-                    status = JobStatus.CANCELLED
-                elif job.pause_requested:
-                    transition(session, job, JobStatus.PAUSED)
-                    status = JobStatus.PAUSED
-                elif job.attempts < max_attempts:
+                status = after_lost_attempt(job, max_attempts)  # the reaper's rule for a lost worker
+                if status in (JobStatus.CANCELLED, JobStatus.PAUSED):
+                    transition(session, job, status)
+                elif status == JobStatus.QUEUED:
                     transition(session, job, JobStatus.QUEUED)
                     add_event(
                         session,
@@ -314,7 +310,6 @@ class JobRun:
                         level="warn",
                         data={"attempt": job.attempts + 1, "max_attempts": max_attempts, "rank": exc.rank},
                     )
-                    status = JobStatus.QUEUED
                 else:
                     transition(
                         session,
@@ -327,7 +322,6 @@ class JobRun:
                             "logs (out of memory? killed?), then start a new job."
                         ),
                     )
-                    status = JobStatus.FAILED
                 session.commit()
                 return status, job.queue
 

@@ -10,6 +10,7 @@ from core.jobstates import (
     TRANSITIONS,
     ConcurrentUpdate,
     IllegalTransition,
+    after_lost_attempt,
     claim_job,
     release_lease,
     renew_lease,
@@ -190,6 +191,24 @@ def test_expired_lease_requeues_then_fails_after_max_attempts(any_factory: sessi
     assert (failed.status, failed.error_code, failed.lease_owner) == ("failed", "worker_lost", None)
     assert "3 attempts" in failed.error_message and failed.finished_at is not None
     assert fresh(any_factory, live.id).lease_owner == "healthy"
+
+
+@pytest.mark.parametrize(
+    "status, cancel, pause, attempts, outcome",
+    [
+        ("running", False, False, 1, "queued"),
+        ("running", False, False, 3, "failed"),  # attempts used up
+        ("running", True, True, 3, "cancelled"),  # a stop asked for wins over a re-queue or failure
+        ("running", False, True, 1, "paused"),
+        ("running", False, True, 3, "paused"),
+        ("cancelled", False, False, 1, "cancelled"),
+    ],
+)
+def test_a_lost_attempt_honours_a_stop_then_requeues_then_fails(
+    status: str, cancel: bool, pause: bool, attempts: int, outcome: str
+) -> None:
+    job = Job(status=status, cancel_requested=cancel, pause_requested=pause, attempts=attempts)
+    assert after_lost_attempt(job, max_attempts=3) == outcome
 
 
 def test_expired_lease_of_a_cancelled_job_is_released(any_factory: sessionmaker[Session]) -> None:
