@@ -334,6 +334,14 @@ class TrainConfig(_Config):
         ge=0,
         le=1,
     )
+    init_std: float | None = param(
+        None,
+        "standard deviation of the initial weights (residual projections: divided by sqrt(2 n_layer))",
+        title="Init std",
+        gt=0,
+        le=1,
+        null_means="0.02 x sqrt(768 / n_embd): GPT-2's 0.02 at its width, scaled as 1/sqrt(width)",
+    )
     weight_decay: float = param(
         0.1, "AdamW weight decay (2-D weights only)", title="Weight decay", ge=0, le=10
     )

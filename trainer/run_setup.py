@@ -288,7 +288,7 @@ def build_model(
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
     torch.manual_seed(cfg.seed)
-    model = Llama(model_cfg)
+    model = Llama(model_cfg, init_std=cfg.init_std)
     if source is not None:
         model.load_state_dict(source.model_state, strict=True)
     if device.type == "cuda":

@@ -116,7 +116,15 @@ class OptimizerStep:
                 first.extend([torch.nn.utils.clip_grad_norm_(self.params, math.inf), accuracy])
             return loss
 
+        state = optimizer.state[optimizer.param_groups[0]["params"][0]]  # where torch's L-BFGS keeps it
+        evals_before = state.get("func_evals", 0)
         loss = optimizer.step(closure)  # type: ignore[arg-type]  # L-BFGS takes a closure returning a tensor
+        if state.get("func_evals", 0) - evals_before <= 1 or float(state.get("t", 1.0)) == 0.0:
+            # The step did not move: no line search ran (the direction from the curvature pairs was
+            # not a descent direction on this batch) or it found no acceptable point (t = 0). With no
+            # new pair L-BFGS would take the same direction, and stall, on every later step: forget
+            # the pairs, so the next step starts again from steepest descent.
+            state.clear()
         optimizer.zero_grad(set_to_none=True)
         return StepResult(torch.as_tensor(loss), first[0], first[1])
 

@@ -356,6 +356,37 @@ def test_adamw_decays_only_matrices_and_runs_the_embedding_at_its_own_rate(tiny_
     assert any(p is tied.tok_embeddings.weight for p in decay["params"])
 
 
+def test_init_std_scales_with_width_and_can_be_set(
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
+):
+    from trainer.model import Llama, default_init_std
+
+    # GPT-2's 0.02 at width 768, 1/sqrt(width) elsewhere
+    assert default_init_std(768) == pytest.approx(0.02)
+    assert default_init_std(192) == pytest.approx(0.04)
+
+    def stds(model: Llama) -> tuple[float, float, float]:
+        return (
+            model.layers[0].attention.wq.weight.std().item(),
+            model.layers[0].attention.wo.weight.std().item(),  # residual projection: / sqrt(2 n_layer)
+            model.tok_embeddings.weight.std().item(),
+        )
+
+    torch.manual_seed(0)
+    wq, wo, emb = stds(Llama(tiny_model(n_embd=192, n_layer=2)))
+    assert wq == pytest.approx(0.04, rel=0.05) and emb == pytest.approx(0.04, rel=0.05)
+    assert wo == pytest.approx(0.04 / 2, rel=0.05)
+    assert Llama(tiny_model(n_embd=192)).layers[0].attention_norm.weight.eq(1).all()
+
+    # the hyperparameter reaches the model a run trains
+    from trainer.checkpoint import load_checkpoint
+
+    cfg = tiny_train(max_steps=1, learning_rate=1e-7, init_std=0.1)
+    train(tiny_model(n_embd=192, n_layer=2), cfg, shakespeare_data, tmp_path, tokenizer=byte_tokenizer)
+    state = load_checkpoint(tmp_path / "final").model_state
+    assert state["layers.0.attention.wq.weight"].std().item() == pytest.approx(0.1, rel=0.05)
+
+
 # ---------------------------------------------------------------- schedules
 
 
