@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import struct
 import tarfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from tests.fixtures.mlflow_server import MlflowServer, mlflow_server  # noqa: F4
 from tests.fixtures.service import SHAKESPEARE, LiveServer, ServiceProcess, free_port, wait_until
 from tests.worker.helpers import checkpoint_rows, extract_checkpoint, metric_rows
 from tests.worker.wandb_records import history, run_record
+from worker.integrations.base import RunEnd, RunInfo
+from worker.integrations.mlflow_tracker import MlflowTracker
 
 pytestmark = pytest.mark.service_settings(
     lease_seconds=5.0, heartbeat_seconds=1.0, reaper_interval_seconds=1.0
@@ -227,3 +230,43 @@ def test_a_dead_tracking_server_is_one_warning_and_the_job_succeeds(
     # the SDK reads the warning like any event
     levels = {e.message: e.level for e in sdk.fine_tuning.jobs.list_events(created.id, limit=100)}
     assert levels[warnings[0].message] == "warn"
+
+
+def test_mlflow_run_continued_after_a_crash_holds_each_step_once(
+    mlflow_server: MlflowServer,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+) -> None:
+    """The first attempt logs steps 1-6 and dies (re-queued) with its last checkpoint at step 4;
+    the second continues the same run from step 4 and logs 5-8: steps 5 and 6 are not sent again."""
+    settings = {"tracking_uri": mlflow_server.url, "experiment": f"resume-{uuid.uuid4().hex[:8]}"}
+    job_id = f"ftjob-{uuid.uuid4().hex[:12]}"
+
+    def attempt(start_step: int, steps: range, loss: float, end: str) -> None:
+        tracker = MlflowTracker(settings, [])
+        info = RunInfo(
+            job_id=job_id,
+            model="llama-tiny",
+            fine_tuned_model=f"ft:llama-tiny:{job_id}",
+            config={"model": {}, "train": {}},
+            hyperparameters={},
+            start_step=start_step,
+            work_dir=tmp_path,
+        )
+        tracker.start(info)
+        tracker.log([(s, {"train_loss": loss + s}) for s in steps])
+        tracker.finish(RunEnd(status=end, final_folder=None))
+
+    attempt(0, range(1, 7), 10.0, "queued")
+    attempt(4, range(5, 9), 20.0, "succeeded")
+
+    experiment_id = mlflow_server.get("experiments/get-by-name", experiment_name=settings["experiment"])[
+        "experiment"
+    ]["experiment_id"]
+    runs = mlflow_server.post("runs/search", {"experiment_ids": [experiment_id]})["runs"]
+    assert len(runs) == 1
+    logged = mlflow_server.get(
+        "metrics/get-history", run_id=runs[0]["info"]["run_id"], metric_key="train_loss"
+    )["metrics"]
+    steps = sorted((int(m["step"]), m["value"]) for m in logged)
+    # steps 5 and 6 once each, from the first attempt; 7 and 8 from the second
+    assert steps == [(1, 11.0), (2, 12.0), (3, 13.0), (4, 14.0), (5, 15.0), (6, 16.0), (7, 27.0), (8, 28.0)]

@@ -2,11 +2,14 @@
 
 - start: the experiment by name (created when missing); the run of this job (tag
   `fromscratch.job_id`) continued when an earlier attempt made one (a resume after a pause or a
-  crash: steps re-logged after the checkpoint then hold two values), else a new run named
+  crash), else a new run named
   `run_name` (default: the job id) with tags `fromscratch.job_id`, `fromscratch.model`, and the
   job's parameters (`job_id`, `model`, `fine_tuned_model`, `model.<field>`, `train.<field>`).
 - log: `runs/log-batch`, at most 1000 metrics a request: train_loss, val_loss, learning_rate,
-  tokens_per_s, grad_norm, train_accuracy / val_accuracy when measured, one value per step.
+  tokens_per_s, grad_norm, train_accuracy / val_accuracy when measured, one value per step. In a
+  continued run, a metric's steps up to the last one the run holds are not sent again (a crashed
+  attempt logged past its last checkpoint; the resumed one trains those steps again, to the same
+  values, resumes being exact): MLflow would keep both values of each step, W&B drops the second.
 - finish: a succeeded job's final model files (the final checkpoint folder without the optimizer
   state) uploaded as artifacts under `model/` through the server's artifact proxy
   (`/api/2.0/mlflow-artifacts/artifacts/...`, a server started with artifact serving, the
@@ -54,6 +57,7 @@ class MlflowTracker(Tracker):
         self.client: httpx.Client | None = None
         self.run_id = ""
         self.artifact_uri = ""
+        self.logged_through: dict[str, int] = {}  # metric -> the last step earlier attempts logged
 
     @property
     def label(self) -> str:
@@ -84,6 +88,8 @@ class MlflowTracker(Tracker):
         if found:  # an earlier attempt of this job: go on with its run
             info = found[0]["info"]
             self.run_id, self.artifact_uri = info["run_id"], info.get("artifact_uri", "")
+            latest = found[0].get("data", {}).get("metrics", [])  # each metric's highest step
+            self.logged_through = {m["key"]: int(m.get("step", 0)) for m in latest}
             self._post("runs/update", {"run_id": self.run_id, "status": "RUNNING"})
             return
         created = self._post(
@@ -107,6 +113,7 @@ class MlflowTracker(Tracker):
             {"key": name, "value": value, "timestamp": now, "step": step}
             for step, values in steps
             for name, value in values.items()
+            if step > self.logged_through.get(name, 0)
         ]
         for i in range(0, len(metrics), MAX_METRICS):
             self._post("runs/log-batch", {"run_id": self.run_id, "metrics": metrics[i : i + MAX_METRICS]})
