@@ -6,6 +6,7 @@ the job one `warn` event, not its success."""
 
 from __future__ import annotations
 
+import re
 import secrets
 import struct
 import tarfile
@@ -73,12 +74,24 @@ def sdk_of(server: LiveServer) -> openai.OpenAI:
 
 
 def finish(sdk: openai.OpenAI, job_id: str, worker: ServiceProcess) -> Any:
-    return wait_until(
+    """The job once its status is final and the worker's task has returned: the trackers end their
+    runs (MLflow's status, uploads, a warning) on their own thread after the job's status is written,
+    and the task waits for them, so only then is everything they send there to read."""
+    job = wait_until(
         lambda: (j := sdk.fine_tuning.jobs.retrieve(job_id)) and j.status in ("succeeded", "failed") and j,
         timeout=240,
         interval=0.5,
         message=lambda: f"{job_id} to finish\n{worker.output()}",
     )
+    wait_until(
+        lambda: TASK_RETURNED.search(worker.output(tail=10**7)),
+        timeout=120,
+        message=lambda: f"the worker's task for {job_id} to return\n{worker.output()}",
+    )
+    return job
+
+
+TASK_RETURNED = re.compile(r"Task fromscratch\.train_job\[[^\]]+\] succeeded in ")
 
 
 def warn_events(session_factory: Any, job_id: str) -> list[Event]:
