@@ -37,7 +37,7 @@ def shard_run(run: TrainRun) -> None:
     for layer in run.model.layers:
         fully_shard(layer)
     fully_shard(run.model)
-    run.optimizer = make_optimizer(run.model, run.cfg, run.device)
+    run.optimizer = make_optimizer(run.model, run.cfg)
     if state is not None:
         set_optimizer_state_dict(run.model, run.optimizer, state, options=full)
     run.sharded = True
@@ -64,7 +64,7 @@ def full_copies(run: TrainRun) -> tuple[Llama, torch.optim.Optimizer] | None:
         return None
     model = Llama(run.model_cfg)
     model.load_state_dict(model_state, strict=True)
-    optimizer = make_optimizer(model, run.cfg, "cpu")
+    optimizer = make_optimizer(model, run.cfg)
     _load_by_name(optimizer, model, optim_state)
     return model, optimizer
 

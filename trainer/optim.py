@@ -56,9 +56,7 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
     raise ValueError(f"unknown schedule {cfg.schedule!r}")
 
 
-def make_optimizer(
-    model: Llama, cfg: TrainConfig, device: torch.device | str = "cpu"
-) -> torch.optim.Optimizer:
+def make_optimizer(model: Llama, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW (decay only on >=2-D weights, the embedding at its own rate: model.optimizer_groups) or
     L-BFGS.
 

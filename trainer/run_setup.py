@@ -88,7 +88,7 @@ def start_run(
     total_steps = total_steps_for(cfg, sampler)
 
     model = build_model(cfg, model_cfg, source, device)
-    optimizer = make_optimizer(model, cfg, device)
+    optimizer = make_optimizer(model, cfg)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     run = TrainRun(
         cfg=cfg,

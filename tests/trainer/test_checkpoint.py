@@ -33,7 +33,7 @@ FILES = {"model.safetensors", "optimizer.safetensors", "config.json", "tokenizer
 def _trained_model_and_optimizer(cfg, train_cfg):
     torch.manual_seed(0)
     model = Llama(cfg)
-    opt = make_optimizer(model, train_cfg, "cpu")
+    opt = make_optimizer(model, train_cfg)
     x = torch.randint(0, cfg.vocab_size, (2, cfg.ctx))
 
     def closure():
@@ -79,7 +79,7 @@ def test_round_trip_is_exact(tmp_path, tiny_model, byte_tokenizer, optimizer):
     assert tok.vocab_size == 258
 
     # optimizer state: rebuild a fresh optimizer for the same model and load into it
-    fresh = make_optimizer(model, train_cfg, "cpu")
+    fresh = make_optimizer(model, train_cfg)
     load_optimizer_state(fresh, model, path, ckpt.state["optimizer_meta"])
     names = {id(p): n for n, p in model.named_parameters()}
 

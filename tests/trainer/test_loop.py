@@ -339,7 +339,7 @@ def test_adamw_decays_only_matrices_and_runs_the_embedding_at_its_own_rate(tiny_
 
     model = Llama(tiny_model())
     cfg = TrainConfig(weight_decay=0.1, beta1=0.8, beta2=0.9, eps=1e-6, embedding_lr_scale=4.0)
-    opt = make_optimizer(model, cfg, "cpu")
+    opt = make_optimizer(model, cfg)
     assert type(opt).__name__ == "AdamW" and opt.defaults["fused"] is True
     decay, no_decay, embedding = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
@@ -352,7 +352,7 @@ def test_adamw_decays_only_matrices_and_runs_the_embedding_at_its_own_rate(tiny_
 
     # a tied embedding is the output projection too: it stays with the decayed matrices
     tied = Llama(tiny_model(tie_embeddings=True))
-    decay, no_decay = make_optimizer(tied, cfg, "cpu").param_groups
+    decay, no_decay = make_optimizer(tied, cfg).param_groups
     assert any(p is tied.tok_embeddings.weight for p in decay["params"])
 
 
