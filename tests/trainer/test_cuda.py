@@ -8,6 +8,7 @@ bf16's noise); and the exports of a CUDA-trained checkpoint read by their real c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +32,15 @@ pytestmark = pytest.mark.cuda(devices=1)
 MODEL = dict(n_layer=2, n_head=2, n_embd=128, ctx=128)
 
 
-def cuda_train(**kw: Any) -> TrainConfig:
-    values: dict[str, Any] = dict(
-        max_steps=40,
-        batch_size=8,
-        learning_rate=3e-3,
-        warmup_steps=4,
-        eval_every=20,
-        eval_batches=4,
-        checkpoint_every=0,
-        device="cuda",
-    )
-    values.update(kw)
-    return TrainConfig(**values)
+# the CPU tests' tiny_train, on CUDA, with more steps, larger batches and evaluations
+CUDA_RUN: dict[str, Any] = dict(
+    device="cuda", max_steps=40, batch_size=8, warmup_steps=4, eval_every=20, eval_batches=4
+)
+
+
+@pytest.fixture
+def cuda_train(tiny_train: Callable[..., TrainConfig]) -> Callable[..., TrainConfig]:
+    return lambda **kw: tiny_train(**{**CUDA_RUN, **kw})
 
 
 class RecordStart(Callbacks):
@@ -54,7 +51,9 @@ class RecordStart(Callbacks):
         self.info = info
 
 
-def test_auto_precision_trains_in_bf16_with_fused_adamw_and_tf32(tmp_path, shakespeare_data, byte_tokenizer):
+def test_auto_precision_trains_in_bf16_with_fused_adamw_and_tf32(
+    tmp_path, shakespeare_data, byte_tokenizer, cuda_train
+):
     seen = RecordStart()
     result = train(
         ModelConfig(**MODEL), cuda_train(), shakespeare_data, tmp_path, seen, tokenizer=byte_tokenizer
@@ -86,7 +85,7 @@ def test_attention_runs_the_flash_kernel_in_bf16():
     assert any("flash" in k.lower() for k in kernels), kernels
 
 
-def test_compiled_training_matches_eager_on_cuda(tmp_path, shakespeare_data, byte_tokenizer):
+def test_compiled_training_matches_eager_on_cuda(tmp_path, shakespeare_data, byte_tokenizer, cuda_train):
     cfg = dict(max_steps=12, eval_every=0, dtype="bfloat16")
     eager = train(
         ModelConfig(**MODEL),
@@ -112,7 +111,9 @@ def test_compiled_training_matches_eager_on_cuda(tmp_path, shakespeare_data, byt
     np.testing.assert_allclose(b, a, rtol=2e-2)
 
 
-def test_pause_and_resume_on_cuda_continues_the_straight_run(tmp_path, shakespeare_data, byte_tokenizer):
+def test_pause_and_resume_on_cuda_continues_the_straight_run(
+    tmp_path, shakespeare_data, byte_tokenizer, cuda_train
+):
     cfg = cuda_train(max_steps=16, eval_every=8, dtype="bfloat16")
     model = ModelConfig(**MODEL)
     straight = train(model, cfg, shakespeare_data, tmp_path / "straight", tokenizer=byte_tokenizer)
@@ -143,7 +144,7 @@ def cpu_logits(ckpt: Path, ids: list[list[int]]) -> np.ndarray:
 
 
 def test_exports_of_a_cuda_trained_checkpoint_load_in_their_consumers(
-    tmp_path, shakespeare_data, byte_tokenizer
+    tmp_path, shakespeare_data, byte_tokenizer, cuda_train
 ):
     import llama_cpp  # the real consumers, never skipped
     import onnxruntime

@@ -73,6 +73,10 @@ def sdk_of(server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0)
 
 
+# what the worker logs when a training task has returned (Celery's trace line)
+TASK_RETURNED = re.compile(r"Task fromscratch\.train_job\[[^\]]+\] succeeded in ")
+
+
 def finish(sdk: openai.OpenAI, job_id: str, worker: ServiceProcess) -> Any:
     """The job once its status is final and the worker's task has returned: the trackers end their
     runs (MLflow's status, uploads, a warning) on their own thread after the job's status is written,
@@ -89,9 +93,6 @@ def finish(sdk: openai.OpenAI, job_id: str, worker: ServiceProcess) -> Any:
         message=lambda: f"the worker's task for {job_id} to return\n{worker.output()}",
     )
     return job
-
-
-TASK_RETURNED = re.compile(r"Task fromscratch\.train_job\[[^\]]+\] succeeded in ")
 
 
 def warn_events(session_factory: Any, job_id: str) -> list[Event]:
