@@ -39,6 +39,7 @@ class StartInfo(TypedDict):
     dtype_reason: str  # why this dtype (trainer.precision: "asked for", or what auto found)
     compile: bool
     compile_reason: str
+    kernels: str  # what the element-wise ops run on (trainer.cpu_kernels.for_run)
 
 
 @dataclass
@@ -127,6 +128,7 @@ class TrainRun:
             "dtype_reason": str(self.precision.get("dtype_reason", "")),
             "compile": bool(self.precision.get("compile", False)),
             "compile_reason": str(self.precision.get("compile_reason", "")),
+            "kernels": str(self.precision.get("kernels", "")),
         }
 
     # ------------------------------------------------------------------ checkpoints

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
+from trainer import cpu_kernels
 from trainer.checkpoint import (
     Checkpoint,
     latest_checkpoint,
@@ -125,6 +126,7 @@ def start_run(
         "dtype_reason": dtype_choice.reason,
         "compile": compile_choice.value == "on",
         "compile_reason": compile_choice.reason,
+        "kernels": cpu_kernels.for_run(device.type, run.dtype, compile_choice.value == "on"),
     }
     if compile_choice.value == "on":
         # an OptimizedModule, typed as a callable (DDP is compiled, not wrapped around a compiled model)

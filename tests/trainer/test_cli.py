@@ -232,6 +232,7 @@ def test_progress_display(rich_bar):
             "dtype_reason": "auto: this CPU has no native bfloat16",
             "compile": False,
             "compile_reason": "auto: the run is estimated at 3 s",
+            "kernels": "fused C kernels (cpu_kernels-0123.so)",
         }
     )
     for step in range(1, 5):

@@ -21,7 +21,8 @@ import torch
 from trainer.config import ModelConfig, TrainConfig
 from trainer.export import ExportError, export, export_model
 from trainer.export.gguf import permute_qk, rope_freq_factors
-from trainer.model import Llama, apply_rope, rope_cache
+from trainer.fused_ops import apply_rope
+from trainer.model import Llama, rope_cache
 from trainer.sampling import generate_ids
 from trainer.tokenizers import ByteTokenizer, train_tokenizer
 

@@ -135,8 +135,10 @@ def test_metrics_callbacks_and_outputs(tmp_path, tiny_model, tiny_train, shakesp
         "dtype_reason": rec.started["dtype_reason"],  # this machine's (tests/trainer/test_precision.py)
         "compile": False,  # auto: 6 tiny steps never pay back compiling
         "compile_reason": rec.started["compile_reason"],
+        "kernels": rec.started["kernels"],
     }
     assert rec.started["compile_reason"].startswith("auto: the run is estimated at ")
+    assert rec.started["kernels"].startswith("fused C kernels (")  # tests/trainer/test_cpu_kernels.py
     assert [s[0] for s in rec.steps] == [2, 4, 6]
     assert [s[5] for s in rec.steps] == [256, 512, 768]
     assert [s for s, _ in rec.evals] == [3, 6]
