@@ -11,6 +11,7 @@ round's peak, and the table shows medians over rounds.
     .venv/bin/python bench/trainer_throughput.py              # CPU: tiny, 260k, 15m, nanoGPT shape
     .venv/bin/python bench/trainer_throughput.py --smoke      # seconds; what CI runs
     .venv/bin/python bench/trainer_throughput.py --loss-check 300   # + fp32 vs bf16 loss curves
+    .venv/bin/python bench/trainer_throughput.py --kernels-ab --precisions fp32   # C kernels vs torch ops
     .venv/bin/python bench/trainer_throughput.py --device cuda      # 42m, 110m at ctx 1024, bf16,
                                                                      # compile off/on
 
@@ -46,6 +47,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without install
 
+from trainer import cpu_kernels  # noqa: E402
 from trainer.config import ModelConfig, TrainConfig, model_config_from_preset  # noqa: E402
 from trainer.data import TokenData  # noqa: E402
 from trainer.loop import Callbacks, train  # noqa: E402
@@ -81,10 +83,11 @@ class Variant:
     batch_size: int
     precision: Precision
     compile: bool = False
+    kernels: bool = True  # the fused C kernels of trainer.cpu_kernels where a run can use them
 
     @property
-    def label(self) -> tuple[str, str, str]:
-        return self.name, self.precision, "on" if self.compile else "off"
+    def label(self) -> tuple[str, str, str, str]:
+        return self.name, self.precision, "on" if self.compile else "off", "C" if self.kernels else "torch"
 
     @property
     def tokens_per_step(self) -> int:
@@ -100,6 +103,8 @@ def cpu_configs(smoke: bool) -> list[tuple[str, ModelConfig, int]]:
         ("llama-260k", model_config_from_preset("llama-260k", vocab_size=VOCAB), 16),
         ("llama-15m", model_config_from_preset("llama-15m", vocab_size=VOCAB), 16),
         ("nanogpt-shape", nano, 16),
+        # nanoGPT's README CPU recipe's model (bench/peer.py's time to quality) at our default batch
+        ("recipe-shape", ModelConfig(n_layer=4, n_head=4, n_embd=128, ctx=64, vocab_size=VOCAB), 16),
     ]
 
 
@@ -322,6 +327,8 @@ def run_training(
             base_kib = reset_rss_peak()
         if threads:
             torch.set_num_threads(threads)
+        os.environ[cpu_kernels.DISABLE_ENV] = "1" if v.kernels else "0"
+        cpu_kernels._load.cache_clear()  # reads the switch anew
         train(v.model, cfg, data, out, timer, tokenizer=ByteTokenizer())
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -387,6 +394,7 @@ def print_table(rows: list[Row], meter: PeakMeter, device: torch.device) -> None
         "config",
         "dtype",
         "compile",
+        "kernels",
         "params",
         "tok/step",
         "tok/s",
@@ -397,12 +405,13 @@ def print_table(rows: list[Row], meter: PeakMeter, device: torch.device) -> None
     )
     table = [head]
     for r in rows:
-        name, prec, comp = r.variant.label
+        name, prec, comp, kern = r.variant.label
         table.append(
             (
                 name,
                 prec,
                 comp,
+                kern if prec == "fp32" and not r.variant.compile and device.type == "cpu" else "-",
                 f"{r.n_params / 1e6:.2f}M",
                 str(r.variant.tokens_per_step),
                 fmt(median(r.tps), ",.0f"),
@@ -416,7 +425,7 @@ def print_table(rows: list[Row], meter: PeakMeter, device: torch.device) -> None
     for i, t in enumerate(table):
         print(
             "  ".join(
-                c.rjust(w) if j >= 3 else c.ljust(w) for j, (c, w) in enumerate(zip(t, widths, strict=True))
+                c.rjust(w) if j >= 4 else c.ljust(w) for j, (c, w) in enumerate(zip(t, widths, strict=True))
             )
         )
         if i == 0:
@@ -480,6 +489,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", default=None, help="comma-separated config names to keep")
     ap.add_argument("--precisions", default=None, help="fp32,bf16 (CPU default both; CUDA bf16)")
     ap.add_argument("--compile", action="store_true", help="CPU: also run torch.compile'd variants")
+    ap.add_argument(
+        "--kernels-ab",
+        action="store_true",
+        help="CPU fp32: each config with the fused C kernels and with torch ops, side by side",
+    )
     ap.add_argument("--batch-size", type=int, default=16, help="CUDA batch size (CPU configs fix their own)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument(
@@ -529,7 +543,13 @@ def main(argv: list[str] | None = None) -> int:
         keep = set(args.configs.split(","))
         configs = [c for c in configs if c[0] in keep]
     compiles = [False, True] if cuda and not args.smoke or args.compile else [False]
-    variants = [Variant(name, m, bs, p, c) for name, m, bs in configs for c in compiles for p in precisions]
+    variants = [
+        Variant(name, m, bs, p, c, kernels)
+        for name, m, bs in configs
+        for c in compiles
+        for p in precisions
+        for kernels in ([True, False] if args.kernels_ab and p == "fp32" and not c and not cuda else [True])
+    ]
     rows = []
     for v in variants:
         with torch.device("meta"):
