@@ -3,6 +3,7 @@
     git clone https://github.com/karpathy/nanoGPT /somewhere/outside/the/repo
     .venv/bin/python bench/peer.py --nanogpt /somewhere/outside/the/repo/nanoGPT
     .venv/bin/python bench/peer.py --nanogpt PATH --speed-only --rounds 5
+    .venv/bin/python bench/peer.py --nanogpt PATH --speed-only --clock cpu   # 1 thread, CPU time
 
 Both programs run as they are (their own `train.py` and our `fromscratch train`), as subprocesses,
 on the same corpus (tinyshakespeare; nanoGPT's character ids, our byte tokenizer), fp32, eager, with
@@ -11,7 +12,12 @@ the same number of threads. Two figures, each a ratio taken in this run:
 1. **Step speed at nanoGPT's shape** (4 layers, 4 heads, 256 wide, ctx 128, batch 16): the
    median steady-state time per step of each (steps 5 on; nanoGPT's own `time ...ms` lines, our
    metrics.jsonl timestamps), rounds interleaved (nanoGPT, ours, nanoGPT, ours ...); printed as
-   our tokens/s / nanoGPT's, per round and their median.
+   our tokens/s / nanoGPT's, per round and their median. With `--clock cpu` both run on 1 thread
+   and a step's cost is CPU time: each program runs twice, `--steps` and 4x that many steps, and
+   the difference of the two runs' CPU time (the OS's count for the child process) divided by the
+   difference of their step counts is its time per step, start-up and evaluation cancelling out.
+   On a shared VM wall-clock rounds swing by 20% as neighbours come and go; CPU time of one
+   thread does not count the time the OS gave to others.
 2. **Time to quality** on nanoGPT's README CPU recipe (4 layers, 4 heads, 128 wide, ctx 64,
    2000 iterations of 12 sequences, dropout 0): nanoGPT's wall time and final validation loss,
    then the wall time from our process's start until our validation loss (same model size, same
@@ -29,6 +35,7 @@ import json
 import os
 import pickle
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -95,6 +102,12 @@ def timed_run(name: str, cmd: list[str], cwd: Path, env: dict[str, str]) -> tupl
     return r.stdout, wall, started
 
 
+def children_cpu_seconds() -> float:
+    """User + system CPU time of the finished child processes so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def nanogpt_shape_args(shape: dict[str, int], **extra: object) -> list[str]:
     base: dict[str, object] = {
         "dataset": "shakespeare_char",
@@ -159,6 +172,33 @@ class SpeedRound:
         return self.ours_tps / self.nano_tps
 
 
+def cpu_speed_round(
+    nanogpt: Path, workdir: Path, corpus: Path, steps: int, env: dict[str, str]
+) -> SpeedRound:
+    """tokens per CPU-second of each program: (CPU time of a 4*steps run - that of a steps run) per
+    extra step, so start-up and the one-off work of a run cancel out."""
+    shape = SPEED_SHAPE
+    tokens = shape["batch"] * shape["ctx"]
+
+    def nano(n: int) -> None:
+        run_nanogpt(
+            nanogpt, workdir, nanogpt_shape_args(shape, max_iters=n, eval_interval=10**6, eval_iters=1), env
+        )
+
+    def ours(n: int) -> None:
+        run_ours(corpus, workdir / "ours-speed", our_shape_args(shape, n), env)
+
+    per_step = {}
+    for name, program in (("nano", nano), ("ours", ours)):
+        cost = []
+        for n in (steps, 4 * steps):
+            before = children_cpu_seconds()
+            program(n)
+            cost.append(children_cpu_seconds() - before)
+        per_step[name] = (cost[1] - cost[0]) / (3 * steps)
+    return SpeedRound(tokens / per_step["nano"], tokens / per_step["ours"])
+
+
 def speed_round(nanogpt: Path, workdir: Path, corpus: Path, steps: int, env: dict[str, str]) -> SpeedRound:
     shape = SPEED_SHAPE
     tokens = shape["batch"] * shape["ctx"]
@@ -221,10 +261,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40, help="steps per speed run")
     p.add_argument("--threads", type=int, default=2, help="threads of both programs")
     p.add_argument("--speed-only", action="store_true", help="skip the time-to-quality runs")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="speed rounds: wall clock at --threads, or CPU time at 1 thread (steady on a shared machine)",
+    )
     p.add_argument("--ours", default="", help="extra `fromscratch train` options for the quality run")
     args = p.parse_args()
     if not (args.nanogpt / "train.py").exists():
         raise SystemExit(f"{args.nanogpt} is not a nanoGPT checkout (no train.py)")
+    if args.clock == "cpu":
+        args.threads = 1
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
 
     import torch
@@ -234,16 +282,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fromscratch-peer-") as tmp:
         workdir = nanogpt_workdir(args.nanogpt, args.data, Path(tmp))
         rounds = []
+        measure = cpu_speed_round if args.clock == "cpu" else speed_round
+        unit = "tok per CPU-second" if args.clock == "cpu" else "tok/s"
         for i in range(args.rounds):
-            rnd = speed_round(args.nanogpt, workdir, args.data, args.steps, env)
+            rnd = measure(args.nanogpt, workdir, args.data, args.steps, env)
             rounds.append(rnd)
             print(
-                f"speed round {i + 1}: nanoGPT {rnd.nano_tps:,.0f} tok/s, fromscratch {rnd.ours_tps:,.0f} tok/s "
+                f"speed round {i + 1}: nanoGPT {rnd.nano_tps:,.0f} {unit}, fromscratch {rnd.ours_tps:,.0f} {unit} "
                 f"= {rnd.ratio:.2f}x"
             )
         if rounds:
             median = statistics.median(r.ratio for r in rounds)
-            print(f"step speed at nanoGPT's shape (fp32, eager): {median:.2f}x")
+            clock = "1 thread, CPU time" if args.clock == "cpu" else f"{args.threads} threads, wall clock"
+            print(f"step speed at nanoGPT's shape (fp32, eager, {clock}): {median:.2f}x")
         if not args.speed_only:
             time_to_quality(args.nanogpt, workdir, args.data, env, args.ours.split())
 
