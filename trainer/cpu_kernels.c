@@ -23,7 +23,7 @@ static inline float sigmoid(float x) {
 /* y = x / rms(x) * w for each row of x (n x c); rstd[i] = 1 / rms(x_i) */
 void rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, int64_t n, int64_t c, float eps,
                  int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t i = 0; i < n; i++) {
         const float *xr = x + i * c;
         float *yr = y + i * c;
@@ -41,7 +41,7 @@ void rmsnorm_fwd(const float *x, const float *w, float *y, float *rstd, int64_t 
  * partial: WEIGHT_GRAD_BLOCKS x c floats of scratch. */
 void rmsnorm_bwd(const float *g, const float *x, const float *w, const float *rstd, float *dx, float *dw,
                  float *partial, int64_t n, int64_t c, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int p = 0; p < WEIGHT_GRAD_BLOCKS; p++) {
         float *acc = partial + p * c;
         memset(acc, 0, sizeof(float) * c);
@@ -69,7 +69,7 @@ void rmsnorm_bwd(const float *g, const float *x, const float *w, const float *rs
 
 /* out = silu(gate) * up, where each row of h (n x 2m) is [gate | up] */
 void swiglu_fwd(const float *h, float *out, int64_t n, int64_t m, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t i = 0; i < n; i++) {
         const float *gate = h + i * 2 * m, *up = gate + m;
         float *o = out + i * m;
@@ -81,7 +81,7 @@ void swiglu_fwd(const float *h, float *out, int64_t n, int64_t m, int threads) {
 /* dh = [d gate | d up] from the output gradient, recomputing sigmoid(gate) rather than storing it:
  * d up = grad * silu(gate), d gate = grad * up * s * (1 + gate * (1 - s)) with s = sigmoid(gate) */
 void swiglu_bwd(const float *grad, const float *h, float *dh, int64_t n, int64_t m, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t i = 0; i < n; i++) {
         const float *gate = h + i * 2 * m, *up = gate + m, *d = grad + i * m;
         float *d_gate = dh + i * 2 * m, *d_up = d_gate + m;
@@ -113,7 +113,7 @@ static inline void rotate(const float *x, float *o, const float *cos, const floa
 void qkv_fwd(const float *qkv, const float *cos, const float *sin, float *q, float *k, float *v, int64_t B,
              int64_t T, int64_t H, int64_t KV, int64_t hd, int64_t n_rot, int threads) {
     int64_t heads = H + 2 * KV;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t b = bt / T, t = bt % T;
         const float *row = qkv + bt * heads * hd, *c = cos + t * n_rot, *s = sin + t * n_rot;
@@ -129,7 +129,7 @@ void qkv_fwd(const float *qkv, const float *cos, const float *sin, float *q, flo
 void qkv_bwd(const float *dq, const float *dk, const float *dv, const float *cos, const float *sin, float *grad,
              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t hd, int64_t n_rot, int threads) {
     int64_t heads = H + 2 * KV;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t b = bt / T, t = bt % T;
         float *row = grad + bt * heads * hd;

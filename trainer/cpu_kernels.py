@@ -43,6 +43,7 @@ _SIGNATURES = {
     "qkv_fwd": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _INT],
     "qkv_bwd": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _INT],
 }
+GRAIN_SIZE = 32768
 WEIGHT_GRAD_BLOCKS = 16  # as in the C file: rmsnorm_bwd's scratch is this many rows of c floats
 
 
@@ -149,6 +150,12 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
+def _threads(t: torch.Tensor) -> int:
+    """torch's thread count, or 1 below torch's own grain size (at::internal::GRAIN_SIZE): waking a
+    second thread costs more than it saves on a decoding step's few hundred values."""
+    return torch.get_num_threads() if t.numel() >= GRAIN_SIZE else 1
+
+
 def _rows(t: torch.Tensor, width: int) -> int:
     return t.numel() // width if width else 0
 
@@ -166,7 +173,7 @@ def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple
         _rows(x, c),
         c,
         eps,
-        torch.get_num_threads(),
+        _threads(x),
     )
     return y, rstd
 
@@ -181,7 +188,7 @@ def rms_norm_backward(
     scratch = torch.empty(WEIGHT_GRAD_BLOCKS, c)
     _lib().rmsnorm_bwd(
         grad.data_ptr(), x.data_ptr(), weight.data_ptr(), rstd.data_ptr(), dx.data_ptr(), dw.data_ptr(),
-        scratch.data_ptr(), _rows(x, c), c, torch.get_num_threads(),
+        scratch.data_ptr(), _rows(x, c), c, _threads(x),
     )  # fmt: skip
     return dx, dw
 
@@ -190,7 +197,7 @@ def swiglu_forward(h: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up from h = [gate | up] on the last axis; h contiguous."""
     m = h.shape[-1] // 2
     out = torch.empty(*h.shape[:-1], m)
-    _lib().swiglu_fwd(h.data_ptr(), out.data_ptr(), _rows(h, 2 * m), m, torch.get_num_threads())
+    _lib().swiglu_fwd(h.data_ptr(), out.data_ptr(), _rows(h, 2 * m), m, _threads(h))
     return out
 
 
@@ -199,9 +206,7 @@ def swiglu_backward(grad: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     grad = grad.contiguous()
     m = h.shape[-1] // 2
     dh = torch.empty_like(h)
-    _lib().swiglu_bwd(
-        grad.data_ptr(), h.data_ptr(), dh.data_ptr(), _rows(h, 2 * m), m, torch.get_num_threads()
-    )
+    _lib().swiglu_bwd(grad.data_ptr(), h.data_ptr(), dh.data_ptr(), _rows(h, 2 * m), m, _threads(h))
     return dh
 
 
@@ -215,7 +220,7 @@ def qkv_forward(
     q, k, v = torch.empty(B, H, T, hd), torch.empty(B, KV, T, hd), torch.empty(B, KV, T, hd)
     _lib().qkv_fwd(
         qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(),
-        B, T, H, KV, hd, cos.shape[-1], torch.get_num_threads(),
+        B, T, H, KV, hd, cos.shape[-1], _threads(qkv),
     )  # fmt: skip
     return q, k, v
 
@@ -230,6 +235,6 @@ def qkv_backward(
     grad = torch.empty(B, T, H + 2 * KV, hd)
     _lib().qkv_bwd(
         dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), cos.data_ptr(), sin.data_ptr(), grad.data_ptr(),
-        B, T, H, KV, hd, cos.shape[-1], torch.get_num_threads(),
+        B, T, H, KV, hd, cos.shape[-1], _threads(grad),
     )  # fmt: skip
     return grad

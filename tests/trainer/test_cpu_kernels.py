@@ -71,7 +71,8 @@ def test_rms_norm_kernel_matches_torch_ops(shape: tuple[int, ...]) -> None:
 
 
 def test_rms_norm_weight_gradient_does_not_depend_on_the_thread_count() -> None:
-    x, w = _leaf(64, 96), _leaf(96, seed=2)
+    x, w = _leaf(512, 96), _leaf(96, seed=2)
+    assert x.numel() >= cpu_kernels.GRAIN_SIZE  # big enough to be split among threads
     threads = torch.get_num_threads()
     try:
         grads = []
