@@ -113,7 +113,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     try:
         path = _build(_compiler())
         lib = ctypes.CDLL(str(path))
-    except (KernelsUnavailable, OSError, subprocess.SubprocessError) as e:
+    # RuntimeError: Path.home() when the user has no home directory
+    except (KernelsUnavailable, OSError, RuntimeError, subprocess.SubprocessError) as e:
         return None, f"torch ops (fused kernels unavailable: {e})"
     for name, argtypes in _SIGNATURES.items():
         fn = getattr(lib, name)
