@@ -102,3 +102,25 @@ def test_chart_draws_lines_and_reports_its_points(new_page: Any, static_url: str
     assert result["red"] > 200 and result["blue"] > 20  # both curves are on the canvas
     assert "train loss" in result["label"] and "step 60" in result["label"]
     assert log.errors() == []
+
+
+def test_chart_of_a_flat_curve_draws_without_errors(new_page: Any, static_url: str) -> None:
+    # Two readings one float resolution apart: the tick loop used to step by nothing and grow its
+    # array until the page threw "Invalid array length" (seen live when two runs' curves met).
+    page, log = new_page()
+    page.goto(static_url + "/")
+    result = page.evaluate("""async () => {
+        const { LineChart, Series } = await import('/js/chart.js');
+        document.body.innerHTML = '<canvas id="c" style="width:600px;height:300px;display:block"></canvas>';
+        const canvas = document.getElementById('c');
+        const flat = new Series({ name: 'acc', color: 'rgb(255, 0, 0)' });
+        flat.push(1, 0.5);
+        flat.push(2, 0.5 + Number.EPSILON / 2);
+        const charts = [new LineChart(canvas, [flat], { yLabel: 'acc' }),
+                        new LineChart(canvas, [flat], { yLabel: 'acc', log: true })];
+        await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+        charts.forEach((c) => c.destroy());
+        return canvas.dataset.points;
+    }""")
+    assert result == "2"
+    assert log.errors() == [], log.messages

@@ -78,10 +78,18 @@ function niceStep(span, count) {
   return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * p;
 }
 
+const MAX_TICKS = 100;
+
 function linearTicks(lo, hi, count) {
-  const step = niceStep(hi - lo, count);
+  // Two readings a float's resolution apart (a flat curve) make a span so small that adding the
+  // step leaves v unchanged: the loop never ended and grew the array until "Invalid array length".
+  // So the span is at least a billionth of the values, and the ticks are capped.
+  const span = Math.max(hi - lo, Math.abs(hi) * 1e-9, Math.abs(lo) * 1e-9, 1e-12);
+  const step = niceStep(span, count);
   const ticks = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) ticks.push(+v.toPrecision(12));
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9 && ticks.length < MAX_TICKS; v += step) {
+    ticks.push(+v.toPrecision(12));
+  }
   return ticks;
 }
 
