@@ -11,7 +11,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     FROMSCRATCH_DATA_DIR=/data
 
 # g++ (gcc comes with it): torch.compile's C++ kernels on CPU, and the trainer's fused float32 CPU
-# kernels (trainer/cpu_kernels.c, built on first use into ~/.cache; CPU training and inference use them)
+# kernels (trainer/model/cpu_kernels.c, built on first use into ~/.cache; CPU training and inference use them)
 RUN apt-get update \
     && apt-get install -y --no-install-recommends curl g++ \
     && rm -rf /var/lib/apt/lists/*

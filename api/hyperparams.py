@@ -1,7 +1,7 @@
 """A job request's hyperparameters -> (ModelConfig, TrainConfig), validated by trainer.config itself,
 so `fromscratch train` and `POST /v1/fine_tuning/jobs` accept and reject exactly the same values.
 
-What a job accepts is trainer.schema.job_hyperparameters() (served as JSON Schema at
+What a job accepts is trainer.config.schema.job_hyperparameters() (served as JSON Schema at
 GET /v1/fine_tuning/hyperparameters): every architecture field of ModelConfig (overriding the preset
 named by `model`), every training field of TrainConfig except `seed` (the request's top-level
 `seed`), and OpenAI's `learning_rate_multiplier`. OpenAI's "auto" is accepted where the schema says
@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainer import schema
 from trainer.config import (
     DEFAULT_PRESET,
     PRESETS,
@@ -28,8 +27,9 @@ from trainer.config import (
     ModelConfig,
     TrainConfig,
     model_config_from_preset,
+    schema,
 )
-from trainer.config_errors import quote
+from trainer.config.errors import quote
 
 NOT_HYPERPARAMETERS = {"seed": "use the request's top-level `seed`"}
 TOKENIZER_FIELDS = ("tokenizer", "vocab_size")
@@ -168,7 +168,7 @@ def check_context(
 ) -> None:
     """HyperparameterError (param `ctx`) when the data cannot fill one window of ctx+1 tokens.
 
-    As in trainer.data: with a validation file the whole training file trains; otherwise the last
+    As in trainer.data.prepare: with a validation file the whole training file trains; otherwise the last
     int(n * val_fraction) tokens are held out for validation, and when that split is not empty and
     evaluation is on, it too needs one window. The token count is an upper bound (exact for the byte
     tokenizer on text), so a rejected job could never have run."""

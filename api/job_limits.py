@@ -9,7 +9,7 @@ bigger one briefly joined); an accepted job waits in `<queue>.<N>` for a worker 
 
 The limits come from settings: `cpu_worker_memory_bytes` / `gpu_worker_memory_bytes` (the memory of
 the largest worker of each queue), `max_job_steps`, `max_job_tokens` (steps x batch_size x grad_accum
-x ctx) and `max_checkpoints_per_job`. The memory is trainer.estimate's (weights, gradients, optimizer
+x ctx) and `max_checkpoints_per_job`. The memory is trainer.config.estimate's (weights, gradients, optimizer
 state, the activations of one micro-batch at the job's dtype, checkpointing taken into account); where
 a count depends on the data (steps from n_epochs), it is an upper bound from the file's byte count
 (api.hyperparams.estimate_max_tokens), so a refused job could never have fitted.
@@ -25,7 +25,7 @@ import math
 from api.hyperparams import HyperparameterError, estimate_max_tokens
 from core.settings import Settings
 from trainer.config import ModelConfig, TrainConfig
-from trainer.estimate import (
+from trainer.config.estimate import (
     Device,
     MemoryEstimate,
     estimate_memory,
@@ -54,7 +54,7 @@ def gib(n_bytes: int) -> str:
 
 
 def max_train_tokens(train_cfg: TrainConfig, training_bytes: int, has_validation_file: bool) -> int:
-    """An upper bound of the training tokens (trainer.data holds out the last int(n * val_fraction)
+    """An upper bound of the training tokens (trainer.data.prepare holds out the last int(n * val_fraction)
     tokens for validation when there is no validation file)."""
     total = estimate_max_tokens(training_bytes)
     return total if has_validation_file else total - int(total * train_cfg.val_fraction)

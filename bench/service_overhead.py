@@ -124,9 +124,9 @@ def model_startup(batch_size: int, threads: int | None) -> float:
     import torch
 
     from trainer.config import TrainConfig, model_config_from_preset
-    from trainer.data import prepare_data
-    from trainer.loop import Callbacks, train
-    from trainer.tokenizers import ByteTokenizer
+    from trainer.data.prepare import prepare_data
+    from trainer.data.tokenizers import ByteTokenizer
+    from trainer.run.loop import Callbacks, train
 
     if threads:
         torch.set_num_threads(threads)

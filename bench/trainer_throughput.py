@@ -1,4 +1,4 @@
-"""Training throughput and MFU of the real training loop (`trainer.loop.train`).
+"""Training throughput and MFU of the real training loop (`trainer.run.loop.train`).
 
 For each model configuration and precision this runs real training steps through `train()` (the
 code `fromscratch train` and the worker run) and reports tokens/s, MFU and peak memory. MFU is
@@ -47,12 +47,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without install
 
-from trainer import cpu_kernels  # noqa: E402
 from trainer.config import ModelConfig, TrainConfig, model_config_from_preset  # noqa: E402
-from trainer.data import TokenData  # noqa: E402
-from trainer.loop import Callbacks, train  # noqa: E402
-from trainer.model import Llama  # noqa: E402
-from trainer.tokenizers import ByteTokenizer  # noqa: E402
+from trainer.data.prepare import TokenData  # noqa: E402
+from trainer.data.tokenizers import ByteTokenizer  # noqa: E402
+from trainer.model import cpu_kernels  # noqa: E402
+from trainer.model.llama import Llama  # noqa: E402
+from trainer.run.loop import Callbacks, train  # noqa: E402
 
 VOCAB = ByteTokenizer.vocab_size  # 258
 # nanoGPT (bias=True, vocab 98, n_layer 4, n_head 4, n_embd 256, block 128) as its estimate_mfu
@@ -83,7 +83,7 @@ class Variant:
     batch_size: int
     precision: Precision
     compile: bool = False
-    kernels: bool = True  # the fused C kernels of trainer.cpu_kernels where a run can use them
+    kernels: bool = True  # the fused C kernels of trainer.model.cpu_kernels where a run can use them
 
     @property
     def label(self) -> tuple[str, str, str, str]:

@@ -1,40 +1,18 @@
 """fromscratch's trainer: a pure-torch library (no web, SQL or Celery imports; a test enforces it).
 
-Names are re-exported lazily so `import trainer` (e.g. for `trainer.config` in the API) does not
-import torch until something that needs it is used.
+Its packages are layered; a module imports only from its own layer or the ones below
+(tests/trainer/test_layers.py checks it, and that no import cycle exists):
+
+    config/       the one schema of hyperparameters, its errors, derived forms and estimates (no torch)
+    model/        the Llama, its fused element-wise ops and their CPU kernels
+    data/         tokenizers, file formats, loss spans, tokenized data and batch sampling
+    optim/        AdamW, L-BFGS and the learning-rate schedule
+    checkpoint    safetensors + JSON checkpoints
+    run/          one training run: set-up, the step, the loop, evaluation, precision, collectives
+    distributed/  the launcher of a run over several processes, and the callbacks relayed from them
+    export/       GGUF, Hugging Face and ONNX exports;  sampling: text generation
+    cli           `fromscratch train | sample | export`
+
+Import what you need from its module (`from trainer.run.loop import train`); `import trainer`
+imports nothing heavy.
 """
-
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
-_EXPORTS: dict[str, str] = {
-    "ModelConfig": "trainer.config",
-    "TrainConfig": "trainer.config",
-    "ConfigError": "trainer.config",
-    "PRESETS": "trainer.config",
-    "Llama": "trainer.model",
-    "train": "trainer.loop",
-    "launch_train": "trainer.distributed",
-    "Callbacks": "trainer.loop",
-    "TrainResult": "trainer.loop",
-    "TrainingDiverged": "trainer.loop",
-    "generate": "trainer.sampling",
-    "generate_ids": "trainer.sampling",
-    "save_checkpoint": "trainer.checkpoint",
-    "load_checkpoint": "trainer.checkpoint",
-    "load_model": "trainer.checkpoint",
-    "lr_at": "trainer.optim",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # cache: later lookups skip __getattr__
-    return value

@@ -31,8 +31,8 @@ from safetensors.torch import load_file, save_file
 from trainer.config import ModelConfig, TrainConfig
 
 if TYPE_CHECKING:  # both imported lazily below
-    from trainer.model import Llama
-    from trainer.tokenizers import Tokenizer
+    from trainer.data.tokenizers import Tokenizer
+    from trainer.model.llama import Llama
 
 FORMAT_VERSION = 1
 STEP_DIR_RE = re.compile(r"^step-(\d{8,})$")
@@ -255,7 +255,7 @@ def read_state(path: Path) -> dict[str, Any]:
 
 def load_checkpoint(path: Path) -> Checkpoint:
     """Read a checkpoint folder (model weights on CPU, fp32; optimizer tensors are not loaded)."""
-    from trainer.tokenizers import tokenizer_from_json  # lazy: keeps this module light for the API
+    from trainer.data.tokenizers import tokenizer_from_json  # lazy: keeps this module light for the API
 
     path = Path(path)
     state = read_state(path)
@@ -275,7 +275,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
 
 def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Llama, Tokenizer]:
     """(Llama in eval mode on `device`, Tokenizer) from a checkpoint folder."""
-    from trainer.model import Llama
+    from trainer.model.llama import Llama
 
     ckpt = load_checkpoint(path)
     model = Llama(ckpt.model_config)

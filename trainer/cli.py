@@ -1,6 +1,6 @@
-"""`fromscratch train | sample | export`: thin adapters over trainer.loop/sampling/export.
+"""`fromscratch train | sample | export`: thin adapters over trainer.run.loop/sampling/export.
 
-The model and training options are generated from trainer.config's declarations by trainer.schema
+The model and training options are generated from trainer.config's declarations by trainer.config.schema
 (`x_y` -> `--x-y`), so the CLI and the API share names, defaults and bounds by construction. Options
 default to "not given" and the config fills in its own defaults; that also lets `--resume` keep the
 interrupted run's settings and override only the options given on the command line.
@@ -14,8 +14,7 @@ import sys
 import typing
 from pathlib import Path
 
-from trainer import schema
-from trainer.config import DEFAULT_PRESET, PRESETS, ConfigError, TrainConfig, model_config_from_preset
+from trainer.config import DEFAULT_PRESET, PRESETS, ConfigError, TrainConfig, model_config_from_preset, schema
 
 
 def _option(name: str) -> str:
@@ -78,7 +77,7 @@ def _config_error(parser: argparse.ArgumentParser, err: ConfigError) -> typing.N
 def _first_prompt(path: Path) -> str:
     """A short prompt for the post-training samples: the start of the first document."""
     try:
-        from trainer.dataformat import iter_documents
+        from trainer.data.formats import iter_documents
 
         doc = next(iter(iter_documents(path)), "")
     except Exception:  # samples are a courtesy; never fail the command over them
@@ -89,9 +88,9 @@ def _first_prompt(path: Path) -> str:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from trainer.checkpoint import latest_checkpoint, load_checkpoint
-    from trainer.dataformat import DataError
-    from trainer.loop import TrainingDiverged, train
-    from trainer.progress import ProgressCallbacks
+    from trainer.data.formats import DataError
+    from trainer.run.loop import TrainingDiverged, train
+    from trainer.run.progress import ProgressCallbacks
     from trainer.sampling import generate
 
     parser: argparse.ArgumentParser = args._parser
@@ -120,7 +119,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     progress = ProgressCallbacks()
     try:
         if train_cfg.devices > 1:  # data-parallel: one process per device, rank 0 shows the progress
-            from trainer.distributed import launch_train
+            from trainer.distributed.launch import launch_train
 
             # Ctrl-C goes to rank 0 (its progress callbacks stop the run with a checkpoint), not to
             # the launcher, which would kill the ranks; the ranks inherit the ignored signal

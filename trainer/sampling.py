@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from trainer.model import KVCache, Llama
+from trainer.model.llama import KVCache, Llama
 
 if TYPE_CHECKING:
-    from trainer.tokenizers import Tokenizer
+    from trainer.data.tokenizers import Tokenizer
 
 
 # Below this temperature sampling is greedy: dividing logits by a tinier one overflows float32

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.jobstates import add_event
 from core.models import Job
-from trainer.loop import Callbacks
+from trainer.run.loop import Callbacks
 from worker.checkpoint_store import store_checkpoint
 from worker.db_retry import DbRetry
 from worker.lease import LeaseLost
@@ -39,7 +39,7 @@ from worker.metric_rows import MetricValues, Requests, write_progress
 
 if TYPE_CHECKING:
     from core.blobstore import BlobStore
-    from trainer.run import StartInfo
+    from trainer.run.state import StartInfo
 
 log = logging.getLogger(__name__)
 

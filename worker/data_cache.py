@@ -5,7 +5,7 @@ the same content skip the work:
   validated (`fetch_file`);
 - `tokenizers/<sha256>-<kind>-<vocab>.json`: the tokenizer trained on it (`job_tokenizer`);
 - `tokens/`: the tokenized data, per (file sha256, tokenizer hash) (`prepare_tokens`, via
-  `trainer.data.prepare_data`).
+  `trainer.data.prepare.prepare_data`).
 
 Data problems become `JobFailure("invalid_training_file", ...)` naming the file.
 """
@@ -21,13 +21,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.models import File
 from trainer.config import TrainConfig
-from trainer.dataformat import DataError, validate_file
+from trainer.data.formats import DataError, validate_file
 from worker.failures import JobFailure
 
-if TYPE_CHECKING:  # types only (trainer.data and trainer.tokenizers are imported when first needed)
+if (
+    TYPE_CHECKING
+):  # types only (trainer.data.prepare and trainer.data.tokenizers are imported when first needed)
     from core.blobstore import BlobStore
-    from trainer.data import TokenData
-    from trainer.tokenizers import Tokenizer
+    from trainer.data.prepare import TokenData
+    from trainer.data.tokenizers import Tokenizer
 
 
 def fetch_file(
@@ -59,8 +61,8 @@ def fetch_file(
 
 def job_tokenizer(cache_dir: Path, train_path: Path, sha256: str, cfg: TrainConfig) -> Tokenizer:
     """The tokenizer for this data: cached per (file sha256, kind, vocab size)."""
-    from trainer.dataformat import iter_documents
-    from trainer.tokenizers import tokenizer_from_json, train_tokenizer
+    from trainer.data.formats import iter_documents
+    from trainer.data.tokenizers import tokenizer_from_json, train_tokenizer
 
     vocab = cfg.resolved_vocab_size
     if cfg.tokenizer == "byte":
@@ -75,7 +77,7 @@ def job_tokenizer(cache_dir: Path, train_path: Path, sha256: str, cfg: TrainConf
 
 def tokenizer_of(checkpoint: Path) -> Tokenizer:
     """The tokenizer stored in a checkpoint folder (resume / continue training keep it)."""
-    from trainer.tokenizers import tokenizer_from_json
+    from trainer.data.tokenizers import tokenizer_from_json
 
     return tokenizer_from_json(json.loads((checkpoint / "tokenizer.json").read_text()))
 
@@ -84,7 +86,7 @@ def prepare_tokens(
     cache_dir: Path, train_path: Path, val_path: Path | None, tokenizer: Tokenizer, cfg: TrainConfig
 ) -> TokenData:
     """Tokenize (or reuse the cached tokens of) the training and validation files: a TokenData."""
-    from trainer.data import prepare_data
+    from trainer.data.prepare import prepare_data
 
     try:
         return prepare_data(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from trainer.config import ConfigError
-from trainer.dataformat import DataError
+from trainer.data.formats import DataError
 
 
 class JobFailure(Exception):
@@ -21,7 +21,7 @@ class JobFailure(Exception):
 
 def classify_exception(exc: BaseException) -> JobFailure:
     """Map an exception from data preparation or training to the job's error."""
-    from trainer.loop import TrainingDiverged
+    from trainer.run.loop import TrainingDiverged
 
     if isinstance(exc, TrainingDiverged):
         return JobFailure("training_diverged", str(exc))

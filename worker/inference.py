@@ -5,7 +5,7 @@ The API inserts an `inference_requests` row (`queued`, its `params`) and sends i
    already gave up on and deleted, claims nothing and is dropped);
 2. load the model (worker/model_cache.py: an LRU shared by the pool's threads) and render the prompt:
    `params.prompt` as it is, or `params.messages` in the chat template the trainer renders chat
-   JSONL with (trainer.dataformat.chat_template) followed by the assistant's header `<|assistant|>\\n`;
+   JSONL with (trainer.data.formats.chat_template) followed by the assistant's header `<|assistant|>\\n`;
    the reply then ends where the model starts the next message (`CHAT_STOP`, "\\n<|");
 3. generate token by token (trainer.sampling.stream_ids, seeded when `params.seed` is given),
    turning the tokens into final text (worker/text_stream.py: whole UTF-8 characters only, the
@@ -35,12 +35,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.models import InferenceRequest, utcnow
 from core.settings import Settings
-from trainer.dataformat import chat_template
+from trainer.data.formats import chat_template
 from worker.text_stream import TextStream
 
 if TYPE_CHECKING:
-    from trainer.model import Llama
-    from trainer.tokenizers import Tokenizer
+    from trainer.data.tokenizers import Tokenizer
+    from trainer.model.llama import Llama
 
 log = logging.getLogger(__name__)
 

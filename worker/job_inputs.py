@@ -17,8 +17,8 @@ from worker.data_cache import fetch_file, job_tokenizer, prepare_tokens, tokeniz
 
 if TYPE_CHECKING:
     from core.blobstore import BlobStore
-    from trainer.data import TokenData
-    from trainer.tokenizers import Tokenizer
+    from trainer.data.prepare import TokenData
+    from trainer.data.tokenizers import Tokenizer
 
 
 @dataclass
@@ -59,7 +59,7 @@ class JobSnapshot:
 
 @dataclass
 class TrainingInputs:
-    """The arguments of trainer.loop.train for this job, on this worker's disk."""
+    """The arguments of trainer.run.loop.train for this job, on this worker's disk."""
 
     model_cfg: ModelConfig
     train_cfg: TrainConfig

@@ -24,8 +24,8 @@ from core.models import Job
 from core.naming import checkpoint_model_id, final_model_id
 from core.settings import Settings
 from core.status import JobStatus
-from trainer.distributed import RankLost
-from trainer.loop import TrainResult, train
+from trainer.distributed.launch import RankLost
+from trainer.run.loop import TrainResult, train
 from worker.callbacks import ServiceCallbacks
 from worker.checkpoint_store import store_checkpoint
 from worker.db_retry import DatabaseUnavailable, DbRetry

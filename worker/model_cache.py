@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from core.blobstore import BlobStore
-    from trainer.model import Llama
-    from trainer.tokenizers import Tokenizer
+    from trainer.data.tokenizers import Tokenizer
+    from trainer.model.llama import Llama
 
 COMPLETE_MARKER = ".complete"
 

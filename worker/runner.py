@@ -15,7 +15,7 @@ replayed or duplicated message is harmless:
    `work_dir/cache/files/<sha256>` (once per content) and validated while the job is
    `validating_files`. The tokenizer is cached per (file sha256, tokenizer kind, vocab_size) under
    `work_dir/cache/tokenizers/`, the tokenized data per (file sha256, tokenizer hash) under
-   `work_dir/cache/tokens/` (see `trainer.data.prepare_data`).
+   `work_dir/cache/tokens/` (see `trainer.data.prepare.prepare_data`).
 4. **Start or resume.** The newest stored Checkpoint of the job (a tar in the blob store) is
    extracted and training resumes from it; metric rows after its step are deleted first so the
    series never has duplicate steps. A job with `base_model_id` ("continue training" a model this

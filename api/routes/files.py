@@ -5,7 +5,7 @@ Upload path, never holding the file in memory:
    straight to a named temporary file under `work_dir/uploads`, and the body is cut off with a 400
    (param "file") as soon as it passes `max_upload_bytes`; the form fields are checked against
    `FileUploadFields` (`purpose`);
-2. the temp file is validated with trainer.dataformat.validate_file (empty, binary, broken JSONL:
+2. the temp file is validated with trainer.data.formats.validate_file (empty, binary, broken JSONL:
    400 naming the line, param "file") — nothing has been stored yet;
 3. it is copied into the blob store in 1 MiB chunks (size + sha256 recorded) and the File row is
    committed with the blob's completion, so a failed upload leaves no rows, no blobs and no
@@ -142,7 +142,7 @@ def _validate_and_store(
     settings: Settings,
     store: BlobStore,
 ) -> FileObject:
-    from trainer.dataformat import DataError, validate_file
+    from trainer.data.formats import DataError, validate_file
 
     limit = settings.max_upload_bytes
     if path.stat().st_size > limit:

@@ -1,5 +1,5 @@
 """GET /v1/fine_tuning/hyperparameters: the JSON Schema of a job's `hyperparameters`, derived from
-the trainer's config declarations (trainer.schema), with the presets. The dashboard renders its
+the trainer's config declarations (trainer.config.schema), with the presets. The dashboard renders its
 new-job form from it; clients may validate against it before sending a job."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from api.deps import CurrentKey
-from trainer import schema
+from trainer.config import schema
 
 router = APIRouter(prefix="/v1/fine_tuning", tags=["fine-tuning"])
 

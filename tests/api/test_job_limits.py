@@ -152,7 +152,7 @@ def test_the_field_named_follows_what_is_too_large(tmp_path: Path) -> None:
 
 
 def test_checkpointing_is_suggested_when_one_window_does_not_fit_without_it(tmp_path: Path) -> None:
-    from trainer.estimate import estimate_memory, with_checkpointing
+    from trainer.config.estimate import estimate_memory, with_checkpointing
 
     model_cfg = model_config_from_preset("llama-42m", vocab_size=258, ctx=8192)
     train_cfg = TrainConfig(batch_size=4)

@@ -20,8 +20,8 @@ def tiny_checkpoint_tar(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
     from trainer.checkpoint import save_checkpoint
     from trainer.config import ModelConfig, TrainConfig
-    from trainer.model import Llama
-    from trainer.tokenizers import ByteTokenizer
+    from trainer.data.tokenizers import ByteTokenizer
+    from trainer.model.llama import Llama
 
     torch.manual_seed(0)
     cfg = ModelConfig(n_layer=1, n_head=2, n_embd=16, ctx=32, vocab_size=258)

@@ -1,4 +1,4 @@
-"""Chat JSONL at upload (POST /v1/files, validated by the torch-free trainer.dataformat): OpenAI's
+"""Chat JSONL at upload (POST /v1/files, validated by the torch-free trainer.data.formats): OpenAI's
 `weight` and text parts are accepted; null content, other part types and a bad weight are a 400
 naming the line and the field, with nothing stored."""
 

@@ -14,8 +14,7 @@ import pytest
 from cli.main import build_parser
 from tests.dashboard.helpers import new_job_form_defaults
 from tests.dashboard.test_dashboard_live import sign_in
-from trainer import schema
-from trainer.config import DEFAULT_PRESET, PRESETS, ModelConfig, TrainConfig
+from trainer.config import DEFAULT_PRESET, PRESETS, ModelConfig, TrainConfig, schema
 
 
 def _help(monkeypatch: pytest.MonkeyPatch, *argv: str) -> str:

@@ -32,7 +32,7 @@ DEADLINE_S = 600.0
 class Trained:
     model: str
     checkpoint: str  # the step-20 checkpoint's model id
-    tokenizer: Any  # the model's own tokenizer (trainer.tokenizers)
+    tokenizer: Any  # the model's own tokenizer (trainer.data.tokenizers)
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_a_checkpoint_is_a_model_and_generate_agrees(
 
 
 def test_chat_completions(sdk: openai.OpenAI, trained: Trained) -> None:
-    from trainer.dataformat import chat_template
+    from trainer.data.formats import chat_template
 
     messages: list[Any] = [
         {"role": "system", "content": "You are a player."},

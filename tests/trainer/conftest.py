@@ -35,7 +35,7 @@ def shakespeare() -> Path:
 
 @pytest.fixture(scope="session")
 def byte_tokenizer() -> Any:
-    from trainer.tokenizers import ByteTokenizer
+    from trainer.data.tokenizers import ByteTokenizer
 
     return ByteTokenizer()
 
@@ -43,7 +43,7 @@ def byte_tokenizer() -> Any:
 @pytest.fixture(scope="session")
 def shakespeare_data(byte_tokenizer: Any) -> Any:
     """Byte-tokenized tiny Shakespeare, 10% held out (prepared once per session)."""
-    from trainer.data import prepare_data
+    from trainer.data.prepare import prepare_data
 
     return prepare_data(SHAKESPEARE, byte_tokenizer, val_fraction=0.1)
 

@@ -1,4 +1,4 @@
-"""trainer.adamw.AdamW: torch's fused AdamW update, bitwise, with torch.optim's state-dict form and
+"""trainer.optim.adamw.AdamW: torch's fused AdamW update, bitwise, with torch.optim's state-dict form and
 without importing torch._dynamo."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from trainer.adamw import AdamW
 from trainer.config import ModelConfig
-from trainer.model import Llama
+from trainer.model.llama import Llama
+from trainer.optim.adamw import AdamW
 
 
 def groups(model: Llama) -> list[dict]:
@@ -24,7 +24,7 @@ def train_steps(model: Llama, optimizer: torch.optim.Optimizer, steps: int, seed
         x = torch.randint(0, 258, (4, 16), generator=gen)
         _, loss = model(x, x)
         loss.backward()
-        for group in optimizer.param_groups:  # a schedule, as trainer.optim.set_lr sets it
+        for group in optimizer.param_groups:  # a schedule, as trainer.optim.optimizers.set_lr sets it
             group["lr"] = 1e-2 / (step + 1) * group.get("lr_scale", 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -77,7 +77,7 @@ def test_state_dict_round_trip_and_torchs_form() -> None:
 def test_building_and_stepping_it_does_not_import_dynamo() -> None:
     code = (
         "import sys, torch\n"
-        "from trainer.adamw import AdamW\n"
+        "from trainer.optim.adamw import AdamW\n"
         "p = torch.nn.Parameter(torch.ones(3))\n"
         "o = AdamW([{'params': [p]}], lr=0.1, betas=(0.9, 0.95), eps=1e-8)\n"
         "p.sum().backward(); o.step(); o.zero_grad(); o.load_state_dict(o.state_dict())\n"

@@ -1,5 +1,5 @@
-"""trainer.callback_relay: rank 0 of a distributed run calls callbacks that live in the launching
-process (the worker's), in order, with their answers and errors; and trainer.distributed's
+"""trainer.distributed.callback_relay: rank 0 of a distributed run calls callbacks that live in the launching
+process (the worker's), in order, with their answers and errors; and trainer.distributed.launch's
 handling of ranks that die: RankLost for a killed rank, no rank outliving a killed launcher."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import pytest
 from tests.fixtures.processes import running, spawned_ranks
 from tests.trainer.conftest import SHAKESPEARE
 from tests.trainer.test_distributed import MODEL, REPO, two_ranks
-from trainer.callback_relay import CallbackRelay, RelayedCallbackError
 from trainer.config import ModelConfig
-from trainer.distributed import RankLost, launch_train
-from trainer.loop import Callbacks
-from trainer.run import StartInfo
+from trainer.distributed.callback_relay import CallbackRelay, RelayedCallbackError
+from trainer.distributed.launch import RankLost, launch_train
+from trainer.run.loop import Callbacks
+from trainer.run.state import StartInfo
 
 
 @pytest.fixture(autouse=True)

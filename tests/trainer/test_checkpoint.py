@@ -23,9 +23,9 @@ from trainer.checkpoint import (
     set_rng_state,
 )
 from trainer.config import TrainConfig
-from trainer.loop import train
-from trainer.model import Llama
-from trainer.optim import make_optimizer
+from trainer.model.llama import Llama
+from trainer.optim.optimizers import make_optimizer
+from trainer.run.loop import train
 
 FILES = {"model.safetensors", "optimizer.safetensors", "config.json", "tokenizer.json", "state.json"}
 

@@ -216,7 +216,7 @@ def test_export_calls_trainer_export(tmp_path, shakespeare, monkeypatch, capsys)
 def test_progress_display(rich_bar):
     import io
 
-    from trainer.progress import ProgressCallbacks
+    from trainer.run.progress import ProgressCallbacks
 
     stream = io.StringIO()
     progress = ProgressCallbacks(stream, rich_bar=rich_bar, min_interval=0.0)

@@ -14,7 +14,7 @@ from tests.trainer.test_cli import TINY, fromscratch
 
 
 def onnx_logits_match_checkpoint(onnx_path: Path, ckpt_dir: Path) -> None:
-    """The ONNX file gives the checkpoint's own logits (onnxruntime against trainer.model)."""
+    """The ONNX file gives the checkpoint's own logits (onnxruntime against trainer.model.llama)."""
     import onnxruntime
     import torch
 

@@ -1,5 +1,5 @@
 """torch.compile of the model: the hand-written autograd functions of the eager path (RMSNorm,
-q/k/v + RoPE, SwiGLU: trainer/model.py) step aside while compiling, so inductor traces plain ops,
+q/k/v + RoPE, SwiGLU: trainer/model/llama.py) step aside while compiling, so inductor traces plain ops,
 and the compiled model computes the eager model's loss and gradients."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from trainer.config import ModelConfig
-from trainer.model import Llama
+from trainer.model.llama import Llama
 
 
 def test_compiled_model_matches_eager_loss_and_gradients() -> None:

@@ -1,5 +1,5 @@
-"""The fused C kernels of the CPU path (trainer/cpu_kernels.c): each computes what the torch-op
-autograd functions of trainer/fused_ops.py compute, forward and backward, over awkward shapes; a
+"""The fused C kernels of the CPU path (trainer/model/cpu_kernels.c): each computes what the torch-op
+autograd functions of trainer/model/fused_ops.py compute, forward and backward, over awkward shapes; a
 model step through them equals the step through torch ops; they are built once and reused; where
 they cannot be built the model falls back to torch ops and says why."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import cpu_kernels
 from trainer.config import ModelConfig
-from trainer.fused_ops import _QKV, _QKVKernel, _RMSNorm, _RMSNormKernel, _SwiGLU, _SwiGLUKernel
-from trainer.model import Llama, rope_cache
+from trainer.model import cpu_kernels
+from trainer.model.fused_ops import _QKV, _QKVKernel, _RMSNorm, _RMSNormKernel, _SwiGLU, _SwiGLUKernel
+from trainer.model.llama import Llama, rope_cache
 
 
 @pytest.fixture
@@ -164,6 +164,6 @@ def test_without_a_working_compiler_the_model_uses_torch_ops(
     assert not list(fresh_build.glob("*"))  # nothing half-built left in the cache
     h = _leaf(2, 6)
     assert cpu_kernels.for_run("cpu", torch.float32, compiled=False) == cpu_kernels.description()
-    from trainer.fused_ops import swiglu
+    from trainer.model.fused_ops import swiglu
 
     _close(swiglu(h), _SwiGLU.apply(h))  # the fallback computes the same

@@ -21,10 +21,10 @@ from tests.trainer.test_resume import StopAfter, tensors
 from trainer.checkpoint import load_checkpoint
 from trainer.config import ModelConfig, TrainConfig
 from trainer.export import export
-from trainer.loop import Callbacks, train
-from trainer.model import Llama
-from trainer.optim import make_optimizer
-from trainer.run import StartInfo
+from trainer.model.llama import Llama
+from trainer.optim.optimizers import make_optimizer
+from trainer.run.loop import Callbacks, train
+from trainer.run.state import StartInfo
 
 pytestmark = pytest.mark.cuda(devices=1)
 

@@ -6,15 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-import trainer.data as data_mod
-from trainer.data import (
-    BatchSampler,
-    estimate_unigram_entropy,
-    load_tokens,
-    prepare_data,
-    tokenize_to_file,
-)
-from trainer.dataformat import (
+import trainer.data.prepare as data_mod
+from trainer.data.formats import (
     DataError,
     FileSummary,
     detect_format,
@@ -22,7 +15,14 @@ from trainer.dataformat import (
     iter_text_chunks,
     validate_file,
 )
-from trainer.tokenizers import EOS_ID, ByteTokenizer, train_tokenizer
+from trainer.data.prepare import (
+    BatchSampler,
+    estimate_unigram_entropy,
+    load_tokens,
+    prepare_data,
+    tokenize_to_file,
+)
+from trainer.data.tokenizers import EOS_ID, ByteTokenizer, train_tokenizer
 
 torch.set_num_threads(1)
 DATA = Path(__file__).parent.parent / "data"
@@ -95,7 +95,7 @@ def test_validate_only_blank_jsonl_and_size_limit(tmp_path: Path) -> None:
 
 
 def test_invalid_utf8_across_read_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import trainer.dataformat as df
+    import trainer.data.formats as df
 
     monkeypatch.setattr(df, "_READ_BYTES", 4)
     # "日" is 3 bytes split over two reads; then a stray continuation byte at offset 9.

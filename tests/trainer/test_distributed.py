@@ -1,4 +1,4 @@
-"""Data-parallel training (trainer.distributed): two gloo processes on the CPU train exactly what one
+"""Data-parallel training (trainer.distributed.launch): two gloo processes on the CPU train exactly what one
 process with twice the gradient accumulation trains, only rank 0 writes, every rank stops at the
 step rank 0 decides, and checkpoints resume across world sizes."""
 
@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from tests.trainer.conftest import SHAKESPEARE, read_metrics, train_losses
 from trainer.config import ConfigError, ModelConfig, TrainConfig
-from trainer.distributed import launch_train
-from trainer.loop import Callbacks, train
+from trainer.distributed.launch import launch_train
+from trainer.run.loop import Callbacks, train
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 30
@@ -220,14 +220,14 @@ def test_rank_zeros_time_limit_ends_every_rank(tmp_path: Path) -> None:
 def test_a_rank_error_is_raised_by_the_launcher(tmp_path: Path) -> None:
     empty = tmp_path / "tiny.txt"
     empty.write_text("too short")
-    from trainer.data_errors import DataError
+    from trainer.data.errors import DataError
 
     with pytest.raises(DataError, match="too few for one window"):
         launch_train(ModelConfig(**MODEL), two_ranks(), empty, tmp_path / "o")
 
 
 def test_the_global_batch_sets_steps_per_epoch_and_tokens() -> None:
-    from trainer.estimate import global_batch, total_steps, total_tokens
+    from trainer.config.estimate import global_batch, total_steps, total_tokens
 
     two, one = two_ranks(max_steps=None, n_epochs=1), one_process(max_steps=None, n_epochs=1)
     assert global_batch(two) == global_batch(one) == 4

@@ -1,4 +1,4 @@
-"""trainer.estimate against real runs on CPU: parameter, gradient and optimizer bytes exactly; the
+"""trainer.config.estimate against real runs on CPU: parameter, gradient and optimizer bytes exactly; the
 activation estimate bounds what autograd saves (counted with saved_tensors_hooks) and the whole peak
 bounds a real step's tensor memory (torch's MemTracker); steps follow the trainer's own rule."""
 
@@ -14,17 +14,17 @@ import pytest
 import torch
 
 from trainer.config import ModelConfig, TrainConfig
-from trainer.data import BatchSampler
-from trainer.estimate import (
+from trainer.config.estimate import (
     estimate_memory,
     largest_fitting_batch_size,
     max_windows_per_epoch,
     total_steps,
     total_tokens,
 )
-from trainer.model import Llama
-from trainer.optim import make_optimizer
-from trainer.run_setup import total_steps_for
+from trainer.data.prepare import BatchSampler
+from trainer.model.llama import Llama
+from trainer.optim.optimizers import make_optimizer
+from trainer.run.setup import total_steps_for
 
 # small, but each exercising a different term: GQA, tied embeddings, partial RoPE, an explicit FFN
 CONFIGS: dict[str, dict[str, Any]] = {

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from trainer.config import ModelConfig, TrainConfig
+from trainer.data.tokenizers import ByteTokenizer, train_tokenizer
 from trainer.export import ExportError, export, export_model
 from trainer.export.gguf import permute_qk, rope_freq_factors
-from trainer.fused_ops import apply_rope
-from trainer.model import Llama, rope_cache
+from trainer.model.fused_ops import apply_rope
+from trainer.model.llama import Llama, rope_cache
 from trainer.sampling import generate_ids
-from trainer.tokenizers import ByteTokenizer, train_tokenizer
 
 TEXT = (
     "Mary had a little lamb, its fleece was white as snow.\n"

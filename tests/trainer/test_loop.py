@@ -11,10 +11,10 @@ import torch
 
 from tests.trainer.conftest import read_metrics, train_losses
 from trainer.config import TrainConfig
-from trainer.data import TokenData, estimate_unigram_entropy
-from trainer.dataformat import DataError
-from trainer.loop import Callbacks, TrainingDiverged, train
-from trainer.optim import lr_at, make_optimizer
+from trainer.data.formats import DataError
+from trainer.data.prepare import TokenData, estimate_unigram_entropy
+from trainer.optim.optimizers import lr_at, make_optimizer
+from trainer.run.loop import Callbacks, TrainingDiverged, train
 
 
 class Recorder(Callbacks):
@@ -336,8 +336,8 @@ def test_lbfgs_reduces_the_loss(tmp_path, tiny_model, tiny_train, byte_tokenizer
 
 
 def test_adamw_decays_only_matrices_and_runs_the_embedding_at_its_own_rate(tiny_model):
-    from trainer.model import Llama
-    from trainer.optim import set_lr
+    from trainer.model.llama import Llama
+    from trainer.optim.optimizers import set_lr
 
     model = Llama(tiny_model())
     cfg = TrainConfig(weight_decay=0.1, beta1=0.8, beta2=0.9, eps=1e-6, embedding_lr_scale=4.0)
@@ -361,7 +361,7 @@ def test_adamw_decays_only_matrices_and_runs_the_embedding_at_its_own_rate(tiny_
 def test_init_std_scales_with_width_and_can_be_set(
     tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
 ):
-    from trainer.model import Llama, default_init_std
+    from trainer.model.llama import Llama, default_init_std
 
     # GPT-2's 0.02 at width 768, 1/sqrt(width) elsewhere
     assert default_init_std(768) == pytest.approx(0.02)

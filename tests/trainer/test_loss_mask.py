@@ -19,16 +19,16 @@ import torch.nn.functional as F
 
 from tests.trainer.conftest import read_metrics, train_losses
 from tests.trainer.test_resume import StopAfter, assert_bitwise_equal
-from trainer.batches import epoch_starts, full_pass, gather
 from trainer.config import TrainConfig
-from trainer.data import BatchSampler, TokenData, prepare_data
-from trainer.dataformat import DataError
-from trainer.loop import Callbacks, train
-from trainer.model import IGNORE_INDEX
-from trainer.run_setup import start_run, train_sampler
-from trainer.spans import count_covered
-from trainer.tokenizers import EOS_ID, ByteTokenizer, train_tokenizer
-from trainer.train_step import OptimizerStep, count_targets, evaluate_batches
+from trainer.data.batches import epoch_starts, full_pass, gather
+from trainer.data.formats import DataError
+from trainer.data.prepare import BatchSampler, TokenData, prepare_data
+from trainer.data.spans import count_covered
+from trainer.data.tokenizers import EOS_ID, ByteTokenizer, train_tokenizer
+from trainer.model.llama import IGNORE_INDEX
+from trainer.run.loop import Callbacks, train
+from trainer.run.setup import start_run, train_sampler
+from trainer.run.step import OptimizerStep, count_targets, evaluate_batches
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 WORDS = "the a water moon bees light sun earth orbit boils dance flowers days minutes science".split()

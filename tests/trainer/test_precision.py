@@ -1,13 +1,13 @@
-"""trainer.precision: what dtype auto and compile auto become, with their reasons."""
+"""trainer.run.precision: what dtype auto and compile auto become, with their reasons."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from trainer import precision
 from trainer.config import TrainConfig
-from trainer.precision import choose_compile, choose_dtype
+from trainer.run import precision
+from trainer.run.precision import choose_compile, choose_dtype
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""JSONL records -> Documents (trainer/records.py, torch-free): which text the loss covers, OpenAI's
+"""JSONL records -> Documents (trainer/data/records.py, torch-free): which text the loss covers, OpenAI's
 `weight` and content parts accepted, null content and other part types refused with a message naming
 the line and the field, at upload (validate_file) as in the trainer."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.dataformat import DataError, iter_documents, validate_file
-from trainer.records import Document, record_to_document
+from trainer.data.formats import DataError, iter_documents, validate_file
+from trainer.data.records import Document, record_to_document
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,7 +152,7 @@ def test_iter_documents_reads_content_parts(tmp_path: Path) -> None:
 
 def test_the_upload_validator_stays_torch_free() -> None:
     code = (
-        "import sys, trainer.dataformat, trainer.records;"
+        "import sys, trainer.data.formats, trainer.data.records;"
         "bad = [m for m in ('torch', 'numpy') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

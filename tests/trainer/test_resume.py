@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.trainer.conftest import read_metrics, train_losses
-from trainer.loop import Callbacks, train
+from trainer.run.loop import Callbacks, train
 
 
 class StopAfter(Callbacks):

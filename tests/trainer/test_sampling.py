@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.model import Llama
+from trainer.model.llama import Llama
 from trainer.sampling import complete, generate, generate_ids, sample_next, stream_ids
 
 

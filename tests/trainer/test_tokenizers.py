@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.tokenizers import (
+from trainer.data.tokenizers import (
     BOS_ID,
     EOS_ID,
     BPETokenizer,

@@ -59,8 +59,8 @@ def held_job(
 
     from trainer.checkpoint import save_checkpoint
     from trainer.config import ModelConfig, TrainConfig
-    from trainer.model import Llama
-    from trainer.tokenizers import ByteTokenizer
+    from trainer.data.tokenizers import ByteTokenizer
+    from trainer.model.llama import Llama
 
     job_id = make_job(
         settings,

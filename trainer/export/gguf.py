@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from trainer.config import ModelConfig
-from trainer.export import ExportError, write_atomically
-from trainer.tokenizers import BPETokenizer, Tokenizer, bytes_to_unicode
+from trainer.data.tokenizers import BPETokenizer, Tokenizer, bytes_to_unicode
+from trainer.export.common import ExportError, write_atomically
 
 if TYPE_CHECKING:  # gguf is imported only when this export runs
     from gguf import GGMLQuantizationType

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from trainer.config import ModelConfig
-from trainer.export import ExportError, write_atomically
-from trainer.tokenizers import BPETokenizer, Tokenizer, bytes_to_unicode
+from trainer.data.tokenizers import BPETokenizer, Tokenizer, bytes_to_unicode
+from trainer.export.common import ExportError, write_atomically
 
 BOS_TOKEN, EOS_TOKEN = "<s>", "</s>"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from trainer.config import ModelConfig
-from trainer.export import ExportError, write_atomically
+from trainer.export.common import ExportError, write_atomically
 
 # A single protobuf file cannot exceed 2 GiB; larger models would need external data files.
 MAX_SINGLE_FILE_BYTES = 2**31 - 2**26
@@ -34,7 +34,7 @@ class _LogitsOnly(torch.nn.Module):
 def write_onnx(cfg: ModelConfig, state: dict[str, torch.Tensor], out: Path, dtype: str) -> Path:
     if dtype != "f32":
         raise ExportError(f"the ONNX export supports dtype f32 only, got {dtype!r} (use gguf for f16/q8_0)")
-    from trainer.model import Llama
+    from trainer.model.llama import Llama
 
     n_bytes = (
         sum(t.numel() for k, t in state.items() if not (cfg.tie_embeddings and k == "output.weight")) * 4

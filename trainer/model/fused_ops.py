@@ -1,7 +1,7 @@
 """The hand-written autograd functions of the model's eager path: RMSNorm, the q/k/v split with
-RoPE, SwiGLU (trainer/model.py uses them). Autograd through the plain ops of these makes several
+RoPE, SwiGLU (trainer/model/llama.py uses them). Autograd through the plain ops of these makes several
 passes over the activations per op, where a hand-written backward needs one or two; on a float32
-CPU run they go one step further and call the fused C kernels of trainer.cpu_kernels (one pass
+CPU run they go one step further and call the fused C kernels of trainer.model.cpu_kernels (one pass
 each), falling back to the torch ops below where those are unavailable. While compiling
 (torch.compiler.is_compiling()) every function here returns plain ops, which inductor fuses itself.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainer import cpu_kernels
+from trainer.model import cpu_kernels
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -83,7 +83,7 @@ class _RMSNorm(torch.autograd.Function):
 
 
 class _RMSNormKernel(torch.autograd.Function):
-    """_RMSNorm in one pass each way (float32 CPU tensors: trainer.cpu_kernels)."""
+    """_RMSNorm in one pass each way (float32 CPU tensors: trainer.model.cpu_kernels)."""
 
     @staticmethod
     def forward(
@@ -252,7 +252,7 @@ def qkv_heads(
 
 
 class _QKVKernel(torch.autograd.Function):
-    """_QKV in one pass each way (float32 CPU tensors: trainer.cpu_kernels); cos/sin as (T, n_rot)."""
+    """_QKV in one pass each way (float32 CPU tensors: trainer.model.cpu_kernels); cos/sin as (T, n_rot)."""
 
     @staticmethod
     def forward(
@@ -295,7 +295,7 @@ class _SwiGLU(torch.autograd.Function):
 
 
 class _SwiGLUKernel(torch.autograd.Function):
-    """_SwiGLU in one pass each way (float32 CPU tensors: trainer.cpu_kernels); keeps only h, the
+    """_SwiGLU in one pass each way (float32 CPU tensors: trainer.model.cpu_kernels); keeps only h, the
     backward recomputes the sigmoid."""
 
     @staticmethod

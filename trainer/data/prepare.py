@@ -1,15 +1,15 @@
 """Data pipeline: documents -> token file (numpy memmap) -> train/val split -> batches.
 
-- `tokenize_to_file` streams a text/JSONL file (see `trainer.dataformat`) through a tokenizer into a
+- `tokenize_to_file` streams a text/JSONL file (see `trainer.data.formats`) through a tokenizer into a
   raw little-endian uint16 array (uint32 when vocab_size > 65535), written atomically. JSONL documents
   are each followed by EOS; plain text gets no BOS/EOS. Each segment of a JSONL document (its
-  prompt part, its completion, see trainer.records) is tokenized on its own, and the tokens the loss
-  covers are written beside the tokens as loss spans (`<tokens>.spans`, trainer.spans), only when
+  prompt part, its completion, see trainer.data.records) is tokenized on its own, and the tokens the loss
+  covers are written beside the tokens as loss spans (`<tokens>.spans`, trainer.data.spans), only when
   some token is not covered (plain text and `{"text"}` records: no file, every token is trained).
 - `prepare_data` validates, tokenizes (cached by file sha256 + tokenizer hash when `cache_dir` is
   given) and splits off the last `val_fraction` of tokens, or uses a separate validation file;
   `TokenData` carries the loss spans of both parts.
-- `BatchSampler` (trainer.batches, re-exported here) draws the (x, y) batches.
+- `BatchSampler` (trainer.data.batches, re-exported here) draws the (x, y) batches.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.batches import BatchSampler as BatchSampler  # re-exported: callers import it from here
-from trainer.dataformat import (
+from trainer.data.batches import BatchSampler as BatchSampler  # re-exported: callers import it from here
+from trainer.data.formats import (
     DEFAULT_CHUNK_CHARS,
     DataError,
     Document,
@@ -33,8 +33,8 @@ from trainer.dataformat import (
     iter_text_chunks,
     validate_file,
 )
-from trainer.spans import SPAN_DTYPE, covers_all, empty_spans, merge_spans, split_spans
-from trainer.tokenizers import ByteTokenizer, Tokenizer
+from trainer.data.spans import SPAN_DTYPE, covers_all, empty_spans, merge_spans, split_spans
+from trainer.data.tokenizers import ByteTokenizer, Tokenizer
 
 # Bump when the token-file layout or document rendering changes, so old caches are not reused.
 # 2: JSONL segments tokenized on their own, loss spans beside the tokens.
@@ -171,7 +171,7 @@ def load_tokens(path: str | os.PathLike[str], vocab_size: int) -> np.ndarray:
 
 @dataclass
 class TokenData:
-    """Training and validation tokens, with their loss spans (trainer.spans; None: every token)."""
+    """Training and validation tokens, with their loss spans (trainer.data.spans; None: every token)."""
 
     train: np.ndarray
     val: np.ndarray | None

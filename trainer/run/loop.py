@@ -1,6 +1,6 @@
 """The training loop: `train(model_cfg, train_cfg, data, out_dir, callbacks)`.
 
-`trainer.run_setup.start_run` builds the run (a `trainer.run.TrainRun`), `trainer.train_step`
+`trainer.run.setup.start_run` builds the run (a `trainer.run.state.TrainRun`), `trainer.run.step`
 computes each optimizer step and the validation loss; this module steps, logs, evaluates,
 checkpoints and checks for stop requests in between.
 
@@ -9,7 +9,7 @@ one on CPU):
 - every batch comes from the data sampler, whose position is checkpointed; a step draws all
   batch_size * grad_accum windows at once and splits them into micro-batches, so the data (and the
   loss curve) does not depend on how the batch is split;
-- the learning rate is a pure function of the step (trainer.optim.lr_at);
+- the learning rate is a pure function of the step (trainer.optim.optimizers.lr_at);
 - evaluation uses a fresh, separately seeded sampler each time, so it sees the same batches every
   time and never touches the training sampler or the global RNGs;
 - model weights, optimizer tensors and RNG states are saved exactly (fp32 safetensors + JSON).
@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from trainer.config import ModelConfig, TrainConfig
-from trainer.metrics_file import MetricsFile, NoMetricsFile
-from trainer.optim import lr_at, set_lr
-from trainer.run import StartInfo, TrainRun
-from trainer.run_setup import start_run
-from trainer.train_step import OptimizerStep, StepResult, count_targets, evaluate, evaluate_batches
+from trainer.optim.optimizers import lr_at, set_lr
+from trainer.run.metrics_file import MetricsFile, NoMetricsFile
+from trainer.run.setup import start_run
+from trainer.run.state import StartInfo, TrainRun
+from trainer.run.step import OptimizerStep, StepResult, count_targets, evaluate, evaluate_batches
 
-if TYPE_CHECKING:  # trainer.data is imported lazily (see trainer.run_setup)
-    from trainer.data import TokenData
-    from trainer.tokenizers import Tokenizer
+if TYPE_CHECKING:  # trainer.data.prepare is imported lazily (see trainer.run.setup)
+    from trainer.data.prepare import TokenData
+    from trainer.data.tokenizers import Tokenizer
 
 StopReason = Literal["completed", "stop", "pause", "time_limit"]
 _STOP_BY_CODE: dict[int, StopReason | None] = {0: None, 1: "stop", 2: "pause", 3: "time_limit"}
@@ -124,7 +124,7 @@ def train(
 ) -> TrainResult:
     """Train a Llama; see docs/INTERFACES.md for the contract.
 
-    train_path is a text/JSONL file or a prepared `trainer.data.TokenData` (then `tokenizer` is
+    train_path is a text/JSONL file or a prepared `trainer.data.prepare.TokenData` (then `tokenizer` is
     required). Resuming takes the model config and tokenizer from the checkpoint and the training
     config from `train_cfg` (so max_steps can be raised). `resume=True` with no checkpoint in
     out_dir starts a fresh run; a fresh run refuses an out_dir that already holds checkpoints.
@@ -144,7 +144,7 @@ def train(
         metrics = MetricsFile(
             run.out_dir / "metrics.jsonl", keep_upto=run.step if run.resume_path is not None else None
         )
-    else:  # the other ranks of a distributed run report nothing (trainer.distributed)
+    else:  # the other ranks of a distributed run report nothing (trainer.run.collectives)
         metrics, callbacks = NoMetricsFile(), Callbacks()
     callbacks.on_start(run.start_info())
     try:
@@ -205,7 +205,7 @@ def _train_steps(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> S
 
 def _agree_stop(run: TrainRun, callbacks: Callbacks, clock: _Clock) -> StopReason | None:
     """Rank 0's stop request, broadcast to every rank."""
-    from trainer.distributed import STOP_CODES, agree_stop
+    from trainer.run.collectives import STOP_CODES, agree_stop
 
     code = STOP_CODES[_stop_requested(run, callbacks, clock)] if run.is_main else 0
     return _STOP_BY_CODE[agree_stop(code, run.device)]
@@ -244,7 +244,7 @@ def _log_step(
     if run.world > 1:
         import torch.distributed as dist
 
-        from trainer.distributed import STOP_CODES
+        from trainer.run.collectives import STOP_CODES
 
         if run.is_main:
             stop_t += STOP_CODES[_stop_requested(run, callbacks, clock)]
@@ -301,7 +301,7 @@ def _eval_fwd(run: TrainRun) -> torch.nn.Module:
 
 
 def _full_evaluation(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> None:
-    """The final full validation pass (trainer.batches.full_pass), reported before the final
+    """The final full validation pass (trainer.data.batches.full_pass), reported before the final
     checkpoint is written so the service stores it with that checkpoint."""
     if run.make_full_pass is None:
         return

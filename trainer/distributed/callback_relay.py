@@ -1,6 +1,6 @@
 """Callbacks that live in the launching process while rank 0 of a distributed run calls them.
 
-`trainer.distributed.launch_train` calls its callbacks in rank 0, a process of its own. A caller
+`trainer.distributed.launch.launch_train` calls its callbacks in rank 0, a process of its own. A caller
 whose callbacks hold state of its process (a database session, a lease heartbeat, a shutdown flag:
 the worker's) serves them with `CallbackRelay` and hands the ranks `relay.factory`, a picklable
 `RelayedCallbacks`: each hook that rank 0 calls is sent over a Unix socket (authenticated with a
@@ -29,8 +29,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from trainer.loop import Callbacks
-from trainer.run import StartInfo
+from trainer.run.loop import Callbacks
+from trainer.run.state import StartInfo
 
 HOOKS = frozenset({"on_start", "on_step", "on_eval", "on_full_eval", "on_checkpoint", "should_stop"})
 

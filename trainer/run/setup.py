@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
-from trainer import cpu_kernels
 from trainer.checkpoint import (
     Checkpoint,
     latest_checkpoint,
@@ -27,17 +26,18 @@ from trainer.checkpoint import (
     set_rng_state,
 )
 from trainer.config import ConfigError, ModelConfig, TrainConfig
-from trainer.distributed import check_devices, local_rank, rank_and_world
-from trainer.estimate import total_steps
-from trainer.model import Llama
-from trainer.optim import make_optimizer
-from trainer.precision import DTYPES, choose_compile, choose_dtype
-from trainer.run import TrainRun
+from trainer.config.estimate import total_steps
+from trainer.model import cpu_kernels
+from trainer.model.llama import Llama
+from trainer.optim.optimizers import make_optimizer
+from trainer.run.collectives import check_devices, local_rank, rank_and_world
+from trainer.run.precision import DTYPES, choose_compile, choose_dtype
+from trainer.run.state import TrainRun
 
-if TYPE_CHECKING:  # trainer.data is imported lazily: it keeps `import trainer.loop` light
-    from trainer.batches import Batch
-    from trainer.data import BatchSampler, TokenData
-    from trainer.tokenizers import Tokenizer
+if TYPE_CHECKING:  # trainer.data.prepare is imported lazily: it keeps `import trainer.run.loop` light
+    from trainer.data.batches import Batch
+    from trainer.data.prepare import BatchSampler, TokenData
+    from trainer.data.tokenizers import Tokenizer
 
 NEWLINE_ID = 10  # byte 10 is id 10 in both the byte and the BPE tokenizer
 
@@ -63,7 +63,7 @@ def start_run(
     if cfg.devices != world:
         raise ValueError(
             f"devices={cfg.devices} runs in {cfg.devices} processes: start it with "
-            f"trainer.distributed.launch_train (this process group has {world})"
+            f"trainer.distributed.launch.launch_train (this process group has {world})"
         )
     check_devices(cfg)
     device = resolve_device(cfg)
@@ -113,7 +113,7 @@ def start_run(
     if resumed is not None:
         restore_progress(run, resumed)
     if world > 1 and cfg.sharding == "fsdp":
-        from trainer.fsdp import shard_run
+        from trainer.run.fsdp import shard_run
 
         shard_run(run)
     elif world > 1:
@@ -156,7 +156,7 @@ def load_data_in_turn(
         return load_data(cfg, train_path, tokenizer, validation_path, out_dir)
     import torch.distributed as dist
 
-    from trainer.tokenizers import tokenizer_from_json
+    from trainer.data.tokenizers import tokenizer_from_json
 
     shared = out_dir / "cache" / "distributed-tokenizer.json"
     if rank == 0:
@@ -206,15 +206,15 @@ def load_data(
 ) -> tuple[TokenData, Tokenizer]:
     """(tokens, tokenizer): prepared TokenData as given (with its tokenizer), or a text/JSONL file
     tokenized (training a tokenizer on it first when none is given), cached under out_dir/cache."""
-    from trainer.data import TokenData, prepare_data
+    from trainer.data.prepare import TokenData, prepare_data
 
     if isinstance(train_path, TokenData):
         if tokenizer is None:
             raise ValueError("train() with prepared TokenData needs the tokenizer that produced it")
         return train_path, tokenizer
     if tokenizer is None:
-        from trainer.dataformat import iter_documents
-        from trainer.tokenizers import train_tokenizer
+        from trainer.data.formats import iter_documents
+        from trainer.data.tokenizers import train_tokenizer
 
         tokenizer = train_tokenizer(cfg.tokenizer, cfg.resolved_vocab_size, iter_documents(Path(train_path)))
     data = prepare_data(
@@ -234,8 +234,8 @@ def loss_spans(cfg: TrainConfig, spans: np.ndarray | None) -> np.ndarray | None:
 
 def train_sampler(cfg: TrainConfig, ctx: int, data: TokenData, world: int = 1) -> BatchSampler:
     """Draws all batch_size * grad_accum * world windows of a step at once, on every rank (see
-    trainer.loop's docstring and trainer.distributed): the data order does not depend on the split."""
-    from trainer.data import BatchSampler
+    trainer.run.loop's docstring and trainer.run.collectives): the data order does not depend on the split."""
+    from trainer.data.prepare import BatchSampler
 
     return BatchSampler(
         data.train,
@@ -252,7 +252,7 @@ def train_sampler(cfg: TrainConfig, ctx: int, data: TokenData, world: int = 1) -
 def val_sampler_factory(cfg: TrainConfig, ctx: int, data: TokenData) -> Callable[[], BatchSampler] | None:
     """A maker of identically seeded validation samplers (each evaluation sees the same batches),
     or None when there is no validation data or evaluation is off."""
-    from trainer.data import BatchSampler
+    from trainer.data.prepare import BatchSampler
 
     val = data.val
     if val is None or len(val) == 0 or cfg.eval_every <= 0:
@@ -268,7 +268,7 @@ def val_sampler_factory(cfg: TrainConfig, ctx: int, data: TokenData) -> Callable
 
 def full_pass_factory(cfg: TrainConfig, ctx: int, data: TokenData) -> Callable[[], Iterator[Batch]]:
     """A maker of the final full validation pass: every validation window once, in order."""
-    from trainer.batches import full_pass
+    from trainer.data.batches import full_pass
 
     val = data.val
     assert val is not None  # only made when there is a validation sampler
@@ -278,7 +278,7 @@ def full_pass_factory(cfg: TrainConfig, ctx: int, data: TokenData) -> Callable[[
 
 def total_steps_for(cfg: TrainConfig, sampler: BatchSampler) -> int:
     """max_steps, else enough whole batches to visit every window n_epochs times (the last batch of
-    an epoch runs into the next, as the sampler does), else 1000: trainer.estimate's rule, which the
+    an epoch runs into the next, as the sampler does), else 1000: trainer.config.estimate's rule, which the
     API also applies to bound a job's work before admitting it."""
     return total_steps(cfg, sampler.windows_per_epoch)
 

@@ -34,7 +34,7 @@ whether the loss covers it (`trained`), and whether the EOS after it is trained 
   out.
 Adjacent segments with the same mark are joined, so a chat's prompt part is one segment, exactly the
 text an inference prompt renders. The trainer tokenizes each segment on its own
-(trainer.data); `train_on_inputs` trains on every token instead.
+(trainer.data.prepare); `train_on_inputs` trains on every token instead.
 
 `detect_format`: "jsonl" if the name ends in .jsonl or the first non-blank line parses as a JSON
 object, else "text". `validate_file` raises `DataError(message, line)` naming the 1-based line
@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Literal
 
 # re-exported: the API and the worker import them from here
-from trainer.data_errors import DataError
-from trainer.records import SHAPES_HELP, Document, chat_template, record_to_document
+from trainer.data.errors import DataError
+from trainer.data.records import SHAPES_HELP, Document, chat_template, record_to_document
 
 __all__ = [
     "DEFAULT_CHUNK_CHARS",

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from trainer.adamw import AdamW
 from trainer.config import TrainConfig
-from trainer.estimate import LBFGS_HISTORY_SIZE
+from trainer.config.estimate import LBFGS_HISTORY_SIZE
+from trainer.optim.adamw import AdamW
 
 if TYPE_CHECKING:
-    from trainer.model import Llama
+    from trainer.model.llama import Llama
 
 
 def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
@@ -63,7 +63,7 @@ def make_optimizer(model: Llama, cfg: TrainConfig) -> torch.optim.Optimizer:
     AdamW uses torch's fused kernel, on CUDA and on CPU alike: on CPU it updates the parameters in
     a third of the single-tensor loop's time (2.5 vs 7.7 ms per step at nanoGPT's shape, 2 cores),
     and like it, it is deterministic, so resumed runs stay bitwise reproducible. It is called
-    through trainer.adamw.AdamW, which saves the 1.2 s torch.optim spends importing torch._dynamo.
+    through trainer.optim.adamw.AdamW, which saves the 1.2 s torch.optim spends importing torch._dynamo.
 
     L-BFGS (llama.cpp offers it too) takes one outer iteration per training step with a
     strong-Wolfe line search, so a step may evaluate the batch several times. It has no weight

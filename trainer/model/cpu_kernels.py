@@ -1,4 +1,4 @@
-"""Fused float32 CPU kernels for RMSNorm, the q/k/v split with RoPE, and SwiGLU (trainer/cpu_kernels.c).
+"""Fused float32 CPU kernels for RMSNorm, the q/k/v split with RoPE, and SwiGLU (trainer/model/cpu_kernels.c).
 
 Why: at the widths this service trains on a CPU (128-512), a step's matmuls already run near the
 machine's peak, and what separates a llama step from a GPT-2 one is element-wise work: torch's eager
@@ -9,7 +9,7 @@ compiler and the CPU, and called through ctypes on the tensors' memory. It uses 
 torch already loaded, with torch's thread count.
 
 Where there is no compiler, no Linux, another dtype or device, or FROMSCRATCH_CPU_KERNELS=0,
-`available()` is False and trainer.fused_ops uses torch ops, which compute the same values.
+`available()` is False and trainer.model.fused_ops uses torch ops, which compute the same values.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`TrainRun`: one training run's parts and progress, and how it writes its checkpoints.
 
-`trainer.run_setup.start_run` builds it; `trainer.loop.train` advances it step by step. The
+`trainer.run.setup.start_run` builds it; `trainer.run.loop.train` advances it step by step. The
 progress fields (step, tokens_seen, best_val) are what a checkpoint's state.json records, so a
 resumed run continues exactly where the checkpoint was taken.
 """
@@ -18,12 +18,12 @@ import torch
 
 from trainer.checkpoint import rotate_checkpoints, save_checkpoint
 from trainer.config import ModelConfig, TrainConfig
-from trainer.model import Llama
+from trainer.model.llama import Llama
 
 if TYPE_CHECKING:
-    from trainer.batches import Batch
-    from trainer.data import BatchSampler
-    from trainer.tokenizers import Tokenizer
+    from trainer.data.batches import Batch
+    from trainer.data.prepare import BatchSampler
+    from trainer.data.tokenizers import Tokenizer
 
 
 class StartInfo(TypedDict):
@@ -36,10 +36,10 @@ class StartInfo(TypedDict):
     device: str  # e.g. "cpu", "cuda:0" (rank 0's)
     dtype: str  # e.g. "float32", "bfloat16"
     processes: int  # data-parallel processes (devices), 1 without a process group
-    dtype_reason: str  # why this dtype (trainer.precision: "asked for", or what auto found)
+    dtype_reason: str  # why this dtype (trainer.run.precision: "asked for", or what auto found)
     compile: bool
     compile_reason: str
-    kernels: str  # what the element-wise ops run on (trainer.cpu_kernels.for_run)
+    kernels: str  # what the element-wise ops run on (trainer.model.cpu_kernels.for_run)
 
 
 @dataclass
@@ -59,13 +59,13 @@ class TrainRun:
     make_full_pass: Callable[[], Iterator[Batch]] | None  # the final full validation pass (None: none)
     total_steps: int
     resume_path: Path | None  # the checkpoint this run resumed from (None: a fresh start)
-    # data parallelism (trainer.distributed): this process's rank, the number of processes, and the
+    # data parallelism (trainer.run.collectives): this process's rank, the number of processes, and the
     # DistributedDataParallel wrapper that fwd calls (None: one process, no process group)
     rank: int = 0
     world: int = 1
     ddp: torch.nn.parallel.DistributedDataParallel | None = None
-    sharded: bool = False  # sharding fsdp (trainer.fsdp): every rank joins evaluation and saving
-    # what dtype auto / compile auto decided and why (trainer.precision); saved in checkpoints
+    sharded: bool = False  # sharding fsdp (trainer.run.fsdp): every rank joins evaluation and saving
+    # what dtype auto / compile auto decided and why (trainer.run.precision); saved in checkpoints
     precision: dict[str, str | bool] = field(default_factory=dict)
     # progress, saved in every checkpoint
     step: int = 0
@@ -138,7 +138,7 @@ class TrainRun:
         extra = {"scaler": self.scaler.state_dict()} if self.scaler.is_enabled() else {}
         model, optimizer = self.model, self.optimizer
         if self.sharded:
-            from trainer.fsdp import full_copies
+            from trainer.run.fsdp import full_copies
 
             copies = full_copies(self)
             if copies is None:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ModelConfig
-from trainer.fused_ops import apply_rope, compute_dtype, qkv_heads, rms_norm, swiglu
+from trainer.model.fused_ops import apply_rope, compute_dtype, qkv_heads, rms_norm, swiglu
 
 
 def default_init_std(n_embd: int) -> float:

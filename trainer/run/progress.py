@@ -13,12 +13,12 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeAlias
 
-from trainer.loop import Callbacks
+from trainer.run.loop import Callbacks
 
 if TYPE_CHECKING:  # rich is imported only when a bar is shown
     from rich.progress import Progress, TaskID
 
-    from trainer.run import StartInfo
+    from trainer.run.state import StartInfo
 
 # what signal.signal() returns: the previous handler (a function, SIG_DFL/SIG_IGN, or None when it was
 # not installed from Python)

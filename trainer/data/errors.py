@@ -1,4 +1,4 @@
-"""`DataError`: unusable training data, with where it is (torch-free; trainer.dataformat re-exports it)."""
+"""`DataError`: unusable training data, with where it is (torch-free; trainer.data.formats re-exports it)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Batches of training windows: `BatchSampler` draws (x, y) windows of ctx+1 tokens from a token
 array, and `full_pass` walks every window of a split once (the final checkpoint's full validation).
 
-y is x shifted left by one token. With loss spans (trainer.spans), y holds IGNORE_INDEX (-100) at
+y is x shifted left by one token. With loss spans (trainer.data.spans), y holds IGNORE_INDEX (-100) at
 the targets the loss does not cover (a prompt, a user message), set for a whole batch at once with
 numpy, and only windows with at least one covered target are used: a window that is all prompt would
 contribute nothing, and so no batch is without a target. Without spans (plain text,
@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.data_errors import DataError
-from trainer.model import IGNORE_INDEX
-from trainer.spans import as_spans, start_intervals, target_mask, windows_with_targets
+from trainer.data.errors import DataError
+from trainer.data.spans import as_spans, start_intervals, target_mask, windows_with_targets
+from trainer.model.llama import IGNORE_INDEX
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

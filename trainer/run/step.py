@@ -2,7 +2,7 @@
 then an AdamW or L-BFGS update) and `evaluate` / `evaluate_batches` (validation loss and accuracy).
 
 The loss of a step is the mean cross-entropy over the step's targets that the loss covers (y is
-IGNORE_INDEX elsewhere: trainer.batches), whatever the micro-batch split: each micro-batch adds the
+IGNORE_INDEX elsewhere: trainer.data.batches), whatever the micro-batch split: each micro-batch adds the
 *sum* of its token losses divided by the whole step's target count, so a micro-batch with few covered
 targets weighs little and one with none adds exactly nothing (no mean over zero tokens, no NaN).
 Token accuracy (argmax of the logits == target, over the same targets) is counted beside it on the
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from trainer.model import IGNORE_INDEX
-from trainer.run import TrainRun
+from trainer.model.llama import IGNORE_INDEX
+from trainer.run.state import TrainRun
 
 if TYPE_CHECKING:
-    from trainer.batches import Batch, BatchSampler
+    from trainer.data.batches import Batch, BatchSampler
 
 
 class StepResult(NamedTuple):
@@ -47,7 +47,7 @@ def _correct(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 class OptimizerStep:
     """`step(x, y, n_targets) -> StepResult` for a batch of batch_size * grad_accum windows; n_targets
     is count_targets(y), counted on the CPU before y moved to the device. With several processes
-    (trainer.distributed) x, y are this rank's slice and n_targets counts the whole global batch; the
+    (trainer.run.collectives) x, y are this rank's slice and n_targets counts the whole global batch; the
     loss and accuracy returned are then this rank's share of the step's (their sum over ranks)."""
 
     def __init__(self, run: TrainRun):
@@ -73,7 +73,7 @@ class OptimizerStep:
             # DDP all-reduces the gradients in the last micro-batch's backward only
             sync = run.ddp.no_sync() if run.ddp is not None and i < k - 1 else contextlib.nullcontext()
             if run.sharded:
-                from trainer.fsdp import set_gradient_sync
+                from trainer.run.fsdp import set_gradient_sync
 
                 set_gradient_sync(run.model, i == k - 1)
             with sync:
@@ -94,7 +94,7 @@ class OptimizerStep:
         scaler.unscale_(optimizer)  # no-op when the scaler is disabled
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
         if self.run.sharded:
-            from trainer.fsdp import full_norm
+            from trainer.run.fsdp import full_norm
 
             grad_norm = full_norm(grad_norm)
         scaler.step(optimizer)

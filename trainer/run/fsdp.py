@@ -22,11 +22,11 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from trainer.model import Llama
-from trainer.optim import make_optimizer
+from trainer.model.llama import Llama
+from trainer.optim.optimizers import make_optimizer
 
 if TYPE_CHECKING:
-    from trainer.run import TrainRun
+    from trainer.run.state import TrainRun
 
 
 def shard_run(run: TrainRun) -> None:

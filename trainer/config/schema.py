@@ -25,7 +25,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from trainer.config import DEFAULT_PRESET, PRESETS, ModelConfig, TrainConfig, model_config_from_preset
-from trainer.config_errors import ConfigError, problems_from_validation
+from trainer.config.errors import ConfigError, problems_from_validation
 
 Section = Literal["model", "train"]
 Kind = Literal["int", "float", "bool", "choice", "list"]  # list: a set of a Literal's choices

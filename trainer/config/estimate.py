@@ -8,7 +8,7 @@ Memory, in bytes, on the device that trains (host RAM for a CPU job, GPU memory 
 - optimizer: AdamW's exp_avg and exp_avg_sq (fp32) + a float32 step scalar per parameter tensor;
   L-BFGS's history (2 x LBFGS_HISTORY_SIZE flat vectors) and its working vectors;
 - activations: what autograd saves for the backward pass of one micro-batch of batch_size windows
-  of ctx tokens, counted tensor by tensor from trainer/model.py's forward (an upper bound of what
+  of ctx tokens, counted tensor by tensor from trainer/model/llama.py's forward (an upper bound of what
   `torch.autograd.graph.saved_tensors_hooks` sees; tests/trainer/test_estimate.py checks it). With
   activation checkpointing: every block's input plus one block recomputed during the backward;
 - backward working memory: the largest set of gradients alive at once beyond the saved tensors
@@ -34,14 +34,14 @@ from trainer.config import ModelConfig, TrainConfig
 Device = Literal["cpu", "cuda"]
 
 DEFAULT_TOTAL_STEPS = 1000  # neither max_steps nor n_epochs given
-LBFGS_HISTORY_SIZE = 16  # trainer.optim's L-BFGS keeps this many update pairs
+LBFGS_HISTORY_SIZE = 16  # trainer.optim.optimizers's L-BFGS keeps this many update pairs
 RUNTIME_BYTES = 512 << 20  # Python, torch, CPU/CUDA kernel workspaces
 FP32 = 4
 INT64 = 8
 
 
 def compute_dtype_bytes(cfg: TrainConfig, device: Device) -> int:
-    """Bytes per element of the matmuls: trainer.precision.choose_dtype's choice (auto is
+    """Bytes per element of the matmuls: trainer.run.precision.choose_dtype's choice (auto is
     bfloat16 on CUDA; on CPU float32, the larger of its two choices)."""
     if cfg.dtype == "auto":
         return 2 if device == "cuda" else FP32
@@ -82,7 +82,7 @@ class MemoryEstimate:
 
 
 def n_param_tensors(model_cfg: ModelConfig) -> int:
-    """Parameter tensors of trainer.model.Llama: 9 per block (wq, wk, wv, wo, w1, w2, w3 and two
+    """Parameter tensors of trainer.model.llama.Llama: 9 per block (wq, wk, wv, wo, w1, w2, w3 and two
     norms), the embedding, the final norm and the output projection unless it is tied."""
     return 9 * model_cfg.n_layer + 2 + (0 if model_cfg.tie_embeddings else 1)
 
@@ -138,7 +138,7 @@ def estimate_memory(
     micro = cfg.batch_size if batch_size is None else batch_size
     c = compute_dtype_bytes(cfg, device)
     autocast = c != FP32
-    a = FP32 if device == "cpu" else c  # CPU attention runs in float32 (trainer.model.Attention)
+    a = FP32 if device == "cpu" else c  # CPU attention runs in float32 (trainer.model.llama.Attention)
     d, vocab, n_layer = model_cfg.n_embd, model_cfg.vocab_size, model_cfg.n_layer
     tokens = micro * model_cfg.ctx
     residual = FP32 * tokens * d  # a block's input (the fp32 residual stream)
@@ -200,7 +200,7 @@ def with_checkpointing(cfg: TrainConfig) -> TrainConfig:
 
 
 def max_windows_per_epoch(n_tokens: int, ctx: int, samples_after_nl: bool) -> int:
-    """An upper bound of trainer.data.BatchSampler's windows per epoch for `n_tokens` training
+    """An upper bound of trainer.data.prepare.BatchSampler's windows per epoch for `n_tokens` training
     tokens (exact without samples_after_nl: windows start every ctx tokens; with it, at most every
     possible start is a line start)."""
     n_starts = n_tokens - ctx  # starts whose window of ctx + 1 tokens fits
@@ -211,7 +211,7 @@ def max_windows_per_epoch(n_tokens: int, ctx: int, samples_after_nl: bool) -> in
 
 def total_steps(cfg: TrainConfig, windows_per_epoch: int) -> int:
     """Optimizer steps of a run: max_steps, else enough whole global batches of batch_size x
-    grad_accum x devices windows to visit every window n_epochs times (trainer.data.BatchSampler.steps_for_epochs), else
+    grad_accum x devices windows to visit every window n_epochs times (trainer.data.prepare.BatchSampler.steps_for_epochs), else
     DEFAULT_TOTAL_STEPS."""
     if cfg.max_steps is not None:
         return cfg.max_steps

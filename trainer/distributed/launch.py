@@ -1,19 +1,9 @@
 """Data-parallel training: `launch_train` runs `devices` processes through torchrun's launcher
 (torch.distributed.launcher.elastic_launch, a standalone rendezvous on loopback), each of which calls
-trainer.loop.train inside a process group (NCCL on CUDA, gloo on CPU) with the model wrapped in
+trainer.run.loop.train inside a process group (NCCL on CUDA, gloo on CPU) with the model wrapped in
 DistributedDataParallel. With devices 1 nothing here runs: no process group, today's path.
 
-Rules the ranks keep (see docs/ARCHITECTURE.md, "Distributed training"):
-- every rank holds the same sampler and draws the whole global batch (batch_size x grad_accum x
-  devices windows) each step; rank r trains on the r-th contiguous slice of it. That is the order a
-  single process with grad_accum x devices micro-batches would use, so the data, the loss and the
-  sampler state (saved in checkpoints) do not depend on the world size;
-- each micro-batch's summed loss is divided by the global batch's target count (every rank counts it
-  from the whole batch it drew, so no collective is needed) and multiplied by the world size, which
-  cancels DDP's averaging: the gradient equals the single-process one;
-- rank 0 alone logs, evaluates, writes checkpoints and calls the callbacks; its stop/pause decision
-  reaches every rank in the all-reduce of the logged loss (the one sync per logged step).
-  With sharding fsdp (trainer.fsdp) every rank joins evaluations and saves, rank 0 still reports.
+The rules the ranks keep inside the loop are in trainer.run.collectives.
 """
 
 from __future__ import annotations
@@ -34,26 +24,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from trainer.config import ConfigError, ModelConfig, TrainConfig
+from trainer.config import ModelConfig, TrainConfig
+from trainer.run.collectives import check_devices, local_rank
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from trainer.loop import Callbacks, TrainResult
-    from trainer.tokenizers import Tokenizer
+    from trainer.data.tokenizers import Tokenizer
+    from trainer.run.loop import Callbacks, TrainResult
 
 LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # The launcher handles at least one signal; with handle_signals=False it gets this one, which no part
 # of fromscratch sends or handles, so the caller's own handlers stay in place.
 UNUSED_SIGNAL = signal.SIGUSR2
-STOP_CODES: dict[str | None, int] = {None: 0, "stop": 1, "pause": 2, "time_limit": 3}
-
-
-def rank_and_world() -> tuple[int, int]:
-    """(rank, world size) of this process; (0, 1) outside a process group."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 class RankLost(RuntimeError):
@@ -68,30 +51,8 @@ class RankLost(RuntimeError):
         return RankLost, (self.rank, self.world, self.how)
 
 
-def local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))
-
-
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
-
-
-def check_devices(cfg: TrainConfig) -> None:
-    """ConfigError when `devices` processes cannot run on this machine with this config."""
-    if cfg.devices == 1:
-        return
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if cuda:
-        n = torch.cuda.device_count()
-        if n < cfg.devices:
-            raise ConfigError(
-                [
-                    (
-                        "devices",
-                        f"{cfg.devices} processes need {cfg.devices} CUDA devices; this machine has {n}",
-                    )
-                ]
-            )
 
 
 def launch_train(
@@ -107,10 +68,10 @@ def launch_train(
     init_from: Path | None = None,
     handle_signals: bool = True,
 ) -> TrainResult:
-    """trainer.loop.train in cfg.devices processes; returns rank 0's TrainResult.
+    """trainer.run.loop.train in cfg.devices processes; returns rank 0's TrainResult.
 
     The configs, paths and tokenizer travel to the ranks as JSON. `callbacks_factory` (a picklable
-    callable: a module-level class or function, or trainer.callback_relay's) is called in rank 0
+    callable: a module-level class or function, or trainer.distributed.callback_relay's) is called in rank 0
     only, which alone reports. The exception of the rank that failed first is raised here as it
     was raised there; a rank killed by a signal raises RankLost. handle_signals=False leaves
     SIGTERM/SIGHUP/SIGQUIT to the caller (a worker stops the run through its callbacks); the
@@ -201,9 +162,9 @@ def _signal_name(number: int) -> str:
 
 def _rank_main(spec_json: str, callbacks_factory: Callable[[], Callbacks] | None, errors: str) -> Any:
     """One rank: join the process group, train, leave it. Runs in a process the launcher spawned."""
-    from trainer.loop import train
-    from trainer.run_setup import resolve_device
-    from trainer.tokenizers import tokenizer_from_json
+    from trainer.data.tokenizers import tokenizer_from_json
+    from trainer.run.loop import train
+    from trainer.run.setup import resolve_device
 
     spec = json.loads(spec_json)
     cfg = TrainConfig.from_dict(spec["train"])
@@ -260,10 +221,3 @@ def _die_with_parent() -> None:
         return
     if os.getppid() == 1:  # the launcher died before the call: nothing will send the signal
         os._exit(1)
-
-
-def agree_stop(code: int, device: torch.device) -> int:
-    """Rank 0's stop code, for every rank (a broadcast; used once before the first step)."""
-    t = torch.tensor([code], dtype=torch.int64, device=device)
-    dist.broadcast(t, src=0)
-    return int(t.item())

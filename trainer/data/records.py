@@ -1,5 +1,5 @@
 """One JSONL record -> a `Document`: its text in segments, each marked with whether the loss covers
-it (see trainer.dataformat's docstring for the shapes and the masking rules). Torch-free and
+it (see trainer.data.formats's docstring for the shapes and the masking rules). Torch-free and
 numpy-free: the API validates uploads with it.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.data_errors import DataError
+from trainer.data.errors import DataError
 
 SHAPES_HELP = (
     'each line must be a JSON object with "text" (string), or "prompt" and "completion" '

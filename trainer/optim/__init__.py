@@ -1,0 +1,2 @@
+"""Optimizers (AdamW over torch's fused kernel, L-BFGS), their parameter groups, and the
+learning-rate schedule."""
