@@ -1,11 +1,13 @@
-"""Model downloads: `GET /v1/models/{id}/content?format=gguf|hf|onnx|checkpoint[&dtype=f32|f16|q8_0]`.
+"""Model downloads: `GET /v1/models/{id}/content?format=FORMAT[&dtype=DTYPE]`, FORMAT one of
+core.exports.DOWNLOAD_FORMATS (the formats of trainer.config.export_formats, then `checkpoint`),
+DTYPE one of its DTYPES; GET /v1/fine_tuning/export_formats serves both lists.
 
 Nothing is converted in the API process (it never imports torch): workers make every export.
 
 - `checkpoint`: the stored checkpoint blob itself, an uncompressed tar of the trainer's checkpoint
   folder (weights as safetensors + JSON configs, tokenizer, optimizer state).
-- `gguf`, `hf` (one uncompressed tar of the Hugging Face folder), `onnx`: an `Export` row per
-  (model, format, dtype) (`format` is core.exports.export_key: `gguf`, `hf-f16`, ...):
+- an export format (`gguf`, `hf`: one uncompressed tar of the Hugging Face folder, `onnx`): an
+  `Export` row per (model, format, dtype) (`format` is core.exports.export_key: `gguf`, `hf-f16`, ...):
   - `ready` (made by the training worker at the end of the job for its `export_formats`, or
     earlier on demand): 200, the file.
   - none: the owner's storage quota is checked (429 when already full), a row `preparing` is
@@ -41,10 +43,11 @@ from api.quotas import STORAGE_RETRY_AFTER_SECONDS, quota_exceeded, storage_exce
 from core.blobstore import BlobStore
 from core.broker import EXPORT_TASK, send_to_inference_worker
 from core.exports import (
+    CHECKPOINT,
     FAILED,
     PREPARING,
     READY,
-    ExportDtype,
+    DownloadFormat,
     decode_error,
     export_filename,
     export_key,
@@ -54,8 +57,8 @@ from core.exports import (
 from core.models import Export, utcnow
 from core.quotas import stored_bytes
 from core.settings import Settings
+from trainer.config.export_formats import DTYPE_NAMES, FORMAT_NAMES, ExportDtype
 
-DownloadFormat = Literal["gguf", "hf", "onnx", "checkpoint"]
 RETRY_AFTER_SECONDS = 2  # a tiny model exports in about a second; larger ones take a few polls
 log = logging.getLogger(__name__)
 
@@ -74,8 +77,8 @@ class ExportPreparing(BaseModel):
     object: Literal["model.export"] = "model.export"
     id: str = Field(description="the export's id")
     model: str
-    format: str = Field(description="gguf, hf or onnx")
-    dtype: str = Field(description="f32, f16 or q8_0")
+    format: str = Field(description=f"one of {', '.join(FORMAT_NAMES)}")
+    dtype: str = Field(description=f"one of {', '.join(DTYPE_NAMES)}")
     status: Literal["preparing"] = "preparing"
     message: str
 
@@ -95,9 +98,10 @@ def find_download(
         raise APIError(
             404, f"Model {ref.id!r} has no stored weights to download.", param="model", code="model_not_found"
         )
-    if fmt == "checkpoint":
+    if fmt == CHECKPOINT.name:
         info = store.info(ref.checkpoint.blob_id)
-        return Download(ref.checkpoint.blob_id, f"{safe_name(ref.id)}.tar", info.size, "application/x-tar")
+        filename = f"{safe_name(ref.id)}.{CHECKPOINT.extension}"
+        return Download(ref.checkpoint.blob_id, filename, info.size, media_type(filename))
     key = export_key(fmt, dtype)
     for _ in range(3):  # a row that vanished between two reads (deleted as failed, or raced): again
         row = session.scalar(select(Export).where(Export.model_id == ref.id, Export.format == key))
@@ -161,7 +165,7 @@ def _send(session: Session, celery: Celery, export_id: str) -> None:
     """The row's id to the inference queue; on a broker failure the row goes again (503)."""
     try:
         send_to_inference_worker(celery, EXPORT_TASK, export_id)
-    except Exception as e:  # noqa: BLE001 - any broker failure
+    except Exception as e:  # any broker failure
         log.warning("could not send export %s to a worker: %s", export_id, type(e).__name__)
         session.rollback()
         session.execute(delete(Export).where(Export.id == export_id, Export.status == PREPARING))

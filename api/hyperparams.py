@@ -30,6 +30,7 @@ from trainer.config import (
     schema,
 )
 from trainer.config.errors import quote
+from trainer.config.estimate import held_out_tokens, max_file_tokens, max_train_tokens
 
 NOT_HYPERPARAMETERS = {"seed": "use the request's top-level `seed`"}
 TOKENIZER_FIELDS = ("tokenizer", "vocab_size")
@@ -153,12 +154,6 @@ def resolve(
     return Resolved(model_cfg, train_cfg, shown)
 
 
-def estimate_max_tokens(n_bytes: int) -> int:
-    """An upper bound on the tokens a file of `n_bytes` gives: every token (byte or BPE) covers at
-    least one byte of text, and a JSONL record's EOS is paid for by its JSON syntax (>= 12 bytes)."""
-    return n_bytes
-
-
 def check_context(
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
@@ -168,14 +163,15 @@ def check_context(
 ) -> None:
     """HyperparameterError (param `ctx`) when the data cannot fill one window of ctx+1 tokens.
 
-    As in trainer.data.prepare: with a validation file the whole training file trains; otherwise the last
-    int(n * val_fraction) tokens are held out for validation, and when that split is not empty and
-    evaluation is on, it too needs one window. The token count is an upper bound (exact for the byte
-    tokenizer on text), so a rejected job could never have run."""
+    As in trainer.data.prepare: with a validation file the whole training file trains; otherwise the
+    last val_fraction of the tokens is held out for validation (trainer.config.estimate.held_out_tokens),
+    and when that split is not empty and evaluation is on, it too needs one window. The token count is
+    an upper bound (exact for the byte tokenizer on text), so a rejected job could never have run."""
     need = model_cfg.ctx + 1
-    total = estimate_max_tokens(training_bytes)
-    n_val = 0 if has_validation_file else int(total * train_cfg.val_fraction)
-    train_tokens = total - n_val
+    train_tokens = max_train_tokens(train_cfg, training_bytes, has_validation_file)
+    n_val = (
+        0 if has_validation_file else held_out_tokens(max_file_tokens(training_bytes), train_cfg.val_fraction)
+    )
     if train_tokens < need:
         split = (
             ""
@@ -189,7 +185,7 @@ def check_context(
             "ctx",
         )
     if train_cfg.eval_every > 0:
-        val_tokens = estimate_max_tokens(validation_bytes or 0) if has_validation_file else n_val
+        val_tokens = max_file_tokens(validation_bytes or 0) if has_validation_file else n_val
         if 0 < val_tokens < need or (has_validation_file and val_tokens < need):
             where = (
                 "the validation file"

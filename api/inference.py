@@ -233,7 +233,7 @@ async def start_inference(app: FastAPI, owner_id: str, model_id: str, params: di
     try:
         try:
             await run_in_threadpool(_send, app, row_id)
-        except Exception as e:  # noqa: BLE001 - any broker failure
+        except Exception as e:  # any broker failure
             log.warning("could not send inference request %s: %s", row_id, e)
             raise APIError(
                 503,

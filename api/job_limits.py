@@ -9,10 +9,11 @@ bigger one briefly joined); an accepted job waits in `<queue>.<N>` for a worker 
 
 The limits come from settings: `cpu_worker_memory_bytes` / `gpu_worker_memory_bytes` (the memory of
 the largest worker of each queue), `max_job_steps`, `max_job_tokens` (steps x batch_size x grad_accum
-x ctx) and `max_checkpoints_per_job`. The memory is trainer.config.estimate's (weights, gradients, optimizer
-state, the activations of one micro-batch at the job's dtype, checkpointing taken into account); where
-a count depends on the data (steps from n_epochs), it is an upper bound from the file's byte count
-(api.hyperparams.estimate_max_tokens), so a refused job could never have fitted.
+x devices x ctx) and `max_checkpoints_per_job`. Every number is trainer.config.estimate's (memory:
+weights, gradients, optimizer state, the activations of one micro-batch at the job's dtype,
+checkpointing taken into account); this module only compares and words. Where a count depends on the
+data (steps from n_epochs), it is an upper bound from the file's byte count
+(trainer.config.estimate.max_train_tokens), so a refused job could never have fitted.
 
 Each refusal is a `JobTooLarge` (a HyperparameterError: message + param) naming the field to lower,
 the limit and the estimate in GiB or tokens; the route answers it as a 400 `job_too_large`.
@@ -22,22 +23,25 @@ from __future__ import annotations
 
 import math
 
-from api.hyperparams import HyperparameterError, estimate_max_tokens
+from api.hyperparams import HyperparameterError
 from core.settings import Settings
 from trainer.config import ModelConfig, TrainConfig
 from trainer.config.estimate import (
     Device,
     MemoryEstimate,
     estimate_memory,
+    global_batch,
     largest_fitting_batch_size,
+    max_train_tokens,
     max_windows_per_epoch,
+    parameter_breakdown,
+    tokens_per_step,
     total_steps,
     total_tokens,
     with_checkpointing,
 )
 
 MiB, GiB = 1 << 20, 1 << 30
-OPTIMIZER_NAMES = {"adamw": "AdamW", "lbfgs": "L-BFGS"}
 
 
 class JobTooLarge(HyperparameterError):
@@ -51,13 +55,6 @@ def gib(n_bytes: int) -> str:
     if n_bytes < GiB:
         return f"{math.ceil(n_bytes / MiB):,} MiB"
     return f"{n_bytes / GiB:,.1f} GiB"
-
-
-def max_train_tokens(train_cfg: TrainConfig, training_bytes: int, has_validation_file: bool) -> int:
-    """An upper bound of the training tokens (trainer.data.prepare holds out the last int(n * val_fraction)
-    tokens for validation when there is no validation file)."""
-    total = estimate_max_tokens(training_bytes)
-    return total if has_validation_file else total - int(total * train_cfg.val_fraction)
 
 
 def check_job_limits(
@@ -125,7 +122,7 @@ def _check_steps(train_cfg: TrainConfig, steps: int, windows: int, limit: int) -
     if _length_param(train_cfg) == "n_epochs":
         how = (
             f"n_epochs={train_cfg.n_epochs} over up to {windows:,} windows of the training file, "
-            f"batch_size x grad_accum = {train_cfg.batch_size * train_cfg.grad_accum} per step"
+            f"batch_size x grad_accum x devices = {global_batch(train_cfg)} per step"
         )
         fix = "Lower n_epochs, or raise batch_size or grad_accum (fewer, larger steps)."
     else:
@@ -142,7 +139,7 @@ def _check_tokens(model_cfg: ModelConfig, train_cfg: TrainConfig, steps: int, li
     tokens = total_tokens(train_cfg, model_cfg.ctx, steps)
     if tokens <= limit:
         return
-    per_step = total_tokens(train_cfg, model_cfg.ctx, 1)
+    per_step = tokens_per_step(train_cfg, model_cfg.ctx)
     given_length = train_cfg.max_steps is not None or train_cfg.n_epochs is not None
     param = _length_param(train_cfg) if given_length else "batch_size"
     fix = (
@@ -154,8 +151,8 @@ def _check_tokens(model_cfg: ModelConfig, train_cfg: TrainConfig, steps: int, li
     )
     raise JobTooLarge(
         f"The job would process up to {tokens:,} tokens ({steps:,} steps x batch_size {train_cfg.batch_size} "
-        f"x grad_accum {train_cfg.grad_accum} x ctx {model_cfg.ctx}), more than the {limit:,} tokens a job "
-        f"may process (FROMSCRATCH_MAX_JOB_TOKENS). {fix}",
+        f"x grad_accum {train_cfg.grad_accum} x devices {train_cfg.devices} x ctx {model_cfg.ctx}), more "
+        f"than the {limit:,} tokens a job may process (FROMSCRATCH_MAX_JOB_TOKENS). {fix}",
         param,
     )
 
@@ -173,10 +170,10 @@ def _check_memory(
     if est.total <= limit:
         return
     dtype = "float32" if est.dtype_bytes == 4 else "16-bit"
-    optimizer = OPTIMIZER_NAMES[train_cfg.optimizer]
     needs = (
         f"The job needs about {gib(est.total)} of memory ({gib(est.weights)} weights, {gib(est.gradients)} "
-        f"gradients, {gib(est.optimizer)} {optimizer} state, {gib(est.activations)} activations "
+        f"gradients, {gib(est.optimizer)} optimizer state (optimizer={train_cfg.optimizer}), "
+        f"{gib(est.activations)} activations "
         f"for a micro-batch of batch_size={train_cfg.batch_size} x ctx={model_cfg.ctx} tokens in {dtype}), "
         f"more than the largest {queue} worker has ({gib(limit)}, "
         f"FROMSCRATCH_{queue.upper()}_WORKER_MEMORY_BYTES)."
@@ -195,7 +192,7 @@ def _memory_fix(
     continuing: bool,
 ) -> tuple[str, str]:
     """(field, advice): the model itself when its states alone do not fit, else the micro-batch."""
-    states = max(est.model_states, est.checkpoint_peak - est.batch - est.runtime)
+    states = est.states_peak
     if states + est.runtime > limit:
         model = (
             f"The model alone ({est.n_params:,} parameters) needs {gib(states)} for its weights, gradients "
@@ -223,12 +220,13 @@ def _memory_fix(
 def _largest_part(model_cfg: ModelConfig, given: set[str]) -> str:
     """The architecture field to lower: the one behind the largest share of the parameters (and
     buffers), preferring one the request set over one that came from the preset."""
-    d, layers = model_cfg.n_embd, model_cfg.n_layer
-    ffn = layers * 3 * d * model_cfg.hidden_dim
-    attention = layers * (2 * d * d + 2 * d * model_cfg.kv_heads * model_cfg.head_dim)
-    embeddings = model_cfg.vocab_size * d * (1 if model_cfg.tie_embeddings else 2)
-    rope = 2 * model_cfg.ctx * model_cfg.n_rot
-    parts = {"ffn_dim": ffn, "n_embd": attention, "vocab_size": embeddings, "ctx": rope}
+    breakdown = parameter_breakdown(model_cfg)
+    parts = {
+        "ffn_dim": breakdown.feed_forward,
+        "n_embd": breakdown.attention,
+        "vocab_size": breakdown.embeddings,  # the API's vocab_size: the tokenizer's, which the model takes
+        "ctx": breakdown.rope_buffers,
+    }
     largest = max(parts, key=lambda k: parts[k])
     if largest in given:
         return largest

@@ -5,11 +5,11 @@ State on `app.state`: `settings`, `engine`, `session_factory`, `blobstore`, `cel
 routes of the routers below: api/openapi.py documents them, api/errors.py answers a 405 with their
 methods). No model is ever loaded here: completions run in the inference workers.
 
-Routers, one per resource: files, jobs (+ presets), statuses, events (events, metrics, SSE stream),
-checkpoints, models (+ content), completions (completions, chat completions, generate: run by the
-inference workers, api/inference.py), health (healthz, readyz, metrics). The dashboard's
-static files (`api/static/`) are mounted at `/` after the routers, so every API path wins.
-Every error is JSON in OpenAI's envelope (api/errors.py).
+Routers, one per resource: files, jobs (+ presets), statuses, export formats, events (events,
+metrics), stream (a job's SSE stream), checkpoints, models (+ content), completions (completions,
+chat completions, generate: run by the inference workers, api/inference.py), health (healthz,
+readyz, metrics). The dashboard's static files (`api/static/`) are mounted at `/` after the
+routers, so every API path wins. Every error is JSON in OpenAI's envelope (api/errors.py).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import Histogram
+from sqlalchemy import Engine
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.db_errors import install_database_error_handler
@@ -36,17 +37,34 @@ from api.routes import (
     checkpoints,
     completions,
     events,
+    export_formats,
     files,
     health,
     hyperparameters,
     jobs,
     models,
     statuses,
+    stream,
     tensorboard,
     workers,
 )
 from core.settings import Settings, get_settings
 
+ROUTER_MODULES = (
+    health,
+    files,
+    jobs,
+    hyperparameters,
+    statuses,
+    export_formats,
+    events,
+    stream,
+    checkpoints,
+    tensorboard,
+    models,
+    completions,
+    workers,
+)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 API_DESCRIPTION = """Train small LLaMA models from scratch through an OpenAI-compatible fine-tuning API.
 
@@ -131,26 +149,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     registry, latency = health.make_registry(session_factory)
     app.state.registry = registry
 
-    install_error_handlers(app)
-    install_database_error_handler(app, engine)  # 503 while the database is down
-    install_log_redaction()
-    app.add_middleware(TextURLMiddleware)  # a URL holding NUL is a 400 (api/request_text.py)
-    app.add_middleware(LatencyMiddleware, histogram=latency)
-    app.add_middleware(ResponseHeadersMiddleware)  # outermost: x-request-id, x-should-retry, Retry-After
-    modules = (
-        health,
-        files,
-        jobs,
-        hyperparameters,
-        statuses,
-        events,
-        checkpoints,
-        tensorboard,
-        models,
-        completions,
-        workers,
-    )
-    routers = [module.router for module in modules]
+    _install_handlers_and_middleware(app, engine, latency)
+    routers = [module.router for module in ROUTER_MODULES]
     for router in routers:
         app.include_router(router)
     app.state.api_routes = list(api_routes(routers))  # for 405's Allow (api/errors.py)
@@ -158,3 +158,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if STATIC_DIR.is_dir():
         app.mount("/", StaticFiles(directory=STATIC_DIR, html=True), name="dashboard")
     return app
+
+
+def _install_handlers_and_middleware(app: FastAPI, engine: Engine, latency: Histogram) -> None:
+    install_error_handlers(app)
+    install_database_error_handler(app, engine)  # 503 while the database is down
+    install_log_redaction()
+    app.add_middleware(TextURLMiddleware)  # a URL holding NUL is a 400 (api/request_text.py)
+    app.add_middleware(LatencyMiddleware, histogram=latency)
+    app.add_middleware(ResponseHeadersMiddleware)  # outermost: x-request-id, x-should-retry, Retry-After

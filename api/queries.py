@@ -119,3 +119,12 @@ def newest_first_after(model: type[File] | type[Job], cursor_row: File | Job) ->
 
 def bad_cursor(after: str) -> APIError:
     return APIError(400, f"after={after!r} is not an id from this list", param="after", code="invalid_cursor")
+
+
+# Metric steps and Event seqs are 32-bit INTEGER columns in PostgreSQL, which refuses to compare one
+# with a larger bound; a cursor past their range is past every row, and one before it before all.
+COLUMN_MIN, COLUMN_MAX = -1, 2**31 - 1
+
+
+def in_column_range(n: int) -> int:
+    return max(COLUMN_MIN, min(n, COLUMN_MAX))

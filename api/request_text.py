@@ -89,7 +89,7 @@ async def check_json_body(request: Request) -> None:
         return
     try:
         document = await request.json()
-    except Exception:  # noqa: BLE001 - malformed JSON: FastAPI's parse reports it (json_invalid)
+    except Exception:  # malformed JSON: FastAPI's parse reports it (json_invalid)
         return
     found = first_unstorable_string(document)
     if found is not None:

@@ -13,6 +13,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, cast
 
 from pydantic import BaseModel, Field
 
+from core.exports import DOWNLOAD_FORMATS
 from core.jobstates import EventLevel
 from core.models import Checkpoint as CheckpointRow
 from core.models import Event as EventRow
@@ -20,6 +21,8 @@ from core.models import File as FileRow
 from core.models import Job as JobRow
 from core.models import Metric as MetricRow
 from core.status import ACTIVE, TERMINAL, JobStatus
+from trainer.config import ConfigError, TrainConfig, estimate
+from trainer.config.metrics import METRICS, OPENAI_NAMES, STORED
 
 T = TypeVar("T")
 
@@ -170,12 +173,11 @@ class FineTuningJob(BaseModel):
 
 
 def tokens_per_step(job: JobRow) -> int | None:
+    """The job's tokens per optimizer step over all its devices (None: its configs do not load)."""
     try:
-        train = job.train_config or {}
-        return (
-            int(train.get("batch_size", 1)) * int(train.get("grad_accum", 1)) * int(job.model_config["ctx"])
-        )
-    except (KeyError, TypeError, ValueError):
+        train_cfg = TrainConfig.from_dict(job.train_config or {})
+        return estimate.tokens_per_step(train_cfg, int(job.model_config["ctx"]))
+    except (ConfigError, KeyError, TypeError, ValueError):
         return None
 
 
@@ -259,17 +261,8 @@ def metric_event_id(job_id: str, step: int) -> str:
 
 
 def metric_data(m: MetricRow) -> dict[str, Any]:
-    return {
-        "step": m.step,
-        "train_loss": m.train_loss,
-        "valid_loss": m.val_loss,
-        "train_mean_token_accuracy": m.train_accuracy,
-        "valid_mean_token_accuracy": m.val_accuracy,
-        "learning_rate": m.lr,
-        "grad_norm": m.grad_norm,
-        "tokens_per_s": m.tokens_per_s,
-        "tokens_seen": m.tokens_seen,
-    }
+    """A metrics event's `data`: the row's values under OpenAI's names (trainer.config.metrics)."""
+    return {"step": m.step, **{OPENAI_NAMES[spec.name]: getattr(m, spec.name) for spec in STORED}}
 
 
 def metric_message(m: MetricRow, total_steps: int | None) -> str:
@@ -302,17 +295,10 @@ def to_event(e: EventRow) -> JobEvent:
 
 
 def metric_point(m: MetricRow) -> dict[str, Any]:
-    """One point of GET /metrics and of the SSE `metrics` event."""
+    """One point of GET /metrics and of the SSE `metrics` event: the row's columns."""
     return {
         "step": m.step,
-        "train_loss": m.train_loss,
-        "val_loss": m.val_loss,
-        "train_accuracy": m.train_accuracy,
-        "val_accuracy": m.val_accuracy,
-        "lr": m.lr,
-        "tokens_per_s": m.tokens_per_s,
-        "tokens_seen": m.tokens_seen,
-        "grad_norm": m.grad_norm,
+        **{spec.name: getattr(m, spec.name) for spec in STORED},
         "created_at": unix_float(m.created_at),
     }
 
@@ -331,14 +317,7 @@ class CheckpointObject(BaseModel):
 
 
 # a checkpoint's metrics as OpenAI names them (None where not measured; full_valid_* on the final one)
-CHECKPOINT_METRICS = (
-    "train_loss",
-    "train_mean_token_accuracy",
-    "valid_loss",
-    "valid_mean_token_accuracy",
-    "full_valid_loss",
-    "full_valid_mean_token_accuracy",
-)
+CHECKPOINT_METRICS = tuple(OPENAI_NAMES[spec.name] for spec in METRICS if spec.checkpoint)
 
 
 def to_checkpoint(c: CheckpointRow) -> CheckpointObject:
@@ -368,7 +347,10 @@ class Model(BaseModel):
     step: int | None = None
     root: str | None = Field(None, description="the preset the model's architecture comes from")
     parent: str | None = Field(None, description="the model this one continued training from")
-    formats: list[str] = Field(default_factory=lambda: ["gguf", "hf", "onnx", "checkpoint"])
+    formats: list[str] = Field(
+        default_factory=lambda: list(DOWNLOAD_FORMATS),
+        description="the `format`s it downloads as (GET /v1/fine_tuning/export_formats describes them)",
+    )
 
 
 class GenerateResponse(BaseModel):

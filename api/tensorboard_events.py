@@ -9,7 +9,7 @@ buffers, both simple enough to encode by hand.
   tag = 1 (string), simple_value = 2 (float), which TensorBoard shows as a scalar.
 
 The first event names the format (`brain.Event:2`); then one event per Metric row, holding that
-step's scalars (SCALARS: only the values the row has). tests/api/test_tensorboard.py reads the
+step's scalars (SCALARS, the registry's TensorBoard tags: only the values the row has). tests/api/test_tensorboard.py reads the
 result back with TensorBoard's own EventAccumulator.
 """
 
@@ -20,16 +20,10 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
+from trainer.config.metrics import STORED
+
 # (tag in TensorBoard, Metric column)
-SCALARS = (
-    ("train/loss", "train_loss"),
-    ("val/loss", "val_loss"),
-    ("train/accuracy", "train_accuracy"),
-    ("val/accuracy", "val_accuracy"),
-    ("learning_rate", "lr"),
-    ("tokens_per_s", "tokens_per_s"),
-    ("grad_norm", "grad_norm"),
-)
+SCALARS = tuple((spec.tensorboard, spec.name) for spec in STORED if spec.tensorboard)
 FILE_VERSION = b"brain.Event:2"
 
 
@@ -100,16 +94,9 @@ def event(wall_time: float, step: int | None = None, *, scalars: Iterable[tuple[
 
 
 class MetricLike(Protocol):
-    """What a Metric row gives (core.models.Metric)."""
+    """A Metric row (core.models.Metric): its step, and its values as attributes named by SCALARS."""
 
     step: int
-    train_loss: float | None
-    val_loss: float | None
-    train_accuracy: float | None
-    val_accuracy: float | None
-    lr: float | None
-    tokens_per_s: float | None
-    grad_norm: float | None
 
 
 def step_scalars(row: MetricLike) -> list[tuple[str, float]]:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import httpx
 
@@ -235,37 +235,16 @@ def serve(
     cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--log-level", "warning"]
     if not worker:
         cmd.append("--no-worker")
-    log = open(log_path, "w")  # noqa: SIM115 - closed below
+    log = open(log_path, "w")
     proc = subprocess.Popen(
         cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True
     )
     svc: Service | None = None
     try:
-        key = None
         deadline = time.monotonic() + timeout
-        assert proc.stdout is not None
-        for line in proc.stdout:  # the banner; the key is the indented fsk-... line
-            log.write(line)
-            if line.strip().startswith("fsk-"):
-                key = line.strip()
-            if "API key" in line and "existing keys" in line:
-                break
-            if key or time.monotonic() > deadline:
-                break
-        if key is None:
-            raise RuntimeError(
-                f"`fromscratch serve` printed no API key\n{log_path.read_text(errors='replace')}"
-            )
+        key = _read_key(proc, log, deadline, log_path)
         url = f"http://127.0.0.1:{port}"
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"`fromscratch serve` did not become ready\n{log_path.read_text(errors='replace')}"
-                )
-            time.sleep(0.2)
+        _wait_ready(url, proc, deadline, log_path)
 
         def drain() -> None:  # keep the stdout pipe from filling up
             assert proc.stdout is not None
@@ -278,14 +257,49 @@ def serve(
     finally:
         if svc is not None and svc._client is not None:
             svc._client.close()
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        _stop(proc)
         log.close()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _read_key(proc: subprocess.Popen[str], log: TextIO, deadline: float, log_path: Path) -> str:
+    """The API key from `serve`'s banner (the indented fsk-... line), copying the banner to `log`."""
+    key = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        log.write(line)
+        if line.strip().startswith("fsk-"):
+            key = line.strip()
+        if "API key" in line and "existing keys" in line:
+            break
+        if key or time.monotonic() > deadline:
+            break
+    if key is None:
+        raise RuntimeError(f"`fromscratch serve` printed no API key\n{log_path.read_text(errors='replace')}")
+    return key
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[str], deadline: float, log_path: Path) -> None:
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
+                return
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(
+                f"`fromscratch serve` did not become ready\n{log_path.read_text(errors='replace')}"
+            )
+        time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to the service's process group, SIGKILL after 30 s."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

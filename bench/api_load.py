@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._service import (  # noqa: E402
+from bench._service import (
     REDIS_URL,
     SHAKESPEARE,
     Service,
@@ -40,6 +40,7 @@ from bench._service import (  # noqa: E402
     serve,
 )
 
+BATCH = 16  # the trained job's batch size (sequences of 128 tokens)
 LUA = """
 wrk.headers["Authorization"] = "Bearer %(key)s"
 local n = 0
@@ -120,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     conns = args.connections or (10 if args.smoke else 100)
     secs = args.seconds or (2 if args.smoke else 20)
     quiet = 2.0 if args.smoke else 10.0  # unloaded windows before and after
-    batch = 16
-    tokens_per_step = batch * 128
 
     with contextlib.ExitStack() as stack:
         db = "Postgres + Redis" if args.postgres else "embedded (SQLite)"
@@ -129,32 +128,53 @@ def main(argv: list[str] | None = None) -> int:
         svc = stack.enter_context(
             serve(database_url=url, broker_url=REDIS_URL if args.postgres else None, threads=args.threads)
         )
-        file_id = svc.upload(SHAKESPEARE)
-        job_id = svc.create_job(
-            file_id,
-            "llama-tiny",
-            {"max_steps": 1_000_000, "batch_size": batch, "eval_every": 0, "checkpoint_every": 0},
-        )
-        deadline = time.monotonic() + 120
-        while not svc.metrics(job_id):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the job did not start training\n{svc.log_tail()}")
-            time.sleep(0.5)
-        time.sleep(1.0)
-        t0 = time.time()
-        time.sleep(quiet)
-        t1 = time.time()
-        step = int(svc.metrics(job_id)[-1]["step"])
-        res = run_wrk(svc, job_id, max(0, step - 10), conns, secs, args.wrk_threads)
-        t2 = time.time()
-        time.sleep(quiet + 1.5)  # + the metric flush interval, so the window's rows are written
-        t3 = time.time() - 1.5
-        points = svc.metrics(job_id)
-        svc.client.post(f"/v1/fine_tuning/jobs/{job_id}/cancel")
+        res, points, times = measure(svc, conns, secs, quiet, args.wrk_threads)
+    title = (
+        f"# api_load  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; {db}; wrk -t{args.wrk_threads} -c{conns} "
+        f"-d{secs}s on loopback; job GET + metrics?after_step= alternating; worker torch threads {args.threads}"
+    )
+    report(res, points, times, title)
+    return 0
+
+
+def measure(
+    svc: Service, conns: int, secs: int, quiet: float, wrk_threads: int
+) -> tuple[dict[str, Any], list[dict[str, Any]], tuple[float, float, float, float]]:
+    """Train a job, then: `quiet` seconds unloaded, wrk's load, `quiet` seconds unloaded again.
+    Returns wrk's result, the job's metric points and the windows' bounds t0 < t1 < t2 < t3."""
+    file_id = svc.upload(SHAKESPEARE)
+    job_id = svc.create_job(
+        file_id,
+        "llama-tiny",
+        {"max_steps": 1_000_000, "batch_size": BATCH, "eval_every": 0, "checkpoint_every": 0},
+    )
+    deadline = time.monotonic() + 120
+    while not svc.metrics(job_id):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the job did not start training\n{svc.log_tail()}")
+        time.sleep(0.5)
+    time.sleep(1.0)
+    t0 = time.time()
+    time.sleep(quiet)
+    t1 = time.time()
+    step = int(svc.metrics(job_id)[-1]["step"])
+    res = run_wrk(svc, job_id, max(0, step - 10), conns, secs, wrk_threads)
+    t2 = time.time()
+    time.sleep(quiet + 1.5)  # + the metric flush interval, so the window's rows are written
+    t3 = time.time() - 1.5
+    points = svc.metrics(job_id)
+    svc.client.post(f"/v1/fine_tuning/jobs/{job_id}/cancel")
+    return res, points, (t0, t1, t2, t3)
+
+
+def report(
+    res: dict[str, Any], points: list[dict[str, Any]], times: tuple[float, float, float, float], title: str
+) -> None:
+    t0, t1, t2, t3 = times
+    tokens_per_step = BATCH * 128
     before = window_throughput(points, t0, t1, tokens_per_step)
-    loaded = window_throughput(
-        points, t1 + 1.0, t2, tokens_per_step
-    )  # +1 s: rows flushed at t1 are from before
+    # +1 s after a window's start: the rows flushed then are from before it
+    loaded = window_throughput(points, t1 + 1.0, t2, tokens_per_step)
     after = window_throughput(points, t2 + 1.0, t3, tokens_per_step)
     unloaded = (before + after) / 2
     errors = res["connect"] + res["read"] + res["write"] + res["status"] + res["timeout"]
@@ -162,10 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  wrk: {res}", flush=True)
     print(f"  training tok/s: before {before:,.0f}, under load {loaded:,.0f}, after {after:,.0f}", flush=True)
     print()
-    print(
-        f"# api_load  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; {db}; wrk -t{args.wrk_threads} -c{conns} "
-        f"-d{secs}s on loopback; job GET + metrics?after_step= alternating; worker torch threads {args.threads}"
-    )
+    print(title)
     print_table(
         (
             "requests/s",
@@ -194,7 +211,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         ],
     )
-    return 0
 
 
 if __name__ == "__main__":

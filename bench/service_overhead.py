@@ -32,7 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._service import (  # noqa: E402
+from bench._service import (
     REDIS_URL,
     REPO_ROOT,
     SHAKESPEARE,
@@ -124,6 +124,7 @@ def model_startup(batch_size: int, threads: int | None) -> float:
     import torch
 
     from trainer.config import TrainConfig, model_config_from_preset
+    from trainer.config.metrics import StepMetrics
     from trainer.data.prepare import prepare_data
     from trainer.data.tokenizers import ByteTokenizer
     from trainer.run.loop import Callbacks, train
@@ -137,7 +138,7 @@ def model_startup(batch_size: int, threads: int | None) -> float:
         def __init__(self) -> None:
             self.t: float | None = None
 
-        def on_step(self, step: int, *args: Any) -> None:
+        def on_step(self, metrics: StepMetrics) -> None:
             self.t = self.t or time.perf_counter()
 
         def should_stop(self) -> Any:
@@ -175,13 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or 1 if args.smoke else args.rounds or 3
     steps = args.steps or (8 if args.smoke else 150)
     skip = args.skip if args.skip is not None else (2 if args.smoke else 5)
-    tokens_per_step = args.batch_size * 128  # llama-tiny ctx
     use_pg = not (args.no_postgres or args.smoke)
 
     startup = model_startup(args.batch_size, args.threads)
     print(f"service_overhead: model start-up (train() to first step) {startup:.2f} s", flush=True)
-    direct: list[float] = []
-    results: dict[str, dict[str, list[float]]] = {}
     with contextlib.ExitStack() as stack:
         services: dict[str, Service] = {"embedded (SQLite)": stack.enter_context(serve(threads=args.threads))}
         if use_pg:
@@ -189,29 +187,46 @@ def main(argv: list[str] | None = None) -> int:
             services["Postgres + Redis"] = stack.enter_context(
                 serve(database_url=url, broker_url=REDIS_URL, threads=args.threads)
             )
-        files = {name: svc.upload(SHAKESPEARE) for name, svc in services.items()}
-        for rnd in range(rounds):
-            d = throughput(run_direct(steps, args.batch_size, args.threads), skip, tokens_per_step)
-            direct.append(d)
-            print(f"  round {rnd + 1}/{rounds} direct {d:,.0f} tok/s", flush=True)
-            for name, svc in services.items():
-                points, first = run_job(svc, files[name], steps, args.batch_size, args.poll)
-                s = throughput(points, skip, tokens_per_step)
-                r = results.setdefault(name, {"tps": [], "ratio": [], "first": []})
-                r["tps"].append(s)
-                r["ratio"].append(s / d)
-                r["first"].append(first)
-                print(
-                    f"  round {rnd + 1}/{rounds} {name}: {s:,.0f} tok/s (x{s / d:.3f} of direct), first loss "
-                    f"after {first:.2f} s",
-                    flush=True,
-                )
+        direct, results = run_rounds(services, args, rounds, steps, skip)
 
     print()
     print(
         f"# service_overhead  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; {PRESET}, {steps} steps x "
-        f"{tokens_per_step} tokens, medians of {rounds} interleaved rounds; model start-up {startup:.2f} s"
+        f"{args.batch_size * 128} tokens, medians of {rounds} interleaved rounds; model start-up {startup:.2f} s"
     )
+    report(direct, results, startup)
+    return 0
+
+
+def run_rounds(
+    services: dict[str, Service], args: argparse.Namespace, rounds: int, steps: int, skip: int
+) -> tuple[list[float], dict[str, dict[str, list[float]]]]:
+    """Each round: the direct run, then a job on each service. Returns the direct throughputs and,
+    per service, its throughputs ("tps"), their ratios to the round's direct one and first-loss times."""
+    tokens_per_step = args.batch_size * 128  # llama-tiny ctx
+    direct: list[float] = []
+    results: dict[str, dict[str, list[float]]] = {}
+    files = {name: svc.upload(SHAKESPEARE) for name, svc in services.items()}
+    for rnd in range(rounds):
+        d = throughput(run_direct(steps, args.batch_size, args.threads), skip, tokens_per_step)
+        direct.append(d)
+        print(f"  round {rnd + 1}/{rounds} direct {d:,.0f} tok/s", flush=True)
+        for name, svc in services.items():
+            points, first = run_job(svc, files[name], steps, args.batch_size, args.poll)
+            s = throughput(points, skip, tokens_per_step)
+            r = results.setdefault(name, {"tps": [], "ratio": [], "first": []})
+            r["tps"].append(s)
+            r["ratio"].append(s / d)
+            r["first"].append(first)
+            print(
+                f"  round {rnd + 1}/{rounds} {name}: {s:,.0f} tok/s (x{s / d:.3f} of direct), first loss "
+                f"after {first:.2f} s",
+                flush=True,
+            )
+    return direct, results
+
+
+def report(direct: list[float], results: dict[str, dict[str, list[float]]], startup: float) -> None:
     rows = [("direct (fromscratch train)", f"{median(direct):,.0f}", "1.000", "-", "-", "-")]
     for name, r in results.items():
         goal = 2.0 if "SQLite" in name else 1.0
@@ -230,7 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     print_table(
         ("run", "tok/s", "x direct", "first loss s", "net of start-up s", "goals met (tput / latency)"), rows
     )
-    return 0
 
 
 if __name__ == "__main__":

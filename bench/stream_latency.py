@@ -29,7 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._service import (  # noqa: E402
+from bench._service import (
     REDIS_URL,
     SHAKESPEARE,
     Service,

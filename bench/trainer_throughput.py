@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import dataclasses
-import gc
 import math
 import os
 import platform
@@ -36,23 +34,29 @@ import statistics
 import sys
 import sysconfig
 import tempfile
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without install
 
-from trainer.config import ModelConfig, TrainConfig, model_config_from_preset  # noqa: E402
-from trainer.data.prepare import TokenData  # noqa: E402
-from trainer.data.tokenizers import ByteTokenizer  # noqa: E402
-from trainer.model import cpu_kernels  # noqa: E402
-from trainer.model.llama import Llama  # noqa: E402
-from trainer.run.loop import Callbacks, train  # noqa: E402
+from bench._timed_training import (
+    DTYPE_NAME,
+    PeakMeter,
+    Precision,
+    StepTimer,
+    Variant,
+    clock_name,
+    run_training,
+    use_thread_clock,
+)
+from trainer.config import ModelConfig, TrainConfig, model_config_from_preset
+from trainer.data.prepare import TokenData
+from trainer.data.tokenizers import ByteTokenizer
+from trainer.model.llama import Llama
+from trainer.run.loop import train
 
 VOCAB = ByteTokenizer.vocab_size  # 258
 # nanoGPT (bias=True, vocab 98, n_layer 4, n_head 4, n_embd 256, block 128) as its estimate_mfu
@@ -66,32 +70,6 @@ _NANO_PARAMS = (
     + 2 * _NANO_D
 )
 NANOGPT_FLOPS_PER_TOKEN = 6 * _NANO_PARAMS + 12 * _NANO_L * _NANO_T * _NANO_D
-
-Precision = Literal["fp32", "bf16"]
-# Clock for steps and peaks alike. "wall" (perf_counter) is what a user sees; "thread" (CPU time of
-# the one training thread, with torch at 1 thread) does not count time the OS gave to other
-# processes, which keeps ratios steady on a machine shared by many jobs (bench/README.md).
-clock: Callable[[], float] = time.perf_counter
-DTYPE_NAME: dict[str, Literal["float32", "bfloat16"]] = {"fp32": "float32", "bf16": "bfloat16"}
-TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    name: str  # configuration label
-    model: ModelConfig
-    batch_size: int
-    precision: Precision
-    compile: bool = False
-    kernels: bool = True  # the fused C kernels of trainer.model.cpu_kernels where a run can use them
-
-    @property
-    def label(self) -> tuple[str, str, str, str]:
-        return self.name, self.precision, "on" if self.compile else "off", "C" if self.kernels else "torch"
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.model.ctx
 
 
 def cpu_configs(smoke: bool) -> list[tuple[str, ModelConfig, int]]:
@@ -140,206 +118,6 @@ def corpus_tokens(n_bytes: int) -> np.ndarray:
     return tokens
 
 
-# ---------------------------------------------------------------- memory
-_LIBC: Any = None
-
-
-def _status_kib(field: str) -> int | None:
-    try:
-        m = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
-    except OSError:
-        return None
-    return int(m.group(1)) if m else None
-
-
-def reset_rss_peak() -> int | None:
-    """Give freed heap back to the OS, reset the kernel's peak-RSS mark (VmHWM) to the current RSS,
-    and return that RSS in KiB (None where /proc is unavailable)."""
-    global _LIBC
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        _LIBC = _LIBC or ctypes.CDLL("libc.so.6")
-        _LIBC.malloc_trim(0)
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return None
-    return _status_kib("VmRSS")
-
-
-# ---------------------------------------------------------------- matmul peak
-class PeakMeter:
-    """Square-matmul FLOP/s in fp32 and bf16, at the size that does best here (chosen once among a
-    few sizes like the model's matmuls), measured in short bursts between training steps."""
-
-    def __init__(self, device: torch.device, sizes: tuple[int, ...], seconds: float):
-        self.device, self.seconds = device, seconds
-        self.history: dict[str, list[float]] = {"fp32": [], "bf16": []}
-        self.size: dict[str, int] = {}
-        self._mats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for prec in ("fp32", "bf16"):
-            trials: dict[int, list[float]] = {n: [] for n in sizes}
-            for _ in range(3):  # interleaved, so a burst of load elsewhere hits every size alike
-                for n in sizes:
-                    trials[n].append(self._flops(self._make(prec, n), seconds))
-            self.size[prec] = max(sizes, key=lambda n: statistics.median(trials[n]))
-            self._mats[prec] = self._make(prec, self.size[prec])
-
-    def _make(self, prec: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        dtype = TORCH_DTYPE[prec]
-        return (
-            torch.randn(n, n, device=self.device).to(dtype),
-            torch.randn(n, n, device=self.device).to(dtype),
-        )
-
-    def _flops(self, mats: tuple[torch.Tensor, torch.Tensor], seconds: float) -> float:
-        a, b = mats
-        n = a.shape[0]
-        cuda = self.device.type == "cuda"
-        a @ b  # warm (kernel selection, caches)
-        if cuda:
-            torch.cuda.synchronize()
-        iters, batch, t0 = 0, 1, clock()
-        while True:
-            for _ in range(batch):
-                a @ b
-            if cuda:
-                torch.cuda.synchronize()
-            iters += batch
-            elapsed = clock() - t0
-            if elapsed >= seconds:
-                return 2 * n**3 * iters / elapsed
-            if cuda:
-                batch = min(batch * 2, 64)
-
-    def __call__(self) -> dict[str, float]:
-        out = {}
-        for prec, mats in self._mats.items():
-            out[prec] = self._flops(mats, self.seconds)
-            self.history[prec].append(out[prec])
-        return out
-
-
-# ---------------------------------------------------------------- one timed training run
-class _Timer(Callbacks):
-    """Times each step (from the end of the previous on_step to this one: the loop's own per-step
-    work included) and, between steps, measures the fp32 and bf16 matmul peaks, so every step has
-    a peak measured right beside it (the mean of the measurements before and after it)."""
-
-    def __init__(
-        self,
-        warmup: int,
-        min_steps: int,
-        seconds: float,
-        device: torch.device,
-        peak: Callable[[], dict[str, float]] | None = None,
-    ):
-        self.warmup, self.min_steps, self.seconds, self.device = warmup, min_steps, seconds, device
-        self.peak = peak
-        self.durations: list[float] = []
-        self.peaks: list[dict[str, float]] = []  # peaks[i] measured after step i
-        self.losses: list[float] = []
-        self.peak_kib: int | None = None
-        self._start: float | None = None
-
-    def on_start(self, info: dict[str, Any]) -> None:
-        self._start = clock()
-
-    def on_step(
-        self,
-        step: int,
-        train_loss: float,
-        lr: float,
-        grad_norm: float,
-        tokens_per_s: float,
-        tokens_seen: int,
-        train_accuracy: float | None = None,
-    ) -> None:
-        now = clock()  # after loss.item(): the step is done on the device
-        assert self._start is not None
-        self.durations.append(now - self._start)
-        self.losses.append(train_loss)
-        if len(self.durations) >= self.warmup and self.peak is not None:
-            self.peaks.append(self.peak())
-        else:
-            self.peaks.append({})
-        self._start = clock()
-
-    def timed(self) -> list[tuple[float, dict[str, float]]]:
-        """(duration, peak beside it) of each step after the warmup."""
-        out = []
-        for i in range(self.warmup, len(self.durations)):
-            before, after = self.peaks[i - 1], self.peaks[i]
-            peak = {k: (before[k] + after[k]) / 2 for k in before} if before and after else {}
-            out.append((self.durations[i], peak))
-        return out
-
-    def should_stop(self) -> Literal["stop", "pause"] | None:
-        timed = self.timed()
-        if len(timed) >= self.min_steps and sum(d for d, _ in timed) >= self.seconds:
-            # peak memory of the training steps, read before the stop checkpoint is written
-            if self.device.type == "cuda":
-                self.peak_kib = torch.cuda.max_memory_allocated(self.device) // 1024
-            else:
-                self.peak_kib = _status_kib("VmHWM")
-            return "stop"
-        return None
-
-
-@dataclasses.dataclass
-class RunResult:
-    steps: list[tuple[float, dict[str, float]]]  # (seconds, {"fp32": FLOP/s, "bf16": FLOP/s})
-    mem_mib: float | None
-    losses: list[float]
-
-
-def run_training(
-    v: Variant,
-    data: TokenData,
-    device: torch.device,
-    warmup: int,
-    min_steps: int,
-    seconds: float,
-    threads: int | None,
-    peak: Callable[[], dict[str, float]],
-) -> RunResult:
-    cfg = TrainConfig(
-        max_steps=10**6,
-        batch_size=v.batch_size,
-        learning_rate=1e-3,
-        warmup_steps=10,
-        eval_every=0,
-        checkpoint_every=0,
-        keep_checkpoints=1,
-        device=device.type,  # type: ignore[arg-type]
-        dtype=DTYPE_NAME[v.precision],
-        compile=v.compile,
-        log_every=1,
-    )
-    timer = _Timer(max(1, warmup), min_steps, seconds, device, peak)
-    out = Path(tempfile.mkdtemp(prefix="fs-bench-"))
-    try:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-            base_kib: int | None = 0
-        else:
-            base_kib = reset_rss_peak()
-        if threads:
-            torch.set_num_threads(threads)
-        os.environ[cpu_kernels.DISABLE_ENV] = "1" if v.kernels else "0"
-        cpu_kernels._load.cache_clear()  # reads the switch anew
-        train(v.model, cfg, data, out, timer, tokenizer=ByteTokenizer())
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
-        if v.compile:
-            torch._dynamo.reset()
-    mem = None
-    if timer.peak_kib is not None and base_kib is not None:
-        mem = (timer.peak_kib - base_kib) / 1024
-    return RunResult(timer.timed(), mem, timer.losses)
-
-
 # ---------------------------------------------------------------- the benchmark
 @dataclasses.dataclass
 class Row:
@@ -380,10 +158,9 @@ def fmt(x: float | None, spec: str) -> str:
 
 def print_table(rows: list[Row], meter: PeakMeter, device: torch.device) -> None:
     print()
-    clock_name = "thread CPU time" if clock is time.thread_time else "wall clock"
     print(
         f"# trainer_throughput  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine_description(device)}; "
-        f"{clock_name}"
+        f"{clock_name()}"
     )
     peak_desc = ", ".join(f"{p} {median(v) / 1e9:,.0f} (n={meter.size[p]})" for p, v in meter.history.items())
     print(
@@ -453,7 +230,7 @@ def loss_check(steps: int, data: TokenData, device: torch.device, threads: int |
             dtype=DTYPE_NAME[prec],
             seed=seed,
         )  # type: ignore[arg-type]
-        timer = _Timer(1, 10**9, math.inf, device)
+        timer = StepTimer(1, 10**9, math.inf, device)
         out = Path(tempfile.mkdtemp(prefix="fs-bench-loss-"))
         try:
             if threads:
@@ -476,7 +253,7 @@ def loss_check(steps: int, data: TokenData, device: torch.device, threads: int |
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run of llama-tiny (CI)")
     ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
@@ -510,27 +287,18 @@ def main(argv: list[str] | None = None) -> int:
         help="also train the nanoGPT shape STEPS steps in fp32, bf16 and fp32 with another seed",
     )
     args = ap.parse_args(argv)
-
-    device = torch.device(
+    args.device = torch.device(
         "cuda" if args.device == "cuda" or args.device == "auto" and torch.cuda.is_available() else "cpu"
     )
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if args.device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device available")
-    if args.clock == "thread":
-        if device.type == "cuda":
-            ap.error("--clock thread is for CPU runs")
-        global clock
-        clock = time.thread_time
-        args.threads = 1
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    cuda = device.type == "cuda"
-    rounds = args.rounds or (1 if args.smoke else 3 if cuda else 5)
-    seconds = args.seconds if args.seconds is not None else (0.2 if args.smoke else 3.0 if cuda else 4.0)
-    min_steps = 2 if args.smoke else args.min_steps
-    peak_seconds = 0.01 if args.smoke else 0.005 if cuda else 0.04
-    peak_sizes = (4096, 8192) if cuda and not args.smoke else (256,) if args.smoke else (256, 512, 1024)
+    if args.clock == "thread" and args.device.type == "cuda":
+        ap.error("--clock thread is for CPU runs")
+    return args
 
+
+def benchmark_rows(args: argparse.Namespace, cuda: bool) -> list[Row]:
+    """One row for each variant the options ask for: config x compile x precision (x kernels)."""
     precisions: list[Precision] = (
         args.precisions.split(",")
         if args.precisions  # type: ignore[assignment]
@@ -555,44 +323,37 @@ def main(argv: list[str] | None = None) -> int:
         with torch.device("meta"):
             model = Llama(v.model)
         rows.append(Row(v, model.flops_per_token(), model.num_params()))
+    return rows
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device: torch.device = args.device
+    if args.clock == "thread":
+        use_thread_clock()
+        args.threads = 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cuda = device.type == "cuda"
+    rounds = args.rounds or (1 if args.smoke else 3 if cuda else 5)
+    peak_seconds = 0.01 if args.smoke else 0.005 if cuda else 0.04
+    peak_sizes = (4096, 8192) if cuda and not args.smoke else (256,) if args.smoke else (256, 512, 1024)
+    rows = benchmark_rows(args, cuda)
     data = TokenData(train=corpus_tokens(200_000 if args.smoke else 8_000_000), val=None)
     meter = PeakMeter(device, peak_sizes, peak_seconds)
     print(
-        f"trainer_throughput: {len(variants)} variants x {rounds} rounds on {device}; peak matmul sizes "
+        f"trainer_throughput: {len(rows)} variants x {rounds} rounds on {device}; peak matmul sizes "
         f"fp32 {meter.size['fp32']}, bf16 {meter.size['bf16']}",
         flush=True,
     )
     for rnd in range(rounds):
         order: list[Row] = rows if rnd % 2 == 0 else list(reversed(rows))  # cancel slow drifts
         for row in order:
-            v = row.variant
-            warmup = args.warmup if args.warmup is not None else (8 if v.compile else 1 if args.smoke else 2)
-            res = run_training(v, data, device, warmup, min_steps, seconds, args.threads, meter)
-            for dur, peak in res.steps:
-                tps = v.tokens_per_step / dur
-                row.tps.append(tps)
-                row.mfu_fp32.append(tps * row.flops_per_token / peak["fp32"])
-                row.mfu_bf16.append(tps * row.flops_per_token / peak["bf16"])
-                if v.name == "nanogpt-shape" and not cuda:
-                    row.x_nano.append(tps / (NANOGPT_MFU * peak["fp32"] / NANOGPT_FLOPS_PER_TOKEN))
-            if res.mem_mib is not None:
-                row.mem.append(res.mem_mib)
-            own = row.mfu_fp32 if v.precision == "fp32" else row.mfu_bf16
-            n = len(res.steps)
-            print(
-                f"  round {rnd + 1}/{rounds} {'/'.join(v.label):28s} {median(row.tps[-n:]):10,.0f} tok/s  "
-                f"MFU {median(own[-n:]):6.1%} of {v.precision} peak  ({n} steps)",
-                flush=True,
-            )
+            run_round(row, args, data, meter, f"round {rnd + 1}/{rounds}")
     if args.loss_check:
+        split = int(len(data.train) * 0.9)
         loss_check(
-            args.loss_check,
-            TokenData(
-                train=data.train[: int(len(data.train) * 0.9)], val=data.train[int(len(data.train) * 0.9) :]
-            ),
-            device,
-            args.threads,
+            args.loss_check, TokenData(train=data.train[:split], val=data.train[split:]), device, args.threads
         )
     print_table(rows, meter, device)
     print(
@@ -600,6 +361,32 @@ def main(argv: list[str] | None = None) -> int:
         "activations); CUDA = torch.cuda.max_memory_allocated"
     )
     return 0
+
+
+def run_round(row: Row, args: argparse.Namespace, data: TokenData, meter: PeakMeter, label: str) -> None:
+    """One timed run of the row's variant; its steps' tokens/s, MFUs and memory go into the row."""
+    v, device = row.variant, args.device
+    cuda = device.type == "cuda"
+    seconds = args.seconds if args.seconds is not None else (0.2 if args.smoke else 3.0 if cuda else 4.0)
+    min_steps = 2 if args.smoke else args.min_steps
+    warmup = args.warmup if args.warmup is not None else (8 if v.compile else 1 if args.smoke else 2)
+    res = run_training(v, data, device, warmup, min_steps, seconds, args.threads, meter)
+    for dur, peak in res.steps:
+        tps = v.tokens_per_step / dur
+        row.tps.append(tps)
+        row.mfu_fp32.append(tps * row.flops_per_token / peak["fp32"])
+        row.mfu_bf16.append(tps * row.flops_per_token / peak["bf16"])
+        if v.name == "nanogpt-shape" and not cuda:
+            row.x_nano.append(tps / (NANOGPT_MFU * peak["fp32"] / NANOGPT_FLOPS_PER_TOKEN))
+    if res.mem_mib is not None:
+        row.mem.append(res.mem_mib)
+    own = row.mfu_fp32 if v.precision == "fp32" else row.mfu_bf16
+    n = len(res.steps)
+    print(
+        f"  {label} {'/'.join(v.label):28s} {median(row.tps[-n:]):10,.0f} tok/s  "
+        f"MFU {median(own[-n:]):6.1%} of {v.precision} peak  ({n} steps)",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -68,40 +68,8 @@ def _ensure_first_key(settings: Settings) -> str | None:
 def run_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     migrate_database(settings)
-    secret = _ensure_first_key(settings)
-
-    shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
-    if ":" in shown_host:
-        shown_host = f"[{shown_host}]"
-    base = f"http://{shown_host}:{args.port}"
-    lines = [
-        "fromscratch serve",
-        f"  dashboard:  {base}/",
-        f"  API:        {base}/v1   (OpenAI-compatible; docs at {base}/docs)",
-        f"  data dir:   {settings.data_dir}",
-    ]
-    if secret:
-        lines += ["  API key (created on first start; shown only this once, keep it):", f"    {secret}"]
-    else:
-        lines += ["  API keys: existing keys work; `fromscratch keys create --name NAME` makes another"]
-    print("\n".join(lines), flush=True)
-
-    supervisors: list[WorkerSupervisor] = []
-    if not args.no_worker:
-        for queues in ("cpu,gpu", "inference"):
-            cmd = [
-                sys.executable,
-                "-m",
-                "cli.main",
-                "worker",
-                "--queues",
-                queues,
-                "--loglevel",
-                args.log_level,
-            ]
-            supervisors.append(WorkerSupervisor(cmd, dict(os.environ), name=f"worker {queues}"))
-        for supervisor in supervisors:
-            supervisor.start()
+    print(_banner(args.host, args.port, settings, _ensure_first_key(settings)), flush=True)
+    supervisors = [] if args.no_worker else _start_workers(args.log_level)
 
     import uvicorn
 
@@ -125,17 +93,52 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         uvicorn.Server(config).run()
     finally:
-        if supervisors:
-            print(
-                "fromscratch serve: stopping the workers (a running job checkpoints and is re-queued)",
-                file=sys.stderr,
-                flush=True,
-            )
-            for supervisor in supervisors:  # both asked first, so they shut down side by side
-                supervisor.request_stop()
-            for supervisor in supervisors:
-                supervisor.stop()
+        _stop_workers(supervisors)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print("fromscratch serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _banner(host: str, port: int, settings: Settings, secret: str | None) -> str:
+    """What `serve` prints at start: where the dashboard and API are, and the first key."""
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    if ":" in shown_host:
+        shown_host = f"[{shown_host}]"
+    base = f"http://{shown_host}:{port}"
+    lines = [
+        "fromscratch serve",
+        f"  dashboard:  {base}/",
+        f"  API:        {base}/v1   (OpenAI-compatible; docs at {base}/docs)",
+        f"  data dir:   {settings.data_dir}",
+    ]
+    if secret:
+        lines += ["  API key (created on first start; shown only this once, keep it):", f"    {secret}"]
+    else:
+        lines += ["  API keys: existing keys work; `fromscratch keys create --name NAME` makes another"]
+    return "\n".join(lines)
+
+
+def _start_workers(log_level: str) -> list[WorkerSupervisor]:
+    """The training worker (queues cpu,gpu) and the inference worker, each supervised."""
+    supervisors = []
+    for queues in ("cpu,gpu", "inference"):
+        cmd = [sys.executable, "-m", "cli.main", "worker", "--queues", queues, "--loglevel", log_level]
+        supervisors.append(WorkerSupervisor(cmd, dict(os.environ), name=f"worker {queues}"))
+    for supervisor in supervisors:
+        supervisor.start()
+    return supervisors
+
+
+def _stop_workers(supervisors: list[WorkerSupervisor]) -> None:
+    if not supervisors:
+        return
+    print(
+        "fromscratch serve: stopping the workers (a running job checkpoints and is re-queued)",
+        file=sys.stderr,
+        flush=True,
+    )
+    for supervisor in supervisors:  # both asked first, so they shut down side by side
+        supervisor.request_stop()
+    for supervisor in supervisors:
+        supervisor.stop()

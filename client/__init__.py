@@ -2,5 +2,6 @@
 `client.commands` (the `fromscratch files|jobs|models` commands built on it).
 
 Nothing here imports the server (api/) or torch, so the client installs and starts light; it uses
-only core.status (the job statuses) and trainer.config (the preset names and hyperparameters).
+only core.status (the job statuses), core.exports (the download formats) and trainer.config (the
+preset names, hyperparameters and export dtypes).
 """

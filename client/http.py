@@ -263,9 +263,6 @@ class Client:
     def list_models(self) -> dict[str, Any]:
         return self.request("GET", "/v1/models")
 
-    def get_model(self, model_id: str) -> dict[str, Any]:
-        return self.request("GET", f"/v1/models/{model_id}")
-
     def generate(self, model_id: str, prompt: str, **options: Any) -> dict[str, Any]:
         body = {"prompt": prompt, **{k: v for k, v in options.items() if v is not None}}
         return self.request(

@@ -14,7 +14,7 @@ _DEST_PREFIX = "hp_"
 
 def add_hyperparameter_options(parser: argparse.ArgumentParser) -> None:
     """One option per job hyperparameter (dest hp_NAME, default None = not sent)."""
-    groups: dict[schema.Section, Any] = {
+    groups: dict[str, Any] = {
         "model": parser.add_argument_group(
             "architecture (override the preset; only the options given are sent)"
         ),

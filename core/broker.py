@@ -84,7 +84,7 @@ def enqueue_job(celery: Celery, job_id: str, queue: str, *, front: bool = False)
     if front:
         try:
             move_to_head(celery, queue, task_id)
-        except Exception as exc:  # noqa: BLE001 - sent already; its place is a nicety
+        except Exception as exc:  # sent already; its place is a nicety
             log.warning("job %s: sent, but not moved to the head of %s (%s)", job_id, queue, describe(exc))
 
 

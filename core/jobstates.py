@@ -19,28 +19,23 @@ nobody holds (waiting in the queue, paused) changes state at once.
 
 Concurrency: every status change is a compare-and-set UPDATE on (status, lease_owner), so the API,
 the worker and the reaper can race without overwriting each other; the loser gets
-`ConcurrentUpdate` (an `IllegalTransition`) and re-reads. The lease helpers (claim, renew,
-release, requeue_expired) commit themselves because other processes must see them at once;
-`transition()` and the request helpers leave the commit to the caller, who groups them with its
-own writes (e.g. the final checkpoint row together with `succeeded`).
-
-`attempts` counts claims since the job was created or last resumed: a crash-requeue keeps it, a
-user's resume resets it (a pause is not a failure), and a graceful hand-off (`hand_back`: the
-worker shut down) gives its claim back. So `max_attempts` bounds crashes and lost leases only.
+`ConcurrentUpdate` (an `IllegalTransition`) and re-reads. `transition()` and the request
+helpers leave the commit to the caller, who groups them with its own writes (e.g. the final
+checkpoint row together with `succeeded`). The lease helpers (claim, renew, release, hand back,
+requeue_expired, and `attempts`, which they count) are core/job_leases.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
-from sqlalchemy import ColumnElement, inspect, select, update
+from sqlalchemy import ColumnElement, inspect, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from core.models import Event, Job, utcnow
-from core.status import ACTIVE, CLAIMABLE, TERMINAL, JobStatus
+from core.status import TERMINAL, JobStatus
 
 TRANSITIONS: dict[str, frozenset[str]] = {
     # validating -> running directly when the worker that validated goes on to train
@@ -73,6 +68,8 @@ _RELEASES_LEASE = TERMINAL | {JobStatus.QUEUED, JobStatus.PAUSED}
 EventLevel = Literal["info", "warn", "error"]
 EVENT_LEVELS: frozenset[str] = frozenset(get_args(EventLevel))
 
+Result = TypeVar("Result")
+
 
 class IllegalTransition(Exception):
     """A status change the state machine does not allow (or a request that makes no sense in the
@@ -103,7 +100,7 @@ def add_event(
     return event
 
 
-def _cas(session: Session, job: Job, values: dict[str, Any], *extra: ColumnElement[bool]) -> bool:
+def compare_and_set(session: Session, job: Job, values: dict[str, Any], *extra: ColumnElement[bool]) -> bool:
     """UPDATE the job's row only if its status and lease owner are still what `job` says; on
     success mirror the values onto `job` (without marking it dirty)."""
     session.flush()  # pending changes to `job` go first, so they cannot overwrite ours later
@@ -138,12 +135,19 @@ def _status_message(job: Job, new_status: str) -> tuple[str, EventLevel, dict[st
 
 
 def transition(
-    session: Session, job: Job, new_status: str, *, keep_lease: bool = False, **fields: Any
+    session: Session,
+    job: Job,
+    new_status: str,
+    *,
+    keep_lease: bool = False,
+    guard: ColumnElement[bool] | None = None,
+    **fields: Any,
 ) -> Job:
     """Move `job` to `new_status` (setting any other Job columns given in `fields`), stamp
     started_at/finished_at, release the lease when the worker's hold ends (unless `keep_lease`:
     a cancel of a held job), and write the lifecycle Event. Raises IllegalTransition, or
-    ConcurrentUpdate when the row changed under us. The caller commits.
+    ConcurrentUpdate when the row changed under us (or no longer matches `guard`, a condition on
+    the row such as "the lease is still the expired one"). The caller commits.
 
     A job cancelled while a worker holds it is already final: its worker's transition only lets go
     of the lease when it ends the hold, and changes nothing when it does not (running: the worker
@@ -166,7 +170,7 @@ def transition(
         values.setdefault("lease_expires_at", None)
     if new_status in TERMINAL or new_status == JobStatus.PAUSED:
         values.setdefault("pause_requested", False)
-    if not _cas(session, job, values):
+    if not compare_and_set(session, job, values, *(() if guard is None else (guard,))):
         session.refresh(job)
         raise ConcurrentUpdate(
             f"job {job.id} changed while moving {old} -> {new_status} (now {job.status})",
@@ -181,166 +185,17 @@ def transition(
 def _let_go(session: Session, job: Job) -> Job:
     """The worker of a job cancelled under it ends its hold: the lease is released, the job stays
     cancelled, and nothing the worker meant to record (a final model, an error) is written."""
-    if not _cas(session, job, {"lease_owner": None, "lease_expires_at": None, "pause_requested": False}):
+    if not compare_and_set(
+        session, job, {"lease_owner": None, "lease_expires_at": None, "pause_requested": False}
+    ):
         session.refresh(job)
         raise ConcurrentUpdate(f"job {job.id} changed while its worker let go (now {job.status})")
     add_event(session, job.id, "The worker stopped: the job was cancelled", data={"step": job.step})
     return job
 
 
-# ---- leases (these commit) ------------------------------------------------------------------
-def claim_job(session: Session, job_id: str, worker_id: str, lease_seconds: float) -> Job | None:
-    """Atomically take the job for `worker_id` if nobody holds it and it is waiting to run.
-    Returns the claimed Job (committed), or None: the message was a replay, the job finished,
-    was cancelled/paused, or another worker got it first. Drop the message in that case."""
-    now = utcnow()
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.lease_owner.is_(None), Job.status.in_(CLAIMABLE))
-        .values(
-            lease_owner=worker_id,
-            lease_expires_at=now + timedelta(seconds=lease_seconds),
-            attempts=Job.attempts + 1,
-            updated_at=now,
-        ),
-        execution_options={"synchronize_session": False},
-    )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        session.rollback()
-        return None
-    session.commit()
-    job = session.get(Job, job_id, populate_existing=True)
-    return job
-
-
-def renew_lease(session: Session, job_id: str, worker_id: str, lease_seconds: float) -> bool:
-    """Heartbeat: extend the lease. False when the worker no longer holds the job (the reaper
-    re-queued it, or it was released): the worker must stop working on it."""
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.lease_owner == worker_id)
-        .values(lease_expires_at=utcnow() + timedelta(seconds=lease_seconds)),
-        execution_options={"synchronize_session": False},
-    )
-    session.commit()
-    return result.rowcount == 1  # type: ignore[attr-defined]
-
-
-def release_lease(session: Session, job_id: str, worker_id: str) -> bool:
-    """Give up the hold without changing status (e.g. a worker shutting down before it started:
-    the job goes back to waiting). Prefer `transition()`, which releases as part of the change."""
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.lease_owner == worker_id)
-        .values(lease_owner=None, lease_expires_at=None, updated_at=utcnow()),
-        execution_options={"synchronize_session": False},
-    )
-    session.commit()
-    return result.rowcount == 1  # type: ignore[attr-defined]
-
-
-def hand_back(session: Session, job: Job) -> Job:
-    """A worker shutting down gives its held job back: `queued`, lease released, and the claim not
-    counted as an attempt (a hand-off is not a failure). The caller commits, then sends the job's
-    message to the head of its queue: the job had its turn."""
-    transition(session, job, JobStatus.QUEUED, attempts=max(job.attempts - 1, 0))
-    if job.status == JobStatus.QUEUED:  # not when it was cancelled meanwhile (the hold just ended)
-        add_event(session, job.id, "The worker shut down; the job goes back to the head of the queue")
-    return job
-
-
-def after_lost_attempt(job: Job, max_attempts: int) -> JobStatus:
-    """What a job whose attempt died (its worker lost, or a rank of its distributed run) becomes:
-    a cancel or pause asked for meanwhile wins, else it is re-queued while it has attempts left
-    (it resumes from its last checkpoint), else it fails with `worker_lost`. The reaper and the
-    worker that saw a rank die decide by this one rule."""
-    if job.status == JobStatus.CANCELLED or job.cancel_requested:
-        return JobStatus.CANCELLED
-    if job.pause_requested:
-        return JobStatus.PAUSED
-    if job.attempts < max_attempts:
-        return JobStatus.QUEUED
-    return JobStatus.FAILED
-
-
-def requeue_expired(session: Session, max_attempts: int) -> list[tuple[str, str]]:
-    """The reaper: every job whose lease expired (its worker died or lost the database) is
-    re-queued when it has attempts left, else failed with error code `worker_lost`. A pending
-    cancel or pause is honoured instead. Commits; returns [(job_id, queue)] to enqueue again."""
-    now = utcnow()
-    expired = session.scalars(
-        select(Job)
-        .where(Job.lease_owner.is_not(None), Job.lease_expires_at < now)
-        .order_by(Job.created_at)
-        .execution_options(populate_existing=True)
-    ).all()
-    to_enqueue: list[tuple[str, str]] = []
-    for job in expired:
-        # guard every change by the lease still being expired: a late heartbeat wins
-        still_expired = Job.lease_expires_at < now
-        outcome = after_lost_attempt(job, max_attempts)
-        if job.status in TERMINAL:  # cancelled while held, its worker gone: only the lease is left
-            _cas(session, job, {"lease_owner": None, "lease_expires_at": None}, still_expired)
-        elif outcome in (JobStatus.CANCELLED, JobStatus.PAUSED):
-            _transition_if_expired(session, job, outcome, still_expired)
-        elif outcome == JobStatus.QUEUED:
-            if job.status in ACTIVE:
-                requeued = _transition_if_expired(session, job, JobStatus.QUEUED, still_expired)
-            else:  # claimed while queued, lost before it started: just give the job back
-                requeued = _cas(session, job, {"lease_owner": None, "lease_expires_at": None}, still_expired)
-            if requeued:
-                add_event(
-                    session,
-                    job.id,
-                    f"worker lost; re-queued (attempt {job.attempts + 1} of {max_attempts})",
-                    level="warn",
-                    data={"attempt": job.attempts + 1, "max_attempts": max_attempts},
-                )
-                to_enqueue.append((job.id, job.queue))
-        else:
-            _transition_if_expired(
-                session,
-                job,
-                JobStatus.FAILED,
-                still_expired,
-                error_code="worker_lost",
-                error_message=(
-                    f"The worker running this job stopped responding (its lease expired) on each of "
-                    f"{job.attempts} attempts (max_attempts={max_attempts}), so the job was given up. "
-                    "Check the worker's logs (out of memory? killed? machine lost?), then start a new job."
-                ),
-            )
-    session.commit()
-    return to_enqueue
-
-
-def _transition_if_expired(
-    session: Session, job: Job, new_status: str, still_expired: ColumnElement[bool], **fields: Any
-) -> bool:
-    """transition() guarded by the lease still being the expired one we saw."""
-    old = job.status
-    _check(old, new_status)
-    now = utcnow()
-    values: dict[str, Any] = {
-        **fields,
-        "status": new_status,
-        "updated_at": now,
-        "lease_owner": None,
-        "lease_expires_at": None,
-    }
-    if new_status in TERMINAL:
-        values["finished_at"] = now
-    if new_status in TERMINAL or new_status == JobStatus.PAUSED:
-        values["pause_requested"] = False
-    if not _cas(session, job, values, still_expired):
-        return False
-    message, level, data = _status_message(job, new_status)
-    add_event(session, job.id, message, level=level, data=data)
-    return True
-
-
 # ---- user requests (the caller commits) -----------------------------------------------------
-def _retrying(session: Session, job: Job, attempt: Callable[[Job], Job]) -> Job:
+def _retrying(session: Session, job: Job, attempt: Callable[[Job], Result]) -> Result:
     """Run `attempt(job)` again after a re-read when a worker/reaper changed the job under us."""
     for _ in range(5):
         try:
@@ -381,7 +236,7 @@ def request_pause(session: Session, job: Job) -> Job:
         if job.lease_owner is None:
             return transition(session, job, JobStatus.PAUSED)
         if not job.pause_requested:
-            if not _cas(session, job, {"pause_requested": True}):
+            if not compare_and_set(session, job, {"pause_requested": True}):
                 raise ConcurrentUpdate("job changed", current=job.status)
             add_event(session, job.id, "Pause requested")
         return job
@@ -401,7 +256,7 @@ def resume(session: Session, job: Job) -> tuple[Job, bool]:
                 f"job {job.id} is {job.status}; only a paused job can be resumed", current=job.status
             )
         if job.pause_requested:
-            if not _cas(session, job, {"pause_requested": False}):
+            if not compare_and_set(session, job, {"pause_requested": False}):
                 raise ConcurrentUpdate("job changed", current=job.status)
             add_event(session, job.id, "Pause request withdrawn")
             return job, False
@@ -409,9 +264,4 @@ def resume(session: Session, job: Job) -> tuple[Job, bool]:
             f"job {job.id} is {job.status}, not paused; nothing to resume", current=job.status
         )
 
-    for _ in range(5):
-        try:
-            return attempt(job)
-        except ConcurrentUpdate:
-            session.refresh(job)
-    return attempt(job)
+    return _retrying(session, job, attempt)

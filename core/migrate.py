@@ -44,7 +44,3 @@ def current_revision(url: str) -> str | None:
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()
-
-
-def is_up_to_date(url: str) -> bool:
-    return current_revision(url) == head_revision()

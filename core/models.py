@@ -137,8 +137,8 @@ class Job(Base):
     validation_file: Mapped[str | None] = mapped_column(ForeignKey("files.id"), default=None)
     status: Mapped[str] = mapped_column(String(20), index=True)
     hyperparameters: Mapped[dict[str, Any]] = mapped_column(default=dict)  # as the user sent them, resolved
-    model_config: Mapped[dict[str, Any]] = mapped_column(default=dict)  # trainer.ModelConfig.to_dict()
-    train_config: Mapped[dict[str, Any]] = mapped_column(default=dict)  # trainer.TrainConfig.to_dict()
+    model_config: Mapped[dict[str, Any]] = mapped_column(default=dict)  # trainer.config.ModelConfig.to_dict()
+    train_config: Mapped[dict[str, Any]] = mapped_column(default=dict)  # trainer.config.TrainConfig.to_dict()
     seed: Mapped[int] = mapped_column(BigInteger)
     suffix: Mapped[str | None] = mapped_column(String(64), default=None)
     user_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, default=None)
@@ -190,6 +190,7 @@ class Metric(Base):
     grad_norm: Mapped[float | None] = mapped_column(Float, default=None)
     tokens_per_s: Mapped[float | None] = mapped_column(Float, default=None)
     tokens_seen: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    peak_memory_bytes: Mapped[float | None] = mapped_column(Float, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -233,7 +234,9 @@ class Export(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("export"))
     model_id: Mapped[str] = mapped_column(String(200), index=True)
     owner_id: Mapped[str | None] = mapped_column(String(64), default=None)
-    format: Mapped[str] = mapped_column(String(16))  # gguf | hf | onnx, `-<dtype>` unless f32
+    format: Mapped[str] = mapped_column(
+        String(16)
+    )  # a trainer.config.export_formats name, `-<dtype>` unless f32
     status: Mapped[str] = mapped_column(String(16), default="ready")  # preparing | ready | failed
     blob_id: Mapped[str | None] = mapped_column(ForeignKey("blobs.id"), default=None)
     filename: Mapped[str] = mapped_column(String(300))

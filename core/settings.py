@@ -182,16 +182,6 @@ class Settings(BaseSettings):
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
 
-    def to_env(self) -> dict[str, str]:
-        """These settings as FROMSCRATCH_* variables, for a subprocess (worker, server) to read
-        back exactly; unset optional values are left out."""
-        env: dict[str, str] = {}
-        for name, value in self.model_dump().items():
-            if value is None:
-                continue
-            env[f"FROMSCRATCH_{name.upper()}"] = str(value)
-        return env
-
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:

@@ -13,12 +13,31 @@ import signal
 import sys
 import typing
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trainer.config import DEFAULT_PRESET, PRESETS, ConfigError, TrainConfig, model_config_from_preset, schema
+from trainer.config import (
+    DEFAULT_PRESET,
+    PRESETS,
+    ConfigError,
+    ModelConfig,
+    TrainConfig,
+    model_config_from_preset,
+    schema,
+)
+from trainer.config.export_formats import DEFAULT_DTYPE, DTYPE_NAMES, FORMATS, dtypes_by_format
+from trainer.config.train import TRAIN_GROUPS
+
+if TYPE_CHECKING:
+    from trainer.run.loop import TrainResult
 
 
 def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _export_paths() -> str:
+    """The names exports get in OUT/exports/, e.g. `model.gguf, hf/, model.onnx`."""
+    return ", ".join(f.path + ("/" if f.is_folder else "") for f in FORMATS)
 
 
 def _add_train_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,7 +48,7 @@ def _add_train_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         usage="fromscratch train DATA --out DIR [options]  (see --help)",
         description="Train a LLaMA-architecture model from scratch. Writes OUT/metrics.jsonl, "
         "OUT/checkpoints/step-XXXXXXXX/, OUT/best/, OUT/final/ and the --export-formats of the final "
-        "model in OUT/exports/ (model.gguf, hf/, model.onnx).",
+        f"model in OUT/exports/ ({_export_paths()}).",
     )
     p.add_argument("data", metavar="DATA", type=Path, help="training data: a UTF-8 text file or JSONL")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
@@ -57,16 +76,20 @@ def _add_train_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "--samples", type=int, default=2, metavar="N", help="samples printed after training (default: 2)"
     )
 
-    model = p.add_argument_group("model (defaults come from --preset)")
-    model.add_argument(
+    groups = {
+        name: p.add_argument_group(name, (group.__doc__ or "").strip())
+        for name, group in TRAIN_GROUPS.items()
+    }
+    groups["model"].description = "The architecture (defaults come from --preset) and its initialization."
+    groups["model"].add_argument(
         "--preset",
         default=DEFAULT_PRESET,
         choices=list(PRESETS),
         metavar="NAME",
         help=f"architecture preset: {', '.join(PRESETS)} (default: {DEFAULT_PRESET})",
     )
-    training = p.add_argument_group("training (names and defaults shared with the API's hyperparameters)")
-    schema.add_options({"model": model, "train": training}, schema.cli_options())
+    # names and defaults shared with the API's hyperparameters
+    schema.add_options(groups, schema.cli_options(), by="group")
     p.set_defaults(func=cmd_train, _parser=p)
 
 
@@ -87,114 +110,119 @@ def _first_prompt(path: Path) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from trainer.checkpoint import latest_checkpoint, load_checkpoint
-    from trainer.data.formats import DataError
-    from trainer.run.loop import TrainingDiverged, train
-    from trainer.run.progress import ProgressCallbacks
-    from trainer.sampling import generate
-
     parser: argparse.ArgumentParser = args._parser
-    given = vars(args)
-    options = schema.cli_options()
-    train_values = {h.name: given[h.name] for h in options if h.section == "train" and h.name in given}
-    model_values = {h.name: given[h.name] for h in options if h.section == "model" and h.name in given}
-    resume_from = latest_checkpoint(args.out) if args.resume else None
-    try:
-        model_cfg = model_config_from_preset(args.preset, **model_values)
-        if resume_from is not None:  # the interrupted run's settings, then what was given now
-            saved = load_checkpoint(resume_from).train_config.to_dict()
-            train_cfg = TrainConfig(**{**saved, **train_values})
-        else:
-            train_cfg = TrainConfig(**train_values)
-    except ConfigError as err:
-        _config_error(parser, err)
+    model_cfg, train_cfg = _configs(args)
     if not args.data.is_file():
         parser.error(f"DATA: {args.data} is not a file")
     if args.validation_file is not None and not args.validation_file.is_file():
         parser.error(f"--validation-file: {args.validation_file} is not a file")
-    if resume_from is not None:
-        print(f"resuming from {resume_from}")
-        if model_values:
-            print("note: the architecture comes from the checkpoint; model options are ignored")
-    progress = ProgressCallbacks()
-    try:
-        if train_cfg.devices > 1:  # data-parallel: one process per device, rank 0 shows the progress
-            from trainer.distributed.launch import launch_train
-
-            # Ctrl-C goes to rank 0 (its progress callbacks stop the run with a checkpoint), not to
-            # the launcher, which would kill the ranks; the ranks inherit the ignored signal
-            old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
-                result = launch_train(
-                    model_cfg,
-                    train_cfg,
-                    args.data,
-                    args.out,
-                    ProgressCallbacks,
-                    validation_path=args.validation_file,
-                    resume=args.resume,
-                    init_from=args.init_from,
-                )
-            finally:
-                signal.signal(signal.SIGINT, old_handler)
-        else:
-            result = train(
-                model_cfg,
-                train_cfg,
-                args.data,
-                args.out,
-                progress,
-                validation_path=args.validation_file,
-                resume=args.resume,
-                init_from=args.init_from,
-            )
-    except ConfigError as err:
-        progress.close()
-        _config_error(parser, err)
-    except DataError as err:
-        progress.close()
-        where = "DATA"
-        if "validation" in str(err):
-            where = "--validation-file" if args.validation_file else "--val-fraction"
-        parser.error(f"{where}: {err}")
-    except FileExistsError as err:
-        progress.close()
-        parser.error(f"--out: {err}")
-    except TrainingDiverged as err:
-        progress.close()
-        print(f"error: {err}", file=sys.stderr)
+    result = _train_reporting_errors(args, model_cfg, train_cfg)
+    if result is None:
         return 1
-    finally:
-        progress.close()
-
     val = f", best val_loss {result.best_val_loss:.4f}" if result.best_val_loss is not None else ""
     print(
         f"{result.stop_reason} at step {result.step} ({result.tokens_seen:,} tokens){val}; "
         f"checkpoint: {result.final_checkpoint}"
     )
-    if result.stop_reason in ("completed", "time_limit") and result.final_checkpoint is not None:
+    if result.final_checkpoint is None:
+        return 0
+    if result.stop_reason in ("completed", "time_limit"):
         _write_exports(result.final_checkpoint, train_cfg.export_formats, args.out / "exports")
-    if result.stop_reason == "completed" and args.samples > 0 and result.final_checkpoint is not None:
-        from trainer.checkpoint import load_model
-
-        model, tokenizer = load_model(result.final_checkpoint)
-        prompt = _first_prompt(args.data)
-        for i in range(args.samples):
-            text = generate(
-                model,
-                tokenizer,
-                prompt,
-                max_new_tokens=120,
-                temperature=0.8,
-                top_k=40,
-                seed=train_cfg.seed + i,
-            )
-            print(f"--- sample {i + 1} ---\n{prompt}{text}")
+    if result.stop_reason == "completed" and args.samples > 0:
+        _print_samples(result.final_checkpoint, args.data, args.samples, train_cfg.seed)
     return 0
 
 
+def _configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
+    """The run's configs from the options given; with --resume the interrupted run's training
+    settings, overridden by the options given now (its architecture comes from the checkpoint)."""
+    from trainer.checkpoint import latest_checkpoint, load_checkpoint
+
+    given = vars(args)
+    options = [h for h in schema.cli_options() if h.name in given]
+    train_values = {h.name: given[h.name] for h in options if h.section == "train"}
+    model_values = {h.name: given[h.name] for h in options if h.section == "model"}
+    resume_from = latest_checkpoint(args.out) if args.resume else None
+    try:
+        model_cfg = model_config_from_preset(args.preset, **model_values)
+        saved = load_checkpoint(resume_from).train_config.to_dict() if resume_from is not None else {}
+        train_cfg = TrainConfig(**{**saved, **train_values})
+    except ConfigError as err:
+        _config_error(args._parser, err)
+    if resume_from is not None:
+        print(f"resuming from {resume_from}")
+        if model_values:
+            print("note: the architecture comes from the checkpoint; model options are ignored")
+    return model_cfg, train_cfg
+
+
+def _train_reporting_errors(
+    args: argparse.Namespace, model_cfg: ModelConfig, train_cfg: TrainConfig
+) -> TrainResult | None:
+    """_train, with a bad input reported as a usage error naming the option; None when the run
+    diverged (said on stderr)."""
+    from trainer.data.formats import DataError
+    from trainer.run.loop import TrainingDiverged
+
+    parser: argparse.ArgumentParser = args._parser
+    try:
+        return _train(args, model_cfg, train_cfg)
+    except ConfigError as err:
+        _config_error(parser, err)
+    except DataError as err:
+        where = "DATA"
+        if "validation" in str(err):
+            where = "--validation-file" if args.validation_file else "--val-fraction"
+        parser.error(f"{where}: {err}")
+    except FileExistsError as err:
+        parser.error(f"--out: {err}")
+    except TrainingDiverged as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None
+
+
+def _train(args: argparse.Namespace, model_cfg: ModelConfig, train_cfg: TrainConfig) -> TrainResult:
+    """Train in this process with a progress display, or over `devices` processes (rank 0 shows
+    the progress)."""
+    from trainer.run.loop import train
+    from trainer.run.progress import ProgressCallbacks
+
+    inputs: dict[str, typing.Any] = dict(
+        validation_path=args.validation_file, resume=args.resume, init_from=args.init_from
+    )
+    if train_cfg.devices == 1:
+        progress = ProgressCallbacks()
+        try:
+            return train(model_cfg, train_cfg, args.data, args.out, progress, **inputs)
+        finally:
+            progress.close()
+    from trainer.distributed.launch import launch_train
+
+    # Ctrl-C goes to rank 0 (its progress callbacks stop the run with a checkpoint), not to the
+    # launcher, which would kill the ranks; the ranks inherit the ignored signal
+    old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return launch_train(model_cfg, train_cfg, args.data, args.out, ProgressCallbacks, **inputs)
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
+
+
+def _print_samples(ckpt: Path, data: Path, count: int, seed: int) -> None:
+    """`count` samples of the trained model, prompted with the start of the training data."""
+    from trainer.checkpoint import load_model
+    from trainer.sampling import generate
+
+    model, tokenizer = load_model(ckpt)
+    prompt = _first_prompt(data)
+    for i in range(count):
+        text = generate(
+            model, tokenizer, prompt, max_new_tokens=120, temperature=0.8, top_k=40, seed=seed + i
+        )
+        print(f"--- sample {i + 1} ---\n{prompt}{text}")
+
+
 def _write_exports(ckpt: Path, formats: typing.Sequence[str], out_dir: Path) -> None:
-    """--export-formats of the final checkpoint into OUT/exports/ (model.gguf, hf/, model.onnx).
+    """--export-formats of the final checkpoint into OUT/exports/ (trainer.config.export_formats' paths).
     A format the model cannot be exported as is a warning: the trained model stands."""
     from trainer.export.final import export_final
 
@@ -274,20 +302,24 @@ def cmd_sample(args: argparse.Namespace) -> int:
 def _add_export_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "export",
-        help="export a checkpoint as GGUF, Hugging Face or ONNX",
-        description="Export a checkpoint folder for llama.cpp (gguf), transformers (hf) "
-        "or onnxruntime (onnx).",
+        help=f"export a checkpoint as {', '.join(f.title for f in FORMATS)}",
+        description="Export a checkpoint folder: " + "; ".join(f"{f.name}: {f.description}" for f in FORMATS),
     )
     p.add_argument("ckpt", metavar="CKPT", type=Path, help="checkpoint folder (e.g. OUT/final)")
-    p.add_argument("--format", required=True, choices=["gguf", "hf", "onnx"], help="output format")
+    p.add_argument("--format", required=True, choices=[f.name for f in FORMATS], help="output format")
+    folders = [f.name for f in FORMATS if f.is_folder]
     p.add_argument(
-        "--out", required=True, type=Path, metavar="PATH", help="output file (gguf, onnx) or folder (hf)"
+        "--out",
+        required=True,
+        type=Path,
+        metavar="PATH",
+        help=f"output file (a folder for {', '.join(folders)})" if folders else "output file",
     )
     p.add_argument(
         "--dtype",
-        default="f32",
-        choices=["f32", "f16", "q8_0"],
-        help="weight type (q8_0: gguf only) (default: f32)",
+        default=DEFAULT_DTYPE,
+        choices=DTYPE_NAMES,
+        help=f"weight type ({dtypes_by_format()}) (default: {DEFAULT_DTYPE})",
     )
     p.set_defaults(func=cmd_export, _parser=p)
 

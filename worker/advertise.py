@@ -79,7 +79,7 @@ class Advertiser(threading.Thread):
                     )
                 )
                 session.commit()
-        except Exception as exc:  # noqa: BLE001 - the next beat tries again; the worker keeps working
+        except Exception as exc:  # the next beat tries again; the worker keeps working
             log.warning("worker %s: could not advertise itself (%s)", self.row.id, type(exc).__name__)
 
     def stop(self) -> None:
@@ -91,7 +91,7 @@ class Advertiser(threading.Thread):
             with self.session_factory() as session:
                 session.execute(delete(Worker).where(Worker.id == self.row.id))
                 session.commit()
-        except Exception as exc:  # noqa: BLE001 - its row expires after lease_seconds anyway
+        except Exception as exc:  # its row expires after lease_seconds anyway
             log.warning("worker %s: could not remove its row (%s)", self.row.id, type(exc).__name__)
 
 

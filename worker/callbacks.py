@@ -31,6 +31,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.jobstates import add_event
 from core.models import Job
+from trainer.config.metrics import (
+    BY_NAME,
+    METRICS,
+    OPENAI_NAMES,
+    PROGRESS_COLUMNS,
+    EvalMetrics,
+    FullEvalMetrics,
+    StepMetrics,
+    values,
+)
 from trainer.run.loop import Callbacks
 from worker.checkpoint_store import store_checkpoint
 from worker.db_retry import DbRetry
@@ -67,7 +77,7 @@ class ServiceCallbacks(Callbacks):
         checkpoint_model_id: Callable[[int], str],
         scratch: Path,
         flush_seconds: float = 1.0,
-        keep_checkpoints: int | None = 3,
+        keep_checkpoints: int | None,  # the job's, capped by the service (worker.job_run decides)
         max_stored_bytes: int | None = None,
         lease_lost: threading.Event | None = None,
         shutdown: threading.Event | None = None,
@@ -93,10 +103,7 @@ class ServiceCallbacks(Callbacks):
         self.progress: dict[str, Any] = {}
         self.last_flush = time.monotonic()
         self.last_check = 0.0
-        self.last_train_loss: float | None = None
-        self.last_val_loss: float | None = None
-        self.last_train_accuracy: float | None = None
-        self.last_val_accuracy: float | None = None
+        self.latest: dict[str, float | None] = {}  # the newest value of each stored metric
         self.full_valid: dict[str, float | None] = {}  # the final full validation pass
         self.full_valid_step: int | None = None
         self.events: list[tuple[str, dict[str, Any]]] = []  # info events written with the next flush
@@ -121,60 +128,41 @@ class ServiceCallbacks(Callbacks):
         )
         self.flush()
 
-    def on_step(
-        self,
-        step: int,
-        train_loss: float,
-        lr: float,
-        grad_norm: float,
-        tokens_per_s: float,
-        tokens_seen: int,
-        train_accuracy: float | None = None,
-    ) -> None:
+    def on_step(self, metrics: StepMetrics) -> None:
+        self._record(metrics)
+
+    def on_eval(self, metrics: EvalMetrics) -> None:
+        self._record(metrics)
+
+    def _record(self, measured: StepMetrics | EvalMetrics) -> None:
+        """Buffer the stored metrics (non-finite values as None) for the step's Metric row, keep the
+        newest for checkpoints and copy those the job's progress shows."""
         if self.lease_lost.is_set():
             return
-        self.buffer.setdefault(step, {}).update(
-            train_loss=train_loss,
-            train_accuracy=_finite(train_accuracy),
-            lr=lr,
-            grad_norm=_finite(grad_norm),
-            tokens_per_s=tokens_per_s,
-            tokens_seen=tokens_seen,
-        )
-        self.last_train_loss = train_loss
-        self.last_train_accuracy = _finite(train_accuracy)
-        self.progress.update(
-            step=step, train_loss=train_loss, tokens_per_s=tokens_per_s, trained_tokens=tokens_seen
-        )
+        row = {name: _finite(value) for name, value in values(measured).items() if BY_NAME[name].stored}
+        self.buffer.setdefault(measured.step, {}).update(row)
+        self.latest.update(row)
+        self.progress.update({PROGRESS_COLUMNS[name]: row[name] for name in row if name in PROGRESS_COLUMNS})
+        self.progress["step"] = max(measured.step, self.progress.get("step", 0))
         self.maybe_flush()
 
-    def on_eval(self, step: int, val_loss: float, val_accuracy: float | None = None) -> None:
-        if self.lease_lost.is_set():
-            return
-        val, accuracy = _finite(val_loss), _finite(val_accuracy)
-        self.buffer.setdefault(step, {}).update(val_loss=val, val_accuracy=accuracy)
-        self.last_val_loss, self.last_val_accuracy = val, accuracy
-        self.progress.update(step=max(step, self.progress.get("step", 0)), val_loss=val)
-        self.maybe_flush()
-
-    def on_full_eval(self, step: int, full_valid_loss: float, full_valid_accuracy: float) -> None:
+    def on_full_eval(self, metrics: FullEvalMetrics) -> None:
         """Kept for the final checkpoint's metrics (checkpoint_metrics) and recorded as an event."""
         if self.lease_lost.is_set():
             return
-        loss, accuracy = _finite(full_valid_loss), _finite(full_valid_accuracy)
-        self.full_valid = {"full_valid_loss": loss, "full_valid_mean_token_accuracy": accuracy}
+        self.full_valid = {name: _finite(value) for name, value in values(metrics).items()}
         shown = ", ".join(
-            f"{name}={value:.4f}"
-            for name, value in (("loss", loss), ("token accuracy", accuracy))
+            f"{BY_NAME[name].label}={value:.4f}"
+            for name, value in self.full_valid.items()
             if value is not None
         )
         self.events.append(
             (
-                f"Full validation at step {step}: {shown or 'no finite value'}",
-                {"step": step, **self.full_valid},
+                f"Full validation at step {metrics.step}: {shown or 'no finite value'}",
+                {"step": metrics.step, **{OPENAI_NAMES[name]: v for name, v in self.full_valid.items()}},
             )
         )
-        self.full_valid_step = step
+        self.full_valid_step = metrics.step
         self.maybe_flush()
 
     def on_checkpoint(self, step: int, path: Path) -> None:
@@ -222,18 +210,19 @@ class ServiceCallbacks(Callbacks):
 
     # ------------------------------------------------------------------ database
     def checkpoint_metrics(self, step: int) -> dict[str, Any]:
-        """A checkpoint's metrics, OpenAI's names: the latest logged values, and for the final
-        checkpoint (the step of the full validation pass) full_valid_loss / _mean_token_accuracy."""
-        metrics: dict[str, Any] = {
+        """A checkpoint's metrics, OpenAI's names: the newest value of each metric the registry puts
+        in checkpoints (None when not measured yet), and for the final checkpoint (the step of the full
+        validation pass) the full validation metrics too."""
+        final = self.full_valid if self.full_valid_step == step else {}
+        measured = {**self.latest, **final}
+        return {
             "step": step,
-            "train_loss": self.last_train_loss,
-            "train_mean_token_accuracy": self.last_train_accuracy,
-            "valid_loss": self.last_val_loss,
-            "valid_mean_token_accuracy": self.last_val_accuracy,
+            **{
+                OPENAI_NAMES[spec.name]: measured.get(spec.name)
+                for spec in METRICS
+                if spec.checkpoint and (spec.phase != "full_eval" or final)
+            },
         }
-        if self.full_valid_step == step:
-            metrics.update(self.full_valid)
-        return metrics
 
     def maybe_flush(self) -> None:
         if (

@@ -45,7 +45,7 @@ def _start_reaper(sender: object = None, **_: Any) -> None:
 @signals.worker_shutting_down.connect
 def _on_shutting_down(sig: str | None = None, how: str | None = None, **_: Any) -> None:
     # Runs inside the signal handler: only set a flag. The running job checkpoints, gives its lease
-    # back and is re-queued (worker/job_run.py) instead of making the shutdown wait for a long run.
+    # back and is re-queued (worker/job_ending.py) instead of making the shutdown wait for a long run.
     from worker.process import request_shutdown
 
     request_shutdown()

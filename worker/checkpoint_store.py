@@ -11,8 +11,6 @@ first checks that this worker still holds the lease.
 from __future__ import annotations
 
 import logging
-import os
-import tarfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.db_faults import describe, is_connection_error
 from core.models import Checkpoint, Export, Job, utcnow
+from worker.checkpoint_files import tar_folder
 from worker.checkpoint_quota import prune_over_quota
 from worker.lease import LeaseLost, lock_held_job
 
@@ -53,7 +52,7 @@ def store_checkpoint(
     row for the same step), all in one transaction that first checks the lease. `extra(session, job)`
     runs in that transaction too (the runner finishes the job there). With `retry`, the upload and
     that transaction are retried through a database outage (worker.db_retry). Returns the checkpoint id."""
-    tar_path = tar_folder(folder, scratch / f"{folder.name}-{step}.tar")
+    tar_path = tar_folder(folder, scratch / f"{folder.name}-{step}.tar", arcname=folder.name)
 
     def upload_and_record() -> tuple[str, list[str]]:
         with session_factory() as session:
@@ -67,25 +66,7 @@ def store_checkpoint(
                 session.rollback()
                 _delete_blob(session_factory, store, blob.id)
                 raise
-            old = session.execute(
-                select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.step == step)
-            ).scalar_one_or_none()
-            old_blob = None
-            if old is not None:
-                old_blob, old.blob_id = old.blob_id, blob.id
-                old.metrics, old.is_final, old.created_at = metrics, is_final or old.is_final, utcnow()
-                ckpt = old
-            else:
-                ckpt = Checkpoint(
-                    job_id=job_id,
-                    owner_id=job.owner_id,
-                    step=step,
-                    model_id=model_id,
-                    blob_id=blob.id,
-                    metrics=metrics,
-                    is_final=is_final,
-                )
-                session.add(ckpt)
+            ckpt, old_blob = _point_row_at(session, job, step, model_id, blob.id, metrics, is_final)
             session.flush()
             doomed = [old_blob] if old_blob else []
             if keep:
@@ -108,13 +89,35 @@ def store_checkpoint(
         tar_path.unlink(missing_ok=True)
 
 
-def tar_folder(folder: Path, out: Path) -> Path:
-    """An uncompressed tar of `folder` with the folder's name at the root (the stored checkpoint form)."""
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    with tarfile.open(tmp, "w") as tar:
-        tar.add(folder, arcname=folder.name)
-    os.replace(tmp, out)
-    return out
+def _point_row_at(
+    session: Session,
+    job: Job,
+    step: int,
+    model_id: str,
+    blob_id: str,
+    metrics: dict[str, Any],
+    is_final: bool,
+) -> tuple[Checkpoint, str | None]:
+    """The step's Checkpoint row, now holding `blob_id` (a row stored earlier for the step is
+    updated), and the blob the earlier row held, to delete after the commit."""
+    old = session.execute(
+        select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == step)
+    ).scalar_one_or_none()
+    if old is not None:
+        old_blob, old.blob_id = old.blob_id, blob_id
+        old.metrics, old.is_final, old.created_at = metrics, is_final or old.is_final, utcnow()
+        return old, old_blob
+    ckpt = Checkpoint(
+        job_id=job.id,
+        owner_id=job.owner_id,
+        step=step,
+        model_id=model_id,
+        blob_id=blob_id,
+        metrics=metrics,
+        is_final=is_final,
+    )
+    session.add(ckpt)
+    return ckpt, None
 
 
 def _rotate(session: Session, job_id: str, keep: int) -> list[str]:

@@ -4,7 +4,7 @@
 Only connection-level errors are retried (core.db_faults.is_connection_error); anything else is
 raised at once. Tries are spaced by a capped, jittered exponential backoff. Once the component has
 not reached the database for `budget` seconds (the `db_retry_seconds` setting) it raises
-`DatabaseUnavailable`: the worker gives the attempt up (worker.job_run) and the job resumes from
+`DatabaseUnavailable`: the worker gives the attempt up (worker.job_ending) and the job resumes from
 its last checkpoint later, like after a crash. Every try opens a fresh session, so `fn` must be a
 whole transaction that is safe to run again.
 

@@ -5,7 +5,7 @@ Rank 0 calls the callbacks, which stay in the worker process (the lease, cancel/
 shutdown flag and the database are the worker's) through trainer.distributed.callback_relay. SIGTERM stays the
 worker's too: it sets the shutdown flag, rank 0 reads it at the next logged step and the job
 checkpoints and re-queues as a one-process job would. A rank that dies (killed, out of memory)
-raises trainer.distributed.launch.RankLost: the attempt is dead (worker/job_run.py re-queues the job to
+raises trainer.distributed.launch.RankLost: the attempt is dead (worker/job_ending.py re-queues the job to
 resume from its last checkpoint); the ranks die with the worker (PR_SET_PDEATHSIG)."""
 
 from __future__ import annotations

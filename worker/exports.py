@@ -6,9 +6,9 @@
 Steps: read the row (gone or no longer preparing: a duplicate or replayed message, nothing to do);
 find the checkpoint whose weights the model id names (as api.queries.find_model does); download and
 extract it into a scratch folder under `work_dir/exports`; convert it with trainer.export.export
-(hf: the folder, then one uncompressed tar of it); store the blob; then, under the owner's quota
-lock and the row's lock, check the storage quota (over: the blob is deleted, the row failed with
-`quota_exceeded`) and mark the row ready. A row deleted meanwhile (its model was deleted) or
+(a folder format such as hf: the folder, then one uncompressed tar of it); store the blob; then,
+under the owner's quota lock and the row's lock, check the storage quota (over: the blob is
+deleted, the row failed with `quota_exceeded`) and mark the row ready. A row deleted meanwhile (its model was deleted) or
 already finished by another worker (a stale row sent again) gets nothing: the blob is deleted.
 The scratch folder is removed in every case.
 """
@@ -24,19 +24,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.blobstore import BlobStore
-from core.exports import (
-    EXPORT_DTYPES,
-    EXPORT_FORMATS,
-    FAILED,
-    PREPARING,
-    READY,
-    encode_error,
-    hf_folder_name,
-)
+from core.exports import FAILED, PREPARING, READY, encode_error, export_folder_name
 from core.models import Checkpoint, DeletedModel, Export, Job
 from core.quotas import lock_owner, stored_bytes
 from core.settings import Settings
 from core.status import JobStatus
+from trainer.config.export_formats import DEFAULT_DTYPE, DTYPES, FORMAT_NAMES, export_format
 from worker.checkpoint_files import extract_checkpoint_tar, tar_folder
 from worker.process import resources
 
@@ -59,12 +52,12 @@ def run_export(export_id: str, settings: Settings) -> None:
         model_id, key, filename, owner_id = row.model_id, row.format, row.filename, row.owner_id
         blob_id = checkpoint_blob(session, owner_id, model_id)
     fmt, _, dtype = key.partition("-")
-    dtype = dtype or "f32"
+    dtype = dtype or DEFAULT_DTYPE
     root = settings.work_path / "exports"
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="export-", dir=root))
     try:
-        if fmt not in EXPORT_FORMATS or dtype not in EXPORT_DTYPES:
+        if fmt not in FORMAT_NAMES or dtype not in DTYPES:
             raise _Failed("internal_error", f"unknown export format {key!r}")
         if blob_id is None:
             raise _Failed("export_failed", f"Model {model_id} has no stored weights to export.")
@@ -104,16 +97,17 @@ def checkpoint_blob(session: Session, owner_id: str | None, model_id: str) -> st
 
 
 def _convert(store: BlobStore, blob_id: str, model_id: str, fmt: str, dtype: str, out: Path) -> Path:
-    """The checkpoint blob converted to `out` (hf: a tar of the folder)."""
+    """The checkpoint blob converted to `out` (a folder format: a tar of the folder)."""
     from trainer.export import ExportError, export
 
     tar_path = store.read_to_path(blob_id, out.parent / "checkpoint.tar")
     ckpt_dir = extract_checkpoint_tar(tar_path, out.parent / "checkpoint")
     tar_path.unlink()
     try:
-        if fmt == "hf":
-            folder = export(ckpt_dir, "hf", out.parent / "hf", dtype)
-            return tar_folder(Path(folder), out, arcname=hf_folder_name(model_id, dtype))
+        spec = export_format(fmt)
+        if spec.is_folder:
+            folder = export(ckpt_dir, fmt, out.parent / spec.path, dtype)
+            return tar_folder(Path(folder), out, arcname=export_folder_name(model_id, fmt, dtype))
         return Path(export(ckpt_dir, fmt, out, dtype))
     except ExportError as e:
         raise _Failed("export_failed", f"Cannot export {model_id} as {fmt} ({dtype}): {e}") from e

@@ -1,11 +1,12 @@
 """The exports a job asked for (`export_formats`), made by the training worker while it finishes the
 job, so the first download of them answers at once (api/exports.py serves a `ready` row).
 
-`store_final_exports` runs in JobRun._succeed before the job is marked succeeded. It exports the
+`store_final_exports` runs in JobEnding.succeed before the job is marked succeeded. It exports the
 final checkpoint folder on this worker's disk (the same folder stored as the final checkpoint),
-f32, with trainer.export.final, and stores each file as a blob with an `Export` row: status ready,
-keyed by the job's final model id (`fine_tuned_model`), its `format` and filename as
-core.exports names them (hf: a tar of the folder), `owner_id` the job's owner.
+in FINAL_DTYPE (f32), with trainer.export.final, and stores each file as a blob with an `Export`
+row: status ready, keyed by the job's final model id (`fine_tuned_model`), its `format` and filename
+as core.exports names them (a folder format such as hf: a tar of the folder), `owner_id` the job's
+owner.
 
 - Idempotent: an attempt retried after a crash makes its exports again and replaces the rows the
   earlier attempt left (the unique constraint (model_id, format) holds one row each), so the
@@ -30,12 +31,13 @@ from typing import TYPE_CHECKING, Protocol
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.exports import READY, export_filename, export_key, hf_folder_name
+from core.exports import READY, export_filename, export_folder_name, export_key
 from core.jobstates import add_event
 from core.models import Blob, Export
 from core.naming import final_model_id
 from core.quotas import lock_owner, stored_bytes
 from trainer.config import TrainConfig
+from trainer.config.export_formats import FINAL_DTYPE, export_format
 from worker.checkpoint_files import tar_folder
 from worker.lease import LeaseLost, lock_held_job
 
@@ -46,11 +48,10 @@ if TYPE_CHECKING:
     from worker.job_inputs import JobSnapshot
 
 log = logging.getLogger(__name__)
-DTYPE = "f32"
 
 
 class FinishingJob(Protocol):
-    """What of worker.job_run.JobRun this step uses."""
+    """What of worker.job_ending.JobEnding this step uses."""
 
     job_id: str
     worker_id: str
@@ -75,9 +76,10 @@ def store_final_exports(run: FinishingJob, snapshot: JobSnapshot, final: Path) -
                 _warn(run, f"The {fmt} export was not made: {written}", {"export": fmt})
                 continue
             path = written
-            if fmt == "hf":
-                name = export_filename(model_id, fmt, DTYPE)
-                path = tar_folder(written, scratch / name, arcname=hf_folder_name(model_id, DTYPE))
+            if export_format(fmt).is_folder:
+                name = export_filename(model_id, fmt, FINAL_DTYPE)
+                arcname = export_folder_name(model_id, fmt, FINAL_DTYPE)
+                path = tar_folder(written, scratch / name, arcname=arcname)
             _store(run, snapshot.owner_id, model_id, fmt, path)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -97,7 +99,7 @@ def _export(run: FinishingJob, final: Path, formats: Sequence[str], scratch: Pat
 
 
 def _store(run: FinishingJob, owner_id: str, model_id: str, fmt: str, path: Path) -> None:
-    key, filename = export_key(fmt, DTYPE), export_filename(model_id, fmt, DTYPE)
+    key, filename = export_key(fmt, FINAL_DTYPE), export_filename(model_id, fmt, FINAL_DTYPE)
     limit = run.settings.max_stored_bytes_per_key
 
     def write() -> tuple[list[str], int | None]:

@@ -5,7 +5,7 @@ The API inserts an `inference_requests` row (`queued`, its `params`) and sends i
    already gave up on and deleted, claims nothing and is dropped);
 2. load the model (worker/model_cache.py: an LRU shared by the pool's threads) and render the prompt:
    `params.prompt` as it is, or `params.messages` in the chat template the trainer renders chat
-   JSONL with (trainer.data.formats.chat_template) followed by the assistant's header `<|assistant|>\\n`;
+   JSONL with (trainer.data.records.chat_template) followed by the assistant's header `<|assistant|>\\n`;
    the reply then ends where the model starts the next message (`CHAT_STOP`, "\\n<|");
 3. generate token by token (trainer.sampling.stream_ids, seeded when `params.seed` is given),
    turning the tokens into final text (worker/text_stream.py: whole UTF-8 characters only, the

@@ -52,7 +52,9 @@ class JobSnapshot:
             seed=int(job.seed),
             base_model_id=job.base_model_id,
             queue=job.queue,
-            keep_checkpoints=(job.train_config or {}).get("keep_checkpoints", 3),
+            keep_checkpoints=(job.train_config or {}).get(
+                "keep_checkpoints", TrainConfig.model_fields["keep_checkpoints"].default
+            ),
             naming_job=job,
         )
 

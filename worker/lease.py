@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db_faults import OutageLog, is_connection_error
-from core.jobstates import claim_job, renew_lease
+from core.job_leases import claim_job, renew_lease
 from core.models import Job
 from worker.running_quota import defer_if_owner_busy
 

@@ -1,7 +1,8 @@
 """A job's Metric rows and progress columns in the database.
 
 Rows are upserted by (job_id, step): an evaluation at a step fills that row's `val_loss` and
-`val_accuracy`, and a value never overwrites a stored one with None. A restart from checkpoint step S deletes the rows
+`val_accuracy`, and a value never overwrites a stored one with None. The columns are the registry's
+stored metrics (trainer.config.metrics). A restart from checkpoint step S deletes the rows
 after S first (`delete_metrics_after`), so the series never holds a step twice.
 """
 
@@ -14,21 +15,13 @@ from sqlalchemy import delete, func, update
 from sqlalchemy.orm import Session
 
 from core.models import Job, Metric, utcnow
+from trainer.config.metrics import STORED
 
 if TYPE_CHECKING:
     from sqlalchemy.dialects.postgresql import Insert as PostgresInsert
     from sqlalchemy.dialects.sqlite import Insert as SqliteInsert
 
-METRIC_COLUMNS = (
-    "train_loss",
-    "val_loss",
-    "train_accuracy",
-    "val_accuracy",
-    "lr",
-    "grad_norm",
-    "tokens_per_s",
-    "tokens_seen",
-)
+METRIC_COLUMNS = tuple(spec.name for spec in STORED)
 
 # one step's metric values by column (a value not measured at that step is absent or None)
 MetricValues = dict[str, float | None]

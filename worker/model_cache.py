@@ -58,11 +58,6 @@ class ModelCache:
                 self._loading.pop(blob_id, None)
             return model, tokenizer
 
-    def loaded(self) -> list[str]:
-        """Blob ids loaded now, least recently used first."""
-        with self._guard:
-            return list(self._models)
-
 
 def checkpoint_dir(blob_id: str, store: BlobStore, work_dir: Path) -> Path:
     """The checkpoint folder of blob `blob_id` under work_dir/models/<blob id>/, extracted once."""

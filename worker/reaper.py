@@ -1,7 +1,7 @@
 """The reaper: a daemon thread in every worker process that keeps jobs moving when workers or
 messages are lost. Every `reaper_interval_seconds` it
 
-1. **re-queues expired leases**: `core.jobstates.requeue_expired` moves `validating_files`/`running`
+1. **re-queues expired leases**: `core.job_leases.requeue_expired` moves `validating_files`/`running`
    jobs whose lease expired (worker SIGKILLed, machine lost) back to `queued` (or to `failed` with
    `worker_lost` after `max_attempts`), and the reaper sends their message again, to the head of
    the queue: the job keeps its place. Nothing depends on the broker redelivering anything.
@@ -41,7 +41,7 @@ from core.broker import TRAIN_TASK, enqueue_job
 from core.broker_faults import BrokerOutageLog, is_broker_error
 from core.broker_queues import UnsupportedBroker, queued_job_ids
 from core.db_faults import OutageLog, is_connection_error
-from core.jobstates import requeue_expired
+from core.job_leases import requeue_expired
 from core.models import Job, utcnow
 from core.settings import Settings
 from core.status import CLAIMABLE

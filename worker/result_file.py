@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from core.models import File, Job, Metric
 from core.status import JobStatus
+from trainer.config.metrics import STORED
 
 if TYPE_CHECKING:
     from core.blobstore import BlobStore
@@ -34,17 +35,13 @@ PURPOSE = "fine-tune-results"
 FORMAT = "csv"
 BATCH_ROWS = 5000  # metric rows read per query (each batch is read whole before its bytes are written)
 
-# The CSV's columns, in order, and where each value comes from: the one place that maps them.
-COLUMNS: tuple[tuple[str, Callable[[Metric], float | int | None]], ...] = (
-    ("step", lambda m: m.step),
-    ("train_loss", lambda m: m.train_loss),
-    ("train_accuracy", lambda m: m.train_accuracy),
-    ("valid_loss", lambda m: m.val_loss),
-    ("valid_mean_token_accuracy", lambda m: m.val_accuracy),
-    ("learning_rate", lambda m: m.lr),
-    ("tokens_per_s", lambda m: m.tokens_per_s),
+# The CSV's columns, in order: the step, then each stored metric the registry gives a CSV column
+# (trainer.config.metrics), as (header, the Metric column it holds).
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("step", "step"),
+    *((spec.csv, spec.name) for spec in STORED if spec.csv),
 )
-HEADER = tuple(name for name, _ in COLUMNS)
+HEADER = tuple(header for header, _ in COLUMNS)
 
 
 def result_filename(job_id: str) -> str:
@@ -70,7 +67,7 @@ def csv_chunks(session: Session, job_id: str, batch_rows: int = BATCH_ROWS) -> I
             q = q.where(Metric.step > after)
         rows = session.scalars(q.order_by(Metric.step).limit(batch_rows)).all()
         for m in rows:
-            writer.writerow([_cell(get(m)) for _, get in COLUMNS])
+            writer.writerow([_cell(getattr(m, column)) for _, column in COLUMNS])
         yield buf.getvalue().encode()
         buf.seek(0)
         buf.truncate()

@@ -102,7 +102,7 @@ def resend_deferred(session_factory: sessionmaker[Session], job_id: str, max_run
         for waiting_id, queue in reversed(to_send):
             log.info("job %s: a running slot of its owner is free; sending it again", waiting_id)
             enqueue_job(waiting_id, queue, front=True)
-    except Exception:  # noqa: BLE001 - the reaper's lost-message pass re-sends what we could not
+    except Exception:  # the reaper's lost-message pass re-sends what we could not
         log.warning("could not re-send the deferred jobs after %s; the reaper will", job_id, exc_info=True)
         return []
     return [waiting_id for waiting_id, _ in to_send]

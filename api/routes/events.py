@@ -2,98 +2,43 @@
 
 GET /v1/fine_tuning/jobs/{id}/events   OpenAI's shape, newest first, `after`/`limit`.
     Lifecycle Event rows are `type: "message"` events (their own ids); Metric rows are
-    `type: "metrics"` events with `data {step, train_loss, valid_loss, learning_rate, grad_norm,
-    tokens_per_s, tokens_seen}` and the id `ftevent-<job hex>-s<step>`. Both are ordered by
+    `type: "metrics"` events with `data {step, <each stored metric under its OpenAI name>}` (the
+    names: trainer.config.metrics) and the id `ftevent-<job hex>-s<step>`. Both are ordered by
     (created_at, kind, seq|step), message after metrics at the same instant.
 
 GET /v1/fine_tuning/jobs/{id}/metrics?after_step=N&limit=M&max_points=P
-    `{object: "list", data: [{step, train_loss, val_loss, lr, tokens_per_s, tokens_seen, grad_norm,
-    created_at}], has_more}` in step order, steps > after_step. `limit` (default 1000 without
-    max_points, unbounded with it; at most 100000) cuts the window; `has_more` says rows exist
-    past it. `max_points` downsamples the window to at most P points that always include its last
-    point: the steps before the last are split into P-1 equal step ranges, each keeping one real
-    row (its last evaluation row if it has one, so the validation curve survives, else its last
-    row). Done in SQL: cheap for a 100,000-step job.
+    `{object: "list", data: [{step, <each Metric column>, created_at}], has_more}` in step order,
+    steps > after_step. `limit` (default 1000 without max_points, unbounded with it; at most
+    100000) cuts the window; `has_more` says rows exist past it. `max_points` downsamples the
+    window to at most P points that always include its last point: the steps before the last are
+    split into P-1 equal step ranges, each keeping one real row (its last evaluation row if it has
+    one, so the validation curve survives, else its last row). Done in SQL: cheap for a
+    100,000-step job.
 
-GET /v1/fine_tuning/jobs/{id}/stream   Server-Sent Events (text/event-stream):
-    event: metrics   data: one point as in /metrics
-    event: status    data: {status, message, created_at, job: <the job object>} — from each
-                     lifecycle row that records a status change (and a snapshot if ever needed)
-    event: message   data: an OpenAI event object, other lifecycle rows (warnings, requests)
-    event: error     data: the error envelope, just before the stream closes because its key was
-                     revoked (the key is re-checked every `stream_key_recheck_seconds`)
-    Every event has `id: <S>.<Q>`: S = the highest metric step sent so far (-1 for none), Q = the
-    highest lifecycle Event seq sent so far (0 for none); both are below 10**18. Reconnecting with
-    `Last-Event-ID: S.Q` (what EventSource sends; or `?last_event_id=S.Q`) sends only metrics with
-    step > S and lifecycle rows with seq > Q; an id of another shape is a 400 before the stream
-    starts. The database is polled every 0.25 s with two indexed queries; a comment line
-    `: keep-alive` goes out after 15 s of silence; the stream ends after the terminal status event
-    (a reconnect to a finished job whose events were all seen gets an empty stream that ends at once).
-    A metric row is sent once it is final, so the cursor never skips a later change to it: the
-    worker upserts rows by step, and an evaluation fills `val_loss` of a row whose `train_loss` may
-    already be stored. The trainer evaluates step S before it logs step S+1 and the worker writes its
-    buffered rows in one transaction, so once a later row exists a row no longer changes; the newest
-    row is held back while a worker is on the job (core.status.ACTIVE) and sent when the next row
-    arrives or the job stops.
-    Auth: the Bearer header, or `?api_key=<key>` for a browser's EventSource (it cannot send
-    headers); only this route accepts a key in the URL (the access log never shows it: api/logs.py).
+GET /v1/fine_tuning/jobs/{id}/stream   Server-Sent Events: api/routes/stream.py.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
 import re
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request
-from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Query
 from sqlalchemy import and_, case, func, or_, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from api.deps import CurrentKey, SessionDep, StreamKey
-from api.errors import error_body
-from api.queries import AfterId, bad_cursor, owned_job
+from api.deps import CurrentKey, SessionDep
+from api.queries import COLUMN_MAX, AfterId, bad_cursor, in_column_range, owned_job
 from api.request_models import Int64
-from api.schemas import (
-    JobEvent,
-    ListEnvelope,
-    job_hex,
-    metric_point,
-    to_event,
-    to_job,
-    to_metric_event,
-    unix,
-)
-from core.db_faults import CONNECTION_ERRORS
-from core.models import ApiKey, Event, Job, Metric
-from core.status import ACTIVE, TERMINAL
+from api.schemas import JobEvent, ListEnvelope, job_hex, metric_point, to_event, to_metric_event
+from core.models import Event, Job, Metric
 
 router = APIRouter(prefix="/v1/fine_tuning", tags=["fine-tuning"])
 
 RANK_METRIC, RANK_MESSAGE = 0, 1
-POLL_SECONDS = 0.25
-HEARTBEAT_SECONDS = 15.0
-STREAM_BATCH = 500
 _METRIC_EVENT_RE = re.compile(r"^ftevent-([0-9a-f]+)-s([0-9]{1,18})$")
-# "<highest metric step sent>.<highest event seq sent>", each below 10**18 (so inside 64 bits)
-EVENT_ID_PATTERN = r"^(-1|[0-9]{1,18})\.[0-9]{1,18}$"
-EVENT_ID_HELP = "resume after this event id of the stream (<step>.<seq>, as the stream sent it)"
-
-
-# Metric steps and Event seqs are 32-bit INTEGER columns in PostgreSQL, which refuses to compare one
-# with a larger bound; a cursor past their range is past every row, and one before it before all.
-COLUMN_MIN, COLUMN_MAX = -1, 2**31 - 1
-
-
-def in_column_range(n: int) -> int:
-    return max(COLUMN_MIN, min(n, COLUMN_MAX))
 
 
 # ------------------------------------------------------------------------------------------ events
@@ -219,187 +164,3 @@ def list_metrics(
         "job_status": job.status,
         "total_steps": job.total_steps,
     }
-
-
-# ------------------------------------------------------------------------------------------ stream
-@dataclass
-class StreamCursor:
-    step: int = -1
-    seq: int = 0
-
-    def __str__(self) -> str:
-        return f"{self.step}.{self.seq}"
-
-    @classmethod
-    def parse(cls, event_id: str) -> StreamCursor:
-        """From an id this stream sent (the route's pattern has checked its shape and size)."""
-        step, seq = event_id.split(".")
-        return cls(in_column_range(int(step)), in_column_range(int(seq)))
-
-
-def _sse(event: str, data: Any, id: str | None = None) -> str:
-    lines = [f"event: {event}"]
-    if id is not None:
-        lines.append(f"id: {id}")
-    lines.append("data: " + json.dumps(data, separators=(",", ":")))
-    return "\n".join(lines) + "\n\n"
-
-
-def _poll(
-    factory: sessionmaker[Session], job_id: str, cursor: StreamCursor
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[Event]]:
-    """One poll: the job (read first, so a terminal status implies its last metrics are visible
-    too), then newer final metric rows (see the module docstring) and lifecycle rows."""
-    with factory() as session:
-        job = session.get(Job, job_id)
-        if job is None:
-            return None, [], []
-        snapshot = to_job(job).model_dump(mode="json")
-        metrics = list(
-            session.scalars(
-                select(Metric)
-                .where(Metric.job_id == job_id, Metric.step > cursor.step)
-                .order_by(Metric.step)
-                .limit(STREAM_BATCH + 1)
-            ).all()
-        )
-        if len(metrics) > STREAM_BATCH:
-            metrics = metrics[:STREAM_BATCH]  # a later row exists: these are final
-        elif metrics and job.status in ACTIVE:
-            metrics = metrics[:-1]  # the newest row may still gain its val_loss
-        events = session.scalars(
-            select(Event)
-            .where(Event.job_id == job_id, Event.seq > cursor.seq)
-            .order_by(Event.seq)
-            .limit(STREAM_BATCH)
-        ).all()
-        points = [metric_point(m) for m in metrics]
-        for e in events:
-            session.expunge(e)
-        return snapshot, points, list(events)
-
-
-def _status_of(e: Event) -> str | None:
-    status = (e.data or {}).get("status") if isinstance(e.data, dict) else None
-    return status if isinstance(status, str) else None
-
-
-def _key_is_live(factory: sessionmaker[Session], key_id: str) -> bool:
-    with factory() as session:
-        found = session.scalar(select(ApiKey.id).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)))
-        return found is not None
-
-
-KEY_REVOKED = error_body(
-    "The API key of this stream was revoked; the stream is closed.",
-    "invalid_request_error",
-    code="invalid_api_key",
-)
-
-
-async def _stream(
-    request: Request, job_id: str, key_id: str, cursor: StreamCursor, sent_status: str | None
-) -> AsyncIterator[str]:
-    factory = request.app.state.session_factory
-    recheck_seconds = request.app.state.settings.stream_key_recheck_seconds
-    yield "retry: 2000\n\n"
-    last_write = last_key_check = time.monotonic()
-    while True:
-        if await request.is_disconnected():
-            return
-        try:
-            if time.monotonic() - last_key_check >= recheck_seconds:
-                if not await run_in_threadpool(_key_is_live, factory, key_id):
-                    yield _sse("error", KEY_REVOKED)
-                    return
-                last_key_check = time.monotonic()
-            job, points, events = await run_in_threadpool(_poll, factory, job_id, cursor)
-        except CONNECTION_ERRORS:  # the database is away: keep the stream open and poll again
-            if time.monotonic() - last_write >= HEARTBEAT_SECONDS:
-                yield ": keep-alive\n\n"
-                last_write = time.monotonic()
-            await asyncio.sleep(POLL_SECONDS)
-            continue
-        if job is None:
-            return
-        out: list[str] = []
-        for p in points:
-            cursor.step = max(cursor.step, int(p["step"]))
-            out.append(_sse("metrics", p, str(cursor)))
-        for e in events:
-            cursor.seq = max(cursor.seq, e.seq)
-            status = _status_of(e)
-            if status is not None:
-                sent_status = status
-                out.append(
-                    _sse(
-                        "status",
-                        {
-                            "status": status,
-                            "message": e.message,
-                            "created_at": unix(e.created_at),
-                            "job": job,
-                        },
-                        str(cursor),
-                    )
-                )
-            else:
-                out.append(_sse("message", to_event(e).model_dump(mode="json"), str(cursor)))
-        drained = len(points) < STREAM_BATCH and len(events) < STREAM_BATCH
-        if drained and job["status"] != sent_status and (sent_status is None or job["status"] in TERMINAL):
-            # no lifecycle row told this client the current status yet: say it once
-            sent_status = job["status"]
-            out.append(
-                _sse(
-                    "status",
-                    {
-                        "status": sent_status,
-                        "message": f"Job status: {sent_status}",
-                        "created_at": int(time.time()),
-                        "job": job,
-                    },
-                    str(cursor),
-                )
-            )
-        if out:
-            yield "".join(out)
-            last_write = time.monotonic()
-        if drained and job["status"] in TERMINAL and sent_status == job["status"]:
-            return
-        if not drained:
-            continue
-        if time.monotonic() - last_write >= HEARTBEAT_SECONDS:
-            yield ": keep-alive\n\n"
-            last_write = time.monotonic()
-        await asyncio.sleep(POLL_SECONDS)
-
-
-@router.get(
-    "/jobs/{job_id}/stream",
-    summary="Server-Sent Events: metrics and status as they happen",
-    response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
-)
-async def stream_job(
-    job_id: str,
-    request: Request,
-    session: SessionDep,
-    key: StreamKey,
-    last_event_id: Annotated[
-        str | None, Header(alias="Last-Event-ID", pattern=EVENT_ID_PATTERN, description=EVENT_ID_HELP)
-    ] = None,
-    last_event_id_query: Annotated[
-        str | None, Query(alias="last_event_id", pattern=EVENT_ID_PATTERN, description=EVENT_ID_HELP)
-    ] = None,
-) -> StreamingResponse:
-    job = await run_in_threadpool(owned_job, session, key.owner_id, job_id)
-    resume_from = last_event_id or last_event_id_query
-    cursor = StreamCursor.parse(resume_from) if resume_from else StreamCursor()
-    # A resuming client has seen the status as of its cursor; newer changes arrive as rows.
-    sent_status = job.status if resume_from else None
-    await run_in_threadpool(session.close)
-    return StreamingResponse(
-        _stream(request, job.id, key.id, cursor, sent_status),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )

@@ -17,21 +17,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import select
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
-from api.exports import (
-    RETRY_AFTER_SECONDS,
-    DownloadFormat,
-    ExportDtype,
-    ExportPreparing,
-    delete_exports,
-    find_download,
-)
+from api.exports import RETRY_AFTER_SECONDS, ExportPreparing, delete_exports, find_download
 from api.queries import ModelRef, is_deleted, owned_model
 from api.request_text import json_router
 from api.routes.files import content_disposition
 from api.schemas import Deleted, ListEnvelope, Model, unix
+from core.exports import DEFAULT_DOWNLOAD, DOWNLOADS, DownloadFormat
 from core.models import Checkpoint, DeletedModel, Job
 from core.naming import root_preset
 from core.status import JobStatus
+from trainer.config.export_formats import DEFAULT_DTYPE, ExportDtype
 
 router = json_router(prefix="/v1", tags=["models"])
 
@@ -89,7 +84,7 @@ def list_models(session: SessionDep, key: CurrentKey) -> ListEnvelope[Model]:
 
 @router.get(
     "/models/{model_id:path}/content",
-    summary="Download a model: gguf, hf (tar), onnx, checkpoint (tar)",
+    summary="Download a model: " + ", ".join(f"{d.name} (tar)" if d.is_folder else d.name for d in DOWNLOADS),
     description="A stored file answers 200 at once. An export not made yet answers 202 (a worker "
     "prepares it): ask again after `Retry-After` seconds until the 200 comes. A failed export answers "
     "its error once (400 `export_failed`), then the next request tries again.",
@@ -112,8 +107,8 @@ def model_content(
     key: CurrentKey,
     store: BlobStoreDep,
     settings: SettingsDep,
-    format: Annotated[DownloadFormat, Query(description="the file to download")] = "gguf",
-    dtype: Annotated[ExportDtype, Query(description="weights precision (gguf, hf, onnx)")] = "f32",
+    format: Annotated[DownloadFormat, Query(description="the file to download")] = DEFAULT_DOWNLOAD,
+    dtype: Annotated[ExportDtype, Query(description="weights precision of an export")] = DEFAULT_DTYPE,
 ) -> Response:
     ref = owned_model(session, key.owner_id, model_id)
     found = find_download(

@@ -44,7 +44,7 @@ def download_tensorboard(job_id: str, session: SessionDep, key: CurrentKey) -> S
     rows = session.scalars(
         select(Metric).where(Metric.job_id == job.id).order_by(Metric.step).execution_options(yield_per=1000)
     )
-    events = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115 - closed by _tar
+    events = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # closed by _tar
     for chunk in event_records(((m, unix_float(m.created_at) or created) for m in rows), created):
         events.write(chunk)
     size = events.tell()

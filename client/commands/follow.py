@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from client.commands.output import format_duration, format_number, make_console, print_json
@@ -14,7 +15,6 @@ from core.status import TERMINAL, JobStatus
 if TYPE_CHECKING:
     from rich.table import Table
 
-if TYPE_CHECKING:
     from client.http import Client
 
 # `jobs follow`'s exit code by the job's final status (any other: EXIT_ERROR)
@@ -107,15 +107,81 @@ class _FollowState:
         return f"{self.step}.0" if self.step > 0 and not self.plain_stream else None
 
 
+class _Follower:
+    """The loop of `jobs follow`: the event stream while it holds; when it drops, polls of
+    /metrics and the job, with the stream tried again after a growing pause."""
+
+    JOB_READ_SECONDS = 5.0  # how often the job itself is read while the stream flows
+
+    def __init__(self, client: Client, job_id: str, state: _FollowState, refresh: Callable[[], None]):
+        self.client, self.job_id, self.state, self.refresh = client, job_id, state, refresh
+        self.stream_failures = 0
+        self.next_stream_try = 0.0
+        self.last_job_read = time.monotonic()
+
+    def run(self, poll_seconds: float) -> None:
+        while self.state.status not in TERMINAL:
+            if time.monotonic() >= self.next_stream_try and self._stream_again_at_once():
+                continue
+            self._catch_up()
+            if self.state.status not in TERMINAL:
+                time.sleep(poll_seconds)
+        self.state.job_update(self.client.get_job(self.job_id))
+        self.refresh()
+
+    def _stream_again_at_once(self) -> bool:
+        """Follow the stream until it ends or drops. True when it should be opened again at once:
+        the server refused a made-up Last-Event-ID, so the next try starts from the beginning."""
+        from client.http import APIError
+
+        try:
+            self._follow_stream()
+        except APIError as e:
+            if e.status_code == 400 and e.param == "Last-Event-ID" and not self.state.plain_stream:
+                self.state.last_event_id, self.state.plain_stream = None, True
+                return True
+            if e.status_code in (401, 403, 404):
+                raise
+            self.stream_failures += 1
+            # back off the stream; poll in between
+            self.next_stream_try = time.monotonic() + min(30.0, 2.0 * self.stream_failures)
+        return False
+
+    def _follow_stream(self) -> None:
+        state = self.state
+        for ev in self.client.stream(self.job_id, state.resume_id()):
+            if ev.id:
+                state.last_event_id = ev.id
+            try:
+                state.event(ev.event, ev.json())
+            except ValueError:
+                continue
+            self.stream_failures = 0
+            if state.status in TERMINAL:
+                self.refresh()
+                return
+            if time.monotonic() - self.last_job_read >= self.JOB_READ_SECONDS:
+                # the job itself now and then: total steps and the server's ETA
+                state.job_update(self.client.get_job(self.job_id))
+                self.last_job_read = time.monotonic()
+            self.refresh()
+
+    def _catch_up(self) -> None:
+        """The stream ended or dropped: poll from the last step shown (fills any gap, and an
+        evaluation can fill in its val_loss after the step was read) and re-read the job."""
+        page = self.client.metrics(self.job_id, after_step=self.state.step - 1, limit=1000)
+        for m in page.get("data", []):
+            self.state.metric(m)
+        self.state.job_update(self.client.get_job(self.job_id))
+        self.refresh()
+
+
 def follow_job(client: Client, job_id: str, json_summary: bool = False, poll_seconds: float = 2.0) -> int:
     """Show a live progress bar until the job is terminal: SSE first, polling /metrics when the
     stream drops (reconnecting with Last-Event-ID now and then). Returns the exit code."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from client.http import APIError
-
     state = _FollowState(client.get_job(job_id))
-    console = make_console(stderr=True)
 
     def describe() -> str:
         eta = format_duration(state.eta) if state.eta is not None else "-"
@@ -130,7 +196,7 @@ def follow_job(client: Client, job_id: str, json_summary: bool = False, poll_sec
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[info]}"),
-        console=console,
+        console=make_console(stderr=True),
         transient=False,
     ) as bar:
         task = bar.add_task(
@@ -140,48 +206,7 @@ def follow_job(client: Client, job_id: str, json_summary: bool = False, poll_sec
         def refresh() -> None:
             bar.update(task, total=state.total, completed=state.step, status=state.status, info=describe())
 
-        stream_failures = 0
-        next_stream_try = 0.0
-        last_job_read, job_read_seconds = time.monotonic(), 5.0
-        while state.status not in TERMINAL:
-            if time.monotonic() >= next_stream_try:
-                try:
-                    for ev in client.stream(job_id, state.resume_id()):
-                        if ev.id:
-                            state.last_event_id = ev.id
-                        try:
-                            state.event(ev.event, ev.json())
-                        except ValueError:
-                            continue
-                        stream_failures = 0
-                        if state.status in TERMINAL:
-                            refresh()
-                            break
-                        if time.monotonic() - last_job_read >= job_read_seconds:
-                            # the job itself now and then: total steps and the server's ETA
-                            state.job_update(client.get_job(job_id))
-                            last_job_read = time.monotonic()
-                        refresh()
-                except APIError as e:
-                    if e.status_code == 400 and e.param == "Last-Event-ID" and not state.plain_stream:
-                        state.last_event_id, state.plain_stream = None, True
-                        continue
-                    if e.status_code in (401, 403, 404):
-                        raise
-                    stream_failures += 1
-                    # back off the stream; poll in between
-                    next_stream_try = time.monotonic() + min(30.0, 2.0 * stream_failures)
-            # the stream ended or dropped: catch up by polling (fills any gap) and re-read the job
-            # from the last step shown, again: an evaluation can fill in its val_loss after it was read
-            page = client.metrics(job_id, after_step=state.step - 1, limit=1000)
-            for m in page.get("data", []):
-                state.metric(m)
-            state.job_update(client.get_job(job_id))
-            refresh()
-            if state.status not in TERMINAL:
-                time.sleep(poll_seconds)
-        state.job_update(client.get_job(job_id))
-        refresh()
+        _Follower(client, job_id, state, refresh).run(poll_seconds)
 
     job = state.job
     if json_summary:

@@ -10,9 +10,8 @@ from typing import BinaryIO
 
 from client.commands.output import add_id_column, format_size, format_time, make_console, print_json
 from client.commands.runner import EXIT_OK, connect
+from core.exports import DOWNLOADS
 
-FORMATS = ("gguf", "hf", "onnx", "checkpoint")
-DTYPES = ("f32", "f16", "q8_0")
 DEFAULT_WAIT = 600.0  # seconds `models download` waits for a worker to prepare an export
 
 
@@ -41,10 +40,7 @@ def cmd_models_download(args: argparse.Namespace) -> int:
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-    out_arg = Path(args.output) if args.output else None
-    tmp: Path | None = None
-    fh: BinaryIO | None = None
-    final: Path | None = None
+    part = _PartFile(args.output)
     with (
         connect(args) as client,
         Progress(
@@ -69,51 +65,72 @@ def cmd_models_download(args: argparse.Namespace) -> int:
             bar.update(task, description=f"preparing {args.format}… {seconds:.0f}s")
 
         def on_start(total: int | None, filename: str | None) -> None:
-            nonlocal tmp, fh, final
             if waited is not None:
                 bar.update(task, description=label)
                 bar.console.print(f"{args.format} export prepared after {waited:.0f}s")
-            default_name = filename or f"{args.id.replace(':', '_')}.{_default_ext(args.format)}"
-            if out_arg is None:
-                final = Path(default_name)
-            elif out_arg.is_dir():
-                final = out_arg / default_name
-            else:
-                final = out_arg
-            final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = final.with_name(f".{final.name}.part-{os.getpid()}")
-            fh = tmp.open("wb")
+            part.open(filename or f"{args.id.replace(':', '_')}.{_default_ext(args.format)}")
             bar.update(task, total=total)
-
-        def write(chunk: bytes) -> None:
-            assert fh is not None  # opened by on_start, before the first chunk
-            fh.write(chunk)
 
         try:
             client.download_model(
                 args.id,
                 args.format,
-                write=write,
+                write=part.write,
                 on_start=on_start,
                 progress=lambda n: bar.advance(task, n),
                 dtype=args.dtype,
                 wait=args.wait,
                 on_preparing=on_preparing,
             )
-            assert tmp is not None and final is not None and fh is not None  # on_start ran first
-            fh.close()
-            os.replace(tmp, final)  # the file appears whole or not at all
+            final = part.finish()
         finally:
-            if fh is not None and not fh.closed:
-                fh.close()
-            if tmp is not None and tmp.exists():
-                tmp.unlink()
+            part.discard()
     size = final.stat().st_size
     print(f"saved {final} ({format_size(size)})", file=sys.stderr)
     print(final)
     return EXIT_OK
 
 
+class _PartFile:
+    """Where a download goes: `--output` (a file, or a folder for the server's file name) or the
+    server's file name here. Written as `.<name>.part-<pid>` beside it and renamed once whole, so
+    the file appears whole or not at all."""
+
+    def __init__(self, output: str | None):
+        self.output = Path(output) if output else None
+        self.final: Path | None = None
+        self.tmp: Path | None = None
+        self.fh: BinaryIO | None = None
+
+    def open(self, default_name: str) -> None:
+        if self.output is None:
+            final = Path(default_name)
+        elif self.output.is_dir():
+            final = self.output / default_name
+        else:
+            final = self.output
+        final.parent.mkdir(parents=True, exist_ok=True)
+        self.final, self.tmp = final, final.with_name(f".{final.name}.part-{os.getpid()}")
+        self.fh = self.tmp.open("wb")
+
+    def write(self, chunk: bytes) -> None:
+        assert self.fh is not None  # opened when the download started, before the first chunk
+        self.fh.write(chunk)
+
+    def finish(self) -> Path:
+        assert self.tmp is not None and self.final is not None and self.fh is not None  # opened first
+        self.fh.close()
+        os.replace(self.tmp, self.final)
+        return self.final
+
+    def discard(self) -> None:
+        """Close and remove what a download that did not finish left (nothing after `finish`)."""
+        if self.fh is not None and not self.fh.closed:
+            self.fh.close()
+        if self.tmp is not None and self.tmp.exists():
+            self.tmp.unlink()
+
+
 def _default_ext(fmt: str) -> str:
     """The file extension of a download format when the server names no file."""
-    return {"gguf": "gguf", "onnx": "onnx", "hf": "tar", "checkpoint": "tar"}[fmt]
+    return next(d.extension for d in DOWNLOADS if d.name == fmt)

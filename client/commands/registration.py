@@ -4,6 +4,7 @@ command groups, each leaf with the connection options and its handler."""
 from __future__ import annotations
 
 import argparse
+from typing import TypeAlias
 
 from client.commands.files import cmd_files_list, cmd_files_upload
 from client.commands.jobs import (
@@ -13,10 +14,12 @@ from client.commands.jobs import (
     cmd_jobs_list,
     cmd_jobs_show,
 )
-from client.commands.models import DEFAULT_WAIT, DTYPES, FORMATS, cmd_models_download, cmd_models_list
+from client.commands.models import DEFAULT_WAIT, cmd_models_download, cmd_models_list
 from client.commands.runner import Handler, run_command
 from client.hyperparameter_options import add_hyperparameter_options
+from core.exports import DEFAULT_DOWNLOAD, DOWNLOADS
 from trainer.config import PRESETS
+from trainer.config.export_formats import DEFAULT_DTYPE, DTYPE_NAMES, dtypes_by_format
 
 
 def _connection_options() -> argparse.ArgumentParser:
@@ -33,26 +36,36 @@ def _connection_options() -> argparse.ArgumentParser:
     return common
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `files`, `jobs` and `models` command groups to `fromscratch`'s subparsers."""
-    common = _connection_options()
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
-    def leaf(
-        group: argparse._SubParsersAction[argparse.ArgumentParser],
-        name: str,
-        help_text: str,
-        handler: Handler,
-        json_flag: bool = False,
+
+class _Leaves:
+    """Adds a leaf command: the connection options, its handler, and `--json` where asked."""
+
+    def __init__(self, common: argparse.ArgumentParser):
+        self.common = common
+
+    def __call__(
+        self, group: Subparsers, name: str, help_text: str, handler: Handler, json_flag: bool = False
     ) -> argparse.ArgumentParser:
-        p = group.add_parser(name, help=help_text, description=help_text, parents=[common])
+        p = group.add_parser(name, help=help_text, description=help_text, parents=[self.common])
         p.set_defaults(func=run_command(handler))
         if json_flag:
             p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
         return p
 
-    # files
+
+def register(subparsers: Subparsers) -> None:
+    """Add the `files`, `jobs` and `models` command groups to `fromscratch`'s subparsers."""
+    leaf = _Leaves(_connection_options())
+    _add_files(subparsers, leaf)
+    _add_jobs(subparsers, leaf)
+    _add_models(subparsers, leaf)
+
+
+def _add_files(subparsers: Subparsers, leaf: _Leaves) -> None:
     files = subparsers.add_parser(
-        "files", help="upload and list training files on a server", parents=[common]
+        "files", help="upload and list training files on a server", parents=[leaf.common]
     )
     files_sub = files.add_subparsers(dest="files_command", metavar="COMMAND", required=True)
     p = leaf(
@@ -66,9 +79,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--purpose", default="fine-tune", help="file purpose")
     leaf(files_sub, "list", "list your uploaded files", cmd_files_list, json_flag=True)
 
-    # jobs
+
+def _add_jobs(subparsers: Subparsers, leaf: _Leaves) -> None:
     jobs = subparsers.add_parser(
-        "jobs", help="create, follow and control training jobs on a server", parents=[common]
+        "jobs", help="create, follow and control training jobs on a server", parents=[leaf.common]
     )
     jobs_sub = jobs.add_subparsers(dest="jobs_command", metavar="COMMAND", required=True)
     p = leaf(jobs_sub, "create", "start a training job; prints its id", cmd_jobs_create, json_flag=True)
@@ -110,9 +124,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p.add_argument("id", metavar="JOB_ID")
         p.set_defaults(action=action)
 
-    # models
+
+def _add_models(subparsers: Subparsers, leaf: _Leaves) -> None:
     models = subparsers.add_parser(
-        "models", help="list and download trained models from a server", parents=[common]
+        "models", help="list and download trained models from a server", parents=[leaf.common]
     )
     models_sub = models.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
     leaf(
@@ -125,13 +140,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = leaf(
         models_sub,
         "download",
-        "download a model as GGUF, Hugging Face, ONNX or a checkpoint",
+        f"download a model: {', '.join(d.title for d in DOWNLOADS)}",
         cmd_models_download,
     )
     p.add_argument("id", metavar="MODEL_ID")
-    p.add_argument("--format", choices=FORMATS, default="gguf", help="gguf (default), hf, onnx or checkpoint")
     p.add_argument(
-        "--dtype", choices=DTYPES, default="f32", help="weights precision of gguf/hf/onnx (default: f32)"
+        "--format",
+        choices=[d.name for d in DOWNLOADS],
+        default=DEFAULT_DOWNLOAD,
+        help=f"what to download (default: {DEFAULT_DOWNLOAD})",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPE_NAMES,
+        default=DEFAULT_DTYPE,
+        help=f"weights precision of an export ({dtypes_by_format()}) (default: {DEFAULT_DTYPE})",
     )
     p.add_argument(
         "--wait",

@@ -15,7 +15,7 @@ from core.models import Job
 from core.settings import Settings
 from tests.api.conftest import SHAKESPEARE, Tenant, count, upload
 from tests.api.test_errors import assert_envelope
-from trainer.config import ModelConfig, TrainConfig, model_config_from_preset
+from trainer.config import ModelConfig, TrainConfig, model_config_from_preset, schema
 
 JOBS = "/v1/fine_tuning/jobs"
 GiB = 1 << 30
@@ -88,6 +88,22 @@ def test_jobs_too_large_for_the_service_are_400_job_too_large(
     assert (err["param"], err["code"]) == (param, "job_too_large"), err
     for fragment in fragments:
         assert fragment in err["message"], err
+
+
+OPTIMIZERS = next(h for h in schema.fields() if h.name == "optimizer").choices or ()
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_a_model_too_large_is_400_with_every_optimizer_choice(
+    client: TestClient, tenant: Tenant, file_id: str, session_factory: Any, optimizer: str
+) -> None:
+    """The refusal names the optimizer by its schema choice: a new choice needs no table here (a
+    missing entry once made this a 500)."""
+    hyperparameters = {"optimizer": optimizer, "n_layer": 256, "n_embd": 768, "n_head": 12}
+    err = refused(client, tenant, file_id, session_factory, hyperparameters)
+    assert (err["param"], err["code"]) == ("n_embd", "job_too_large"), err
+    assert f"optimizer={optimizer}" in err["message"], err
+    assert "FROMSCRATCH_CPU_WORKER_MEMORY_BYTES" in err["message"], err
 
 
 def test_a_gpu_job_is_measured_against_the_gpu_worker(
@@ -184,6 +200,10 @@ def test_limits_come_from_settings(tmp_path: Path) -> None:
     tokens = 1000 * 16 * 128  # default steps x batch_size x ctx
     check(tiny, TrainConfig(), tmp_path, max_job_tokens=tokens)
     assert refusal(tiny, TrainConfig(), tmp_path, max_job_tokens=tokens - 1).param == "batch_size"
+    two = TrainConfig(devices=2)  # batch_size is per device: twice the tokens
+    check(tiny, two, tmp_path, max_job_tokens=2 * tokens, cpu_worker_devices=2)
+    err = refusal(tiny, two, tmp_path, max_job_tokens=2 * tokens - 1, cpu_worker_devices=2)
+    assert err.param == "batch_size" and "x devices 2" in err.message
     err = refusal(tiny, TrainConfig(), tmp_path, cpu_worker_memory_bytes=GiB // 2)
     assert err.param == "n_embd" and "(512 MiB, FROMSCRATCH_CPU_WORKER_MEMORY_BYTES)" in err.message
     check(tiny, TrainConfig(device="cuda"), tmp_path, queue="gpu", cpu_worker_memory_bytes=GiB // 2)

@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from core.models import Job
 from tests.api.conftest import SHAKESPEARE, Factory, Tenant, count, upload
 from tests.api.test_errors import assert_envelope
+from trainer.config import TrainConfig, model_config_from_preset, schema
 
 JOBS = "/v1/fine_tuning/jobs"
 
@@ -292,6 +293,36 @@ def test_presets_listed(client: TestClient, tenant: Tenant) -> None:
     names = [p["id"] for p in body["data"]]
     assert "llama-tiny" in names
     assert body["hyperparameters"]["learning_rate"] == 1e-3
+
+
+def test_presets_answer_the_defaults_a_job_gets(client: TestClient, tenant: Tenant, file_id: str) -> None:
+    body = client.get("/v1/fine_tuning/presets", headers=tenant.headers).json()
+    defaults = body["hyperparameters"]
+    accepted = {h.name for h in schema.job_hyperparameters() if h.section == "train"}
+    assert set(defaults) == accepted  # no architecture, no `seed` (the request's own), nothing removed
+    assert defaults["n_epochs"] == "auto" and defaults["learning_rate_multiplier"] == 1.0
+    job = create(client, tenant, {"model": "llama-tiny", "training_file": file_id}).json()
+    train = job["config"]["train"]
+    assert train["n_epochs"] is None  # "auto": unset, so max_steps decides the length
+    for name, value in defaults.items():
+        if name not in ("n_epochs", schema.LEARNING_RATE_MULTIPLIER):  # the multiplier is no train field
+            assert train[name] == value, name
+    for preset in body["data"]:
+        architecture = model_config_from_preset(preset["id"]).to_dict()
+        assert preset["model"] == {k: v for k, v in architecture.items() if k != "vocab_size"}
+    client.post(f"{JOBS}/{job['id']}/cancel", headers=tenant.headers)
+
+
+def test_the_eta_counts_every_device(
+    client: TestClient, tenant: Tenant, factory: Factory, session_factory: Any
+) -> None:
+    job_id = factory.job(tenant.owner_id, status="running", step=40, total_steps=100, tokens_per_s=4096.0)
+    with session_factory() as s:
+        s.get(Job, job_id).train_config = TrainConfig(devices=2).to_dict()
+        s.commit()
+    job = client.get(f"{JOBS}/{job_id}", headers=tenant.headers).json()
+    # 2 devices x batch_size 16 x ctx 128 = 4096 tokens per step at 4096 tokens/s: 60 steps left = 60 s
+    assert job["progress"]["eta_seconds"] == pytest.approx(60.0)
 
 
 def test_broker_down_takes_the_create_back(settings: Any, tenant: Tenant, session_factory: Any) -> None:

@@ -5,18 +5,14 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.job_leases import after_lost_attempt, claim_job, renew_lease, requeue_expired
 from core.jobstates import (
     TERMINAL,
     TRANSITIONS,
     ConcurrentUpdate,
     IllegalTransition,
-    after_lost_attempt,
-    claim_job,
-    release_lease,
-    renew_lease,
     request_cancel,
     request_pause,
-    requeue_expired,
     resume,
     transition,
 )
@@ -139,17 +135,18 @@ def test_claim_is_exclusive_and_replays_are_dropped(any_factory: sessionmaker[Se
         assert claim_job(s, "ftjob-missing", "w9", 30) is None
 
 
-def test_lease_renew_and_release(any_factory: sessionmaker[Session]) -> None:
+def test_lease_renew_until_the_reaper_takes_it_back(any_factory: sessionmaker[Session]) -> None:
     with any_factory() as s:
         job = make_job(s)
         claim_job(s, job.id, "w1", 30)
         assert renew_lease(s, job.id, "w1", 30)
         assert not renew_lease(s, job.id, "w2", 30)
-        assert not release_lease(s, job.id, "w2")
-        assert release_lease(s, job.id, "w1")
+    _expire(any_factory, job.id)
+    with any_factory() as s:
+        assert requeue_expired(s, max_attempts=3) == [(job.id, "cpu")]
         assert not renew_lease(s, job.id, "w1", 30)  # lost: the worker must stop
     assert fresh(any_factory, job.id).lease_owner is None
-    with any_factory() as s:  # released without a status change: claimable again
+    with any_factory() as s:  # re-queued: claimable again
         assert claim_job(s, job.id, "w2", 30) is not None
 
 

@@ -1,6 +1,7 @@
 """A stand-in for the API inside the browser (Playwright request routing), for testing the dashboard's
 own code against the static files alone: each /v1 path answers from a Python function, and every
-request is counted. The statuses are the real ones (core.status), as the API serves them.
+request is counted. The statuses and download formats are the real ones (core.status, core.exports),
+as the API serves them.
 
 Streamed answers (the completions endpoints) come from an EventStream: a real HTTP server that
 writes each Server-Sent Event only when the test releases it, so a test sees what the page shows
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from core.exports import served_export_formats
 from core.status import status_sets
 
 # (query parameters, JSON body or None) -> (HTTP status, JSON answer)
@@ -43,6 +45,9 @@ class StubApi:
         self.streams: dict[tuple[str, str], EventStream] = {}
         self.answers: dict[tuple[str, str], Answer] = {
             ("GET", "/fine_tuning/statuses"): ok({"object": "fine_tuning.statuses", **status_sets()}),
+            ("GET", "/fine_tuning/export_formats"): ok(
+                {"object": "fine_tuning.export_formats", **served_export_formats()}
+            ),
             ("GET", "/fine_tuning/jobs"): ok({"object": "list", "data": [], "has_more": False}),
         }
         page.route("**/v1/**", self._handle)
@@ -137,7 +142,7 @@ class EventStream:
         events = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_POST(self) -> None:  # the stdlib's name
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -146,7 +151,7 @@ class EventStream:
                 events.started.set()
                 events.answer(self.wfile, self.connection)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)

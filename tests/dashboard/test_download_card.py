@@ -1,12 +1,14 @@
 """The job page's Download card while a worker prepares an export: the server answers 202 with
 Retry-After, the card says "Preparing onnx… Ns" and asks again, then the file arrives as a browser
 download; an export that fails says so. The card runs alone in a real Chromium (static files), its
-requests answered by Playwright routing."""
+requests answered by Playwright routing (its buttons from the real served formats, core.exports)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from core.exports import served_export_formats
 
 MODEL = "ft:llama-tiny:abc123"
 MOUNT = """async (model) => {
@@ -48,6 +50,11 @@ def serve_content(page: Any, preparing: int, final: tuple[int, dict[str, str], b
 
 
 def open_card(page: Any, static_url: str) -> None:
+    formats = {"object": "fine_tuning.export_formats", **served_export_formats()}
+    page.route(
+        "**/v1/fine_tuning/export_formats",
+        lambda route: route.fulfill(status=200, content_type="application/json", body=json.dumps(formats)),
+    )
     page.goto(static_url + "/")
     page.evaluate("localStorage.setItem('fromscratch.apiKey', 'fsk-test')")
     page.evaluate(MOUNT, MODEL)

@@ -33,6 +33,7 @@ CSV_HEADER = [
     "valid_mean_token_accuracy",
     "learning_rate",
     "tokens_per_s",
+    "peak_memory_bytes",
 ]
 
 

@@ -70,6 +70,9 @@ def tiny_train() -> Callable[..., TrainConfig]:
             eval_batches=2,
             checkpoint_every=0,
             device="cpu",
+            # exact numerics: float32 whatever dtype auto would pick here (bfloat16 on a CPU with
+            # native bf16 that a timing probe finds faster; tests/trainer/test_precision.py tests auto)
+            dtype="float32",
         )
         values.update(kw)
         return TrainConfig(**values)

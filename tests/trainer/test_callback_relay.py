@@ -18,6 +18,7 @@ from tests.fixtures.processes import running, spawned_ranks
 from tests.trainer.conftest import SHAKESPEARE
 from tests.trainer.test_distributed import MODEL, REPO, two_ranks
 from trainer.config import ModelConfig
+from trainer.config.metrics import StepMetrics
 from trainer.distributed.callback_relay import CallbackRelay, RelayedCallbackError
 from trainer.distributed.launch import RankLost, launch_train
 from trainer.run.loop import Callbacks
@@ -41,8 +42,8 @@ class Recorder(Callbacks):
     def on_start(self, info: StartInfo) -> None:
         self.starts.append(info)
 
-    def on_step(self, step: int, train_loss: float, *args: object) -> None:
-        self.steps.append(step)
+    def on_step(self, metrics: StepMetrics) -> None:
+        self.steps.append(metrics.step)
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         self.checkpoints.append((step, path))
@@ -67,7 +68,7 @@ def test_rank_zero_reports_to_callbacks_in_the_launching_process(tmp_path: Path)
 
 
 class Failing(Callbacks):
-    def on_step(self, *args: object, **kw: object) -> None:
+    def on_step(self, metrics: StepMetrics) -> None:
         raise LookupError("the database is gone")
 
 
@@ -81,8 +82,8 @@ def test_a_callbacks_error_reaches_the_launching_process_as_raised(tmp_path: Pat
 class KillSelfAtStep3(Callbacks):
     """Made in rank 0: SIGKILLs it (as the OOM killer would) in the middle of the run."""
 
-    def on_step(self, step: int, *args: object) -> None:
-        if step == 3:
+    def on_step(self, metrics: StepMetrics) -> None:
+        if metrics.step == 3:
             os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -174,8 +174,8 @@ def test_train_options_mirror_train_config():
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    train_parser = parser._subparsers._group_actions[0].choices["train"]  # noqa: SLF001
-    options = {s for a in train_parser._actions for s in a.option_strings}  # noqa: SLF001
+    train_parser = parser._subparsers._group_actions[0].choices["train"]
+    options = {s for a in train_parser._actions for s in a.option_strings}
     assert {"--" + f.replace("_", "-") for f in TrainConfig.model_fields} <= options
 
 
@@ -216,6 +216,7 @@ def test_export_calls_trainer_export(tmp_path, shakespeare, monkeypatch, capsys)
 def test_progress_display(rich_bar):
     import io
 
+    from trainer.config.metrics import EvalMetrics, StepMetrics
     from trainer.run.progress import ProgressCallbacks
 
     stream = io.StringIO()
@@ -236,8 +237,17 @@ def test_progress_display(rich_bar):
         }
     )
     for step in range(1, 5):
-        progress.on_step(step, 2.5 - step * 0.1, 1e-3, 0.5, 1000.0, step * 128)
-    progress.on_eval(4, 2.0)
+        progress.on_step(
+            StepMetrics(
+                step=step,
+                train_loss=2.5 - step * 0.1,
+                lr=1e-3,
+                grad_norm=0.5,
+                tokens_per_s=1000.0,
+                tokens_seen=step * 128,
+            )
+        )
+    progress.on_eval(EvalMetrics(step=4, val_loss=2.0))
     progress.close()
     text = stream.getvalue()
     assert "1,234 parameters" in text and "val_loss 2.0000" in text

@@ -49,3 +49,36 @@ def test_an_integral_float_is_an_integer_and_every_problem_is_reported_at_once()
     with pytest.raises(ConfigError) as err:
         TrainConfig(max_steps=0, schedule="zigzag", min_lr=1.0)
     assert {name for name, _ in err.value.problems} == {"max_steps", "schedule"}
+
+
+def test_train_config_is_its_groups_flat_and_in_their_order():
+    """TrainConfig's fields are exactly those of TRAIN_GROUPS' classes, each in one group, and every
+    derived surface lists them group by group: the schema's fields, the JSON Schema (x-group) and
+    the sections of `fromscratch train --help`."""
+    from trainer.config import schema
+    from trainer.config.train import TRAIN_GROUPS, group_of
+
+    declared = [name for group in TRAIN_GROUPS.values() for name in group.model_fields]
+    assert sorted(declared) == sorted(TrainConfig.model_fields)
+    assert len(declared) == len(set(declared))
+    order = list(TRAIN_GROUPS)
+    train_fields = [h for h in schema.fields() if h.section == "train"]
+    ranks = [order.index(h.group) for h in train_fields]
+    assert ranks == sorted(ranks) and {h.group for h in train_fields} == set(order)
+    assert all(h.group == group_of(h.name) for h in train_fields)
+    properties = schema.json_schema()["properties"]
+    assert properties["beta1"]["x-group"] == "optimizer" and properties["n_layer"]["x-group"] == "model"
+    in_json = [order.index(p["x-group"]) for p in properties.values() if p.get("x-section") == "train"]
+    assert in_json == sorted(in_json)
+
+
+def test_train_help_has_a_section_per_group(capsys):
+    from trainer.config.train import TRAIN_GROUPS
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    positions = [out.index(f"\n{name}:\n") for name in TRAIN_GROUPS]
+    assert positions == sorted(positions)
+    runtime = out[out.index("\nruntime:\n") :]
+    assert "--devices" in runtime and "--beta1" not in runtime

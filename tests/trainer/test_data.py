@@ -17,7 +17,6 @@ from trainer.data.formats import (
 )
 from trainer.data.prepare import (
     BatchSampler,
-    estimate_unigram_entropy,
     load_tokens,
     prepare_data,
     tokenize_to_file,
@@ -337,10 +336,3 @@ def test_too_short_for_one_window() -> None:
     with pytest.raises(DataError, match=r"has 64 tokens.*ctx=64"):
         BatchSampler(positions(64), ctx=64, batch_size=2, seed=0)
     BatchSampler(positions(65), ctx=64, batch_size=2, seed=0).next_batch()
-
-
-def test_unigram_entropy() -> None:
-    assert estimate_unigram_entropy([3, 3, 3]) == 0.0
-    assert estimate_unigram_entropy(np.array([0, 1, 2, 3] * 10)) == pytest.approx(math.log(4))
-    h = estimate_unigram_entropy(np.frombuffer(SHAKES.read_bytes(), dtype=np.uint8))
-    assert 2.5 < h < 3.5  # English characters: about 4.1 bits

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from tests.trainer.conftest import SHAKESPEARE, read_metrics, train_losses
 from trainer.config import ConfigError, ModelConfig, TrainConfig
+from trainer.config.metrics import StepMetrics
 from trainer.distributed.launch import launch_train
 from trainer.run.loop import Callbacks, train
 
@@ -60,8 +61,8 @@ class StopOnCall(Callbacks):
     def __init__(self, n: int = 11, reason: Literal["stop", "pause"] = "stop") -> None:
         self.n, self.reason, self.calls, self.steps = n, reason, 0, []
 
-    def on_step(self, step: int, *args: Any, **kw: Any) -> None:
-        self.steps.append(step)
+    def on_step(self, metrics: StepMetrics) -> None:
+        self.steps.append(metrics.step)
 
     def should_stop(self) -> Literal["stop", "pause"] | None:
         self.calls += 1

@@ -1,12 +1,14 @@
 """trainer.config.estimate against real runs on CPU: parameter, gradient and optimizer bytes exactly; the
 activation estimate bounds what autograd saves (counted with saved_tensors_hooks) and the whole peak
-bounds a real step's tensor memory (torch's MemTracker); steps follow the trainer's own rule."""
+bounds a real step's tensor memory (torch's MemTracker); steps, the parameter breakdown and the
+validation hold-out follow the trainer's own model and data."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -16,12 +18,17 @@ import torch
 from trainer.config import ModelConfig, TrainConfig
 from trainer.config.estimate import (
     estimate_memory,
+    held_out_tokens,
     largest_fitting_batch_size,
+    max_train_tokens,
     max_windows_per_epoch,
+    parameter_breakdown,
+    tokens_per_step,
     total_steps,
     total_tokens,
 )
-from trainer.data.prepare import BatchSampler
+from trainer.data.prepare import BatchSampler, prepare_data
+from trainer.data.tokenizers import ByteTokenizer
 from trainer.model.llama import Llama
 from trainer.optim.optimizers import make_optimizer
 from trainer.run.setup import total_steps_for
@@ -91,6 +98,40 @@ def test_weights_gradients_and_adamw_state_are_exact(name: str) -> None:
     assert est.weights == nbytes(iter(params)) + nbytes(model.buffers())
     assert est.gradients == nbytes(p.grad for p in params if p.grad is not None)
     assert est.optimizer == nbytes(optimizer_tensors(optimizer))
+
+
+def part_of(name: str) -> str:
+    """The ParameterBreakdown field a Llama parameter belongs to."""
+    for marker, part in ((".attention.", "attention"), (".feed_forward.", "feed_forward"), ("norm", "norms")):
+        if marker in name:
+            return part
+    return "embeddings"  # tok_embeddings, output
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_parameter_breakdown_matches_the_model(name: str) -> None:
+    model_cfg = model_config(name)
+    model = Llama(model_cfg)
+    real = dict.fromkeys(("attention", "feed_forward", "norms", "embeddings"), 0)
+    for param_name, p in model.named_parameters():
+        real[part_of(param_name)] += p.numel()
+    parts = parameter_breakdown(model_cfg)
+    assert {k: getattr(parts, k) for k in real} == real
+    assert parts.parameters == model_cfg.num_params() == sum(real.values())
+    assert parts.rope_buffers == sum(b.numel() for b in model.buffers())
+
+
+def test_held_out_tokens_match_prepare_data(tmp_path: Path) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 23)
+    for fraction in (0.0, 0.05, 0.1, 0.37):
+        data = prepare_data(text, ByteTokenizer(), val_fraction=fraction)
+        n = len(data.train) + (0 if data.val is None else len(data.val))
+        assert n - len(data.train) == held_out_tokens(n, fraction)
+        # a text file's byte count bounds its byte tokens (exactly here: no BOS/EOS for plain text)
+        cfg = TrainConfig(val_fraction=fraction)
+        assert max_train_tokens(cfg, text.stat().st_size, has_validation_file=False) == len(data.train)
+        assert max_train_tokens(cfg, text.stat().st_size, has_validation_file=True) == n
 
 
 def test_lbfgs_state_is_bounded() -> None:
@@ -237,4 +278,7 @@ def test_steps_and_tokens_without_epochs() -> None:
     assert total_steps(TrainConfig(), 10**9) == 1000
     cfg = TrainConfig(max_steps=10, batch_size=4, grad_accum=2)
     assert total_tokens(cfg, 128, 10) == 10 * 4 * 2 * 128
+    two = cfg.model_copy(update={"devices": 2})  # batch_size is per device
+    assert tokens_per_step(two, 128) == 2 * tokens_per_step(cfg, 128) == 2 * 4 * 2 * 128
+    assert total_tokens(two, 128, 10) == 10 * tokens_per_step(two, 128)
     assert math.isclose(total_tokens(cfg, 1, 1), 8)

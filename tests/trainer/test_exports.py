@@ -180,13 +180,21 @@ def test_gguf_f32_llama_cpp_greedy_decodes_our_tokens(variant: str, tmp_path: Pa
     assert np.abs(np.stack(rows) - expected).max() < 1e-3
 
 
-@pytest.mark.parametrize("dtype, tol", [("f16", 0.01), ("q8_0", 0.05)])
-def test_gguf_f16_q8_load_with_close_logits(dtype: str, tol: float, tmp_path: Path) -> None:
+FILE_TYPES = {"f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
+
+
+@pytest.mark.parametrize("dtype, tol", [("f16", 0.01), ("bf16", 0.01), ("q8_0", 0.05)])
+def test_gguf_smaller_dtypes_load_with_close_logits(dtype: str, tol: float, tmp_path: Path) -> None:
+    import gguf
+
     variant = "bpe_partial_rope"
     cfg, state, tok = trained(variant)
     path = export_model(cfg, state, tok, "gguf", tmp_path / f"model-{dtype}.gguf", dtype)
     f32_size = export_model(cfg, state, tok, "gguf", tmp_path / "model-f32.gguf", "f32").stat().st_size
     assert path.stat().st_size < 0.6 * f32_size
+    reader = gguf.GGUFReader(path)
+    assert reader.fields["general.file_type"].contents() == gguf.LlamaFileType[FILE_TYPES[dtype]]
+    assert reader.get_tensor(0).tensor_type.name == dtype.upper()  # token_embd, as asked
     llm = _llama_cpp(path, cfg.ctx)
     ids = tok.encode(TEXT[:200])[: cfg.ctx]
     llm.eval(ids)
@@ -281,18 +289,24 @@ def test_hf_folder_in_transformers(variant: str, tmp_path: Path) -> None:
     assert out[0, len(prompt_ids) :].tolist() == ours
 
 
-def test_hf_f16_folder_loads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype, torch_dtype", [("f16", "float16"), ("bf16", "bfloat16")])
+def test_hf_half_folder_loads(dtype: str, torch_dtype: str, tmp_path: Path) -> None:
+    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     cfg, state, tok = trained("byte")
-    folder = export_model(cfg, state, tok, "hf", tmp_path / "hf16", "f16")
-    assert json.loads((folder / "config.json").read_text())["dtype"] == "float16"
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = [tok.encode(TEXT[: cfg.ctx])]
-    with torch.no_grad():
-        theirs = model(torch.tensor(ids)).logits.numpy()
-    expected = our_logits("byte", ids)
-    assert np.abs(theirs - expected).max() < 0.02 * np.abs(expected).max()
+    folder = export_model(cfg, state, tok, "hf", tmp_path / "hf16", dtype)
+    assert json.loads((folder / "config.json").read_text())["dtype"] == torch_dtype
+    with safe_open(folder / "model.safetensors", "pt") as weights:
+        assert {weights.get_tensor(k).dtype for k in weights.keys()} == {getattr(torch, torch_dtype)}
+    # as the file says (bf16 runs on CPU), and widened to f32
+    for load_as in ("auto", torch.float32):
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=load_as).eval()
+        ids = [tok.encode(TEXT[: cfg.ctx])]
+        with torch.no_grad():
+            theirs = model(torch.tensor(ids)).logits.float().numpy()
+        expected = our_logits("byte", ids)
+        assert np.abs(theirs - expected).max() < 0.02 * np.abs(expected).max(), load_as
 
 
 def test_hf_refuses_partial_rope(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import resource
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,9 @@ import torch
 
 from tests.trainer.conftest import read_metrics, train_losses
 from trainer.config import TrainConfig
+from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
 from trainer.data.formats import DataError
-from trainer.data.prepare import TokenData, estimate_unigram_entropy
+from trainer.data.prepare import TokenData
 from trainer.optim.optimizers import lr_at, make_optimizer
 from trainer.run.loop import Callbacks, TrainingDiverged, train
 
@@ -31,18 +33,19 @@ class Recorder(Callbacks):
     def on_start(self, info: dict) -> None:
         self.started = info
 
-    def on_step(
-        self, step, train_loss, lr, grad_norm, tokens_per_s, tokens_seen, train_accuracy=None
-    ) -> None:
-        self.steps.append((step, train_loss, lr, grad_norm, tokens_per_s, tokens_seen))
-        self.accuracies.append(train_accuracy)
+    def on_step(self, metrics: StepMetrics) -> None:
+        m = metrics
+        self.steps.append((m.step, m.train_loss, m.lr, m.grad_norm, m.tokens_per_s, m.tokens_seen))
+        self.accuracies.append(m.train_accuracy)
 
-    def on_eval(self, step, val_loss, val_accuracy=None) -> None:
-        self.evals.append((step, val_loss))
-        self.val_accuracies.append(val_accuracy)
+    def on_eval(self, metrics: EvalMetrics) -> None:
+        self.evals.append((metrics.step, metrics.val_loss))
+        self.val_accuracies.append(metrics.val_accuracy)
 
-    def on_full_eval(self, step, full_valid_loss, full_valid_accuracy) -> None:
-        self.full_evals.append((step, full_valid_loss, full_valid_accuracy))
+    def on_full_eval(self, metrics: FullEvalMetrics) -> None:
+        self.full_evals.append(
+            (metrics.step, metrics.full_valid_loss, metrics.full_valid_mean_token_accuracy)
+        )
 
     def on_checkpoint(self, step, path) -> None:
         assert (path / "state.json").exists()  # complete when reported
@@ -75,7 +78,9 @@ def test_overfits_one_batch(tmp_path, tiny_model, tiny_train, byte_tokenizer):
 def test_shakespeare_val_loss_beats_unigram_entropy(
     tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
 ):
-    entropy = estimate_unigram_entropy(shakespeare_data.train)  # ~3.3 nats for English bytes
+    # the unigram entropy: the loss of the best model that ignores context (~3.3 nats for English bytes)
+    p = np.bincount(np.asarray(shakespeare_data.train, dtype=np.int64)) / len(shakespeare_data.train)
+    entropy = float(-(p[p > 0] * np.log(p[p > 0])).sum())
     cfg = tiny_train(max_steps=200, batch_size=16, eval_every=100, eval_batches=8, warmup_steps=20)
     rec = Recorder()
     result = train(
@@ -148,6 +153,10 @@ def test_metrics_callbacks_and_outputs(tmp_path, tiny_model, tiny_train, shakesp
     assert {"step", "train_loss", "lr", "grad_norm", "tokens_per_s", "tokens_seen", "time"} <= set(
         step_lines[0]
     )
+    # the process's peak memory so far (CPU: its peak RSS), so it never falls
+    peaks = [m["peak_memory_bytes"] for m in step_lines]
+    assert peaks == sorted(peaks) and peaks[0] > 2**20
+    assert peaks[-1] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     eval_lines = [m for m in metrics if "val_loss" in m]
     assert [m["step"] for m in eval_lines] == [3, 6]
     assert eval_lines[-1]["val_ppl"] == pytest.approx(math.exp(eval_lines[-1]["val_loss"]))

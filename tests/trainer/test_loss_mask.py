@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from tests.trainer.conftest import read_metrics, train_losses
 from tests.trainer.test_resume import StopAfter, assert_bitwise_equal
 from trainer.config import TrainConfig
+from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
 from trainer.data.batches import epoch_starts, full_pass, gather
 from trainer.data.formats import DataError
 from trainer.data.prepare import BatchSampler, TokenData, prepare_data
-from trainer.data.spans import count_covered
 from trainer.data.tokenizers import EOS_ID, ByteTokenizer, train_tokenizer
 from trainer.model.llama import IGNORE_INDEX
 from trainer.run.loop import Callbacks, train
@@ -116,7 +116,7 @@ def test_chat_loss_covers_assistant_replies_and_their_end_only(chat_path: Path, 
     # the covered tokens, EOS aside, are exactly the replies and their newlines
     assert tok.decode(covered[covered != EOS_ID].tolist()) == "".join(texts)
     if kind == "byte":
-        assert count_covered(data.train_spans, len(tokens)) == sum(len(t.encode()) for t in texts) + n_eos
+        assert int(mask.sum()) == sum(len(t.encode()) for t in texts) + n_eos
 
 
 def test_prompt_completion_covers_completions(tmp_path: Path) -> None:
@@ -385,16 +385,14 @@ class Recorder(Callbacks):
         self.evals: list[tuple[int, float, float | None]] = []
         self.full: list[tuple[int, float, float]] = []
 
-    def on_step(
-        self, step, train_loss, lr, grad_norm, tokens_per_s, tokens_seen, train_accuracy=None
-    ) -> None:
-        self.steps.append((step, train_loss, train_accuracy))
+    def on_step(self, metrics: StepMetrics) -> None:
+        self.steps.append((metrics.step, metrics.train_loss, metrics.train_accuracy))
 
-    def on_eval(self, step, val_loss, val_accuracy=None) -> None:
-        self.evals.append((step, val_loss, val_accuracy))
+    def on_eval(self, metrics: EvalMetrics) -> None:
+        self.evals.append((metrics.step, metrics.val_loss, metrics.val_accuracy))
 
-    def on_full_eval(self, step, full_valid_loss, full_valid_accuracy) -> None:
-        self.full.append((step, full_valid_loss, full_valid_accuracy))
+    def on_full_eval(self, metrics: FullEvalMetrics) -> None:
+        self.full.append((metrics.step, metrics.full_valid_loss, metrics.full_valid_mean_token_accuracy))
 
 
 def test_chat_run_reports_accuracy_and_a_full_validation_pass(
@@ -493,8 +491,8 @@ class Order(Recorder):
         super().__init__()
         self.calls: list[str] = []
 
-    def on_full_eval(self, step, full_valid_loss, full_valid_accuracy) -> None:
-        super().on_full_eval(step, full_valid_loss, full_valid_accuracy)
+    def on_full_eval(self, metrics: FullEvalMetrics) -> None:
+        super().on_full_eval(metrics)
         self.calls.append("full_eval")
 
     def on_checkpoint(self, step, path) -> None:

@@ -55,3 +55,52 @@ def test_a_time_limit_caps_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(precision, "matmul_rate", lambda device_type, dtype: 1.0e11)
     choice = choose_compile(TrainConfig(time_limit=60), CPU, "float32", 1.0e11, steps=10**6)
     assert choice.value == "off" and "estimated at 60 s" in choice.reason
+
+
+def test_a_resumed_auto_run_keeps_the_dtype_auto_chose_for_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
+) -> None:
+    """The probe is a timing: resumed on a busier machine it may come out the other way, and the run
+    would change precision half-way. A resumed run takes the checkpoint's choice instead."""
+    from trainer.run import setup
+    from trainer.run.loop import Callbacks, train
+
+    class StartRecorder(Callbacks):
+        def on_start(self, info: dict) -> None:  # type: ignore[override]
+            self.info = info
+
+    def auto_says(value: str) -> None:
+        monkeypatch.setattr(setup, "choose_dtype", lambda cfg, device: precision.Choice(value, "auto: probe"))
+
+    first, resumed = StartRecorder(), StartRecorder()
+    auto_says("bfloat16")
+    train(
+        tiny_model(),
+        tiny_train(max_steps=2, dtype="auto"),
+        shakespeare_data,
+        tmp_path,
+        first,
+        tokenizer=byte_tokenizer,
+    )
+    auto_says("float32")
+    train(
+        tiny_model(),
+        tiny_train(max_steps=4, dtype="auto"),
+        shakespeare_data,
+        tmp_path,
+        resumed,
+        tokenizer=byte_tokenizer,
+        resume=tmp_path / "final",
+    )
+    assert first.info["dtype"] == resumed.info["dtype"] == "bfloat16"
+    assert resumed.info["dtype_reason"] == "auto: as the run this resumes (auto: probe)"
+    fresh = StartRecorder()
+    train(
+        tiny_model(),
+        tiny_train(max_steps=2, dtype="auto"),
+        shakespeare_data,
+        tmp_path / "new",
+        fresh,
+        tokenizer=byte_tokenizer,
+    )
+    assert fresh.info["dtype"] == "float32"  # a fresh run asks the probe

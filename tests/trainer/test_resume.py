@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.trainer.conftest import read_metrics, train_losses
+from trainer.config.metrics import StepMetrics
 from trainer.run.loop import Callbacks, train
 
 
@@ -16,8 +17,8 @@ class StopAfter(Callbacks):
     def __init__(self, step: int, request: str = "pause"):
         self.step, self.request, self.last = step, request, 0
 
-    def on_step(self, step, *args) -> None:
-        self.last = step
+    def on_step(self, metrics: StepMetrics) -> None:
+        self.last = metrics.step
 
     def should_stop(self):
         return self.request if self.last >= self.step else None
@@ -27,8 +28,8 @@ class CrashAt(Callbacks):
     def __init__(self, step: int):
         self.step = step
 
-    def on_step(self, step, *args) -> None:
-        if step == self.step:
+    def on_step(self, metrics: StepMetrics) -> None:
+        if metrics.step == self.step:
             raise RuntimeError("simulated crash")
 
 

@@ -94,7 +94,7 @@ def _job_until(
     def check() -> Job | None:
         try:
             job = get_job(session_factory, job_id)
-        except Exception:  # noqa: BLE001 - the database is down
+        except Exception:  # the database is down
             return None
         assert job.status not in ("failed", "cancelled"), (job.status, job.error_code, job.error_message)
         return job if ok(job) else None

@@ -2,7 +2,7 @@
 marked succeeded, so their downloads answer 200 at once while no inference worker runs; any other
 format is made on demand (202, then 200 from an inference worker).
 
-worker.final_exports.store_final_exports is also called directly (the step of JobRun._succeed) on
+worker.final_exports.store_final_exports is also called directly (the step of JobEnding.succeed) on
 a real checkpoint folder and a job row this "worker" holds: rows and files, a retried attempt
 replacing them, the storage quota, a format the model cannot be exported as, a lost lease."""
 
@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from core.blobstore import BlobStore, blobstore_from_settings
-from core.exports import hf_folder_name
+from core.exports import export_folder_name
 from core.models import Blob, Event, Export, Job
 from core.naming import final_model_id
 from core.quotas import stored_bytes
@@ -123,7 +123,7 @@ def test_stored_ready_and_a_retried_attempt_replaces_them(
     assert blob_bytes(run.store, first["gguf"].blob_id)[:4] == b"GGUF"  # type: ignore[arg-type]
     with tarfile.open(fileobj=io.BytesIO(blob_bytes(run.store, first["hf"].blob_id))) as tf:  # type: ignore[arg-type]
         names = tf.getnames()
-    assert f"{hf_folder_name(model_id, 'f32')}/config.json" in names
+    assert f"{export_folder_name(model_id, 'hf', 'f32')}/config.json" in names
     assert not (run.job_dir / "final-exports").exists()  # scratch cleaned
 
     store_final_exports(run, snapshot, tmp_path / "final")  # the attempt again (after a crash)
@@ -215,7 +215,7 @@ def test_a_finished_jobs_exports_are_ready_at_once(
     hf = download(live_server, model_id, "hf")
     assert hf.status_code == 200, hf.text
     with tarfile.open(fileobj=io.BytesIO(hf.content)) as tf:
-        config = tf.extractfile(f"{hf_folder_name(model_id, 'f32')}/config.json")
+        config = tf.extractfile(f"{export_folder_name(model_id, 'hf', 'f32')}/config.json")
         assert config is not None and json.load(config)["architectures"] == ["LlamaForCausalLM"]
 
     # the others are made on demand by an inference worker

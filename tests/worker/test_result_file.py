@@ -16,7 +16,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.blobstore import BlobStore
-from core.jobstates import EVENT_LEVELS, add_event, claim_job, transition
+from core.job_leases import claim_job
+from core.jobstates import EVENT_LEVELS, add_event, transition
 from core.models import Blob, File, Job, Metric
 from core.quotas import stored_bytes
 from worker.result_file import HEADER, csv_chunks, write_result_file
@@ -111,6 +112,7 @@ def test_csv_has_the_header_and_a_row_per_metric_row(any_factory: sessionmaker[S
         "valid_mean_token_accuracy",
         "learning_rate",
         "tokens_per_s",
+        "peak_memory_bytes",
     ]
     assert list(HEADER) == lines[0]
     assert [int(r[0]) for r in lines[1:]] == steps

@@ -12,10 +12,12 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.blobstore import blobstore_from_settings
-from core.jobstates import claim_job, request_cancel, request_pause
+from core.job_leases import claim_job
+from core.jobstates import request_cancel, request_pause
 from core.models import Job
 from core.settings import Settings
 from tests.fixtures.service import make_job
+from trainer.config.metrics import StepMetrics
 from worker.callbacks import ServiceCallbacks
 
 WORKER = "host:1:callbacks-test"
@@ -36,7 +38,9 @@ def claimed_job(settings: Settings, session_factory: sessionmaker[Session]) -> s
 
 
 def step(cb: ServiceCallbacks, n: int) -> None:
-    cb.on_step(n, train_loss=2.0, lr=1e-3, grad_norm=1.0, tokens_per_s=1000.0, tokens_seen=n * 64)
+    cb.on_step(
+        StepMetrics(step=n, train_loss=2.0, lr=1e-3, grad_norm=1.0, tokens_per_s=1000.0, tokens_seen=n * 64)
+    )
 
 
 @pytest.mark.parametrize(
@@ -55,6 +59,7 @@ def test_a_flush_is_also_the_stop_check(
         checkpoint_model_id=lambda s: f"ckpt-{s}",
         scratch=tmp_path,
         flush_seconds=0.0,  # every step flushes
+        keep_checkpoints=None,  # no step checkpoint is written here
         stop_check_seconds=1e9,  # and no separate read would come in this test's lifetime
         db_retry_seconds=5.0,
     )

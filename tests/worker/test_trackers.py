@@ -20,7 +20,7 @@ from sqlalchemy import select
 from core.models import Event
 from tests.fixtures.service import make_job
 from worker.integrations import warn_by_event
-from worker.integrations.base import RunEnd, RunInfo, StepMetrics, Tracker, TrackerError
+from worker.integrations.base import RunEnd, RunInfo, TrackedStep, Tracker, TrackerError
 from worker.integrations.mlflow_tracker import MlflowTracker
 from worker.integrations.trackers import Trackers
 from worker.integrations.wandb_tracker import WandbTracker
@@ -35,7 +35,7 @@ class Recording(Tracker):
     def start(self, run: RunInfo) -> None:
         self.calls.append(("start", run.job_id))
 
-    def log(self, steps: list[StepMetrics]) -> None:
+    def log(self, steps: list[TrackedStep]) -> None:
         self.calls.append(("log", steps))
 
     def finish(self, end: RunEnd) -> None:
@@ -45,7 +45,7 @@ class Recording(Tracker):
 class Breaking(Recording):
     kind = "breaking"
 
-    def log(self, steps: list[StepMetrics]) -> None:
+    def log(self, steps: list[TrackedStep]) -> None:
         super().log(steps)
         raise TrackerError("the server said no")
 
@@ -168,7 +168,7 @@ def fake_mlflow() -> Iterator[tuple[str, list[dict[str, str]]]]:
             self.end_headers()
             self.wfile.write(body)
 
-        do_GET = do_POST = answer  # noqa: N815 - http.server's names
+        do_GET = do_POST = answer  # http.server's names
 
         def log_message(self, *args: Any) -> None:
             pass

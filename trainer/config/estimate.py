@@ -1,6 +1,9 @@
 """What a training run will need, from its configs alone: memory at the peak of a step
-(`estimate_memory`) and total work (`total_steps`, `max_windows_per_epoch`). Torch-free, so the API
-admits or refuses a job with it before anything is queued.
+(`estimate_memory`), total work (`total_steps`, `tokens_per_step`, `total_tokens`), the data it
+trains on (`max_train_tokens`, `held_out_tokens`) and where its parameters are
+(`parameter_breakdown`). Torch-free, so the API admits or refuses a job with it before anything is
+queued; api/job_limits.py only words the refusals. The trainer uses the same functions for what it
+actually does (steps, tokens per step, the validation hold-out), so the bounds cannot drift from it.
 
 Memory, in bytes, on the device that trains (host RAM for a CPU job, GPU memory for a CUDA job):
 - weights: fp32 parameters (autocast keeps fp32 master weights) + the RoPE cos/sin buffers;
@@ -80,6 +83,12 @@ class MemoryEstimate:
     def total(self) -> int:
         return max(self.training_peak, self.checkpoint_peak)
 
+    @property
+    def states_peak(self) -> int:
+        """The larger phase's share that no batch size or checkpointing can lower: model_states while
+        training, weights + optimizer state + its host copy while a checkpoint is written."""
+        return max(self.model_states, self.weights + self.optimizer + self.checkpoint_copy)
+
 
 def n_param_tensors(model_cfg: ModelConfig) -> int:
     """Parameter tensors of trainer.model.llama.Llama: 9 per block (wq, wk, wv, wo, w1, w2, w3 and two
@@ -89,7 +98,8 @@ def n_param_tensors(model_cfg: ModelConfig) -> int:
 
 def weight_bytes(model_cfg: ModelConfig) -> int:
     """fp32 parameters + the RoPE cos/sin buffers (ctx x n_rot each, float32)."""
-    return FP32 * model_cfg.num_params() + 2 * FP32 * model_cfg.ctx * model_cfg.n_rot
+    parts = parameter_breakdown(model_cfg)
+    return FP32 * (parts.parameters + parts.rope_buffers)
 
 
 def optimizer_bytes(model_cfg: ModelConfig, cfg: TrainConfig) -> int:
@@ -199,8 +209,27 @@ def with_checkpointing(cfg: TrainConfig) -> TrainConfig:
     return cfg.model_copy(update={"activation_checkpointing": True})
 
 
+def max_file_tokens(n_bytes: int) -> int:
+    """An upper bound on the tokens a file of `n_bytes` gives: every token (byte or BPE) covers at
+    least one byte of text, and a JSONL record's EOS is paid for by its JSON syntax (>= 12 bytes)."""
+    return n_bytes
+
+
+def held_out_tokens(n_tokens: int, val_fraction: float) -> int:
+    """Tokens trainer.data.prepare.prepare_data holds out for validation when there is no validation
+    file: the last int(n_tokens x val_fraction)."""
+    return int(n_tokens * val_fraction)
+
+
+def max_train_tokens(cfg: TrainConfig, training_bytes: int, has_validation_file: bool) -> int:
+    """An upper bound of the training tokens of a file of `training_bytes` (all of them with a
+    validation file, else what is left after the hold-out)."""
+    total = max_file_tokens(training_bytes)
+    return total if has_validation_file else total - held_out_tokens(total, cfg.val_fraction)
+
+
 def max_windows_per_epoch(n_tokens: int, ctx: int, samples_after_nl: bool) -> int:
-    """An upper bound of trainer.data.prepare.BatchSampler's windows per epoch for `n_tokens` training
+    """An upper bound of trainer.data.batches.BatchSampler's windows per epoch for `n_tokens` training
     tokens (exact without samples_after_nl: windows start every ctx tokens; with it, at most every
     possible start is a line start)."""
     n_starts = n_tokens - ctx  # starts whose window of ctx + 1 tokens fits
@@ -210,8 +239,8 @@ def max_windows_per_epoch(n_tokens: int, ctx: int, samples_after_nl: bool) -> in
 
 
 def total_steps(cfg: TrainConfig, windows_per_epoch: int) -> int:
-    """Optimizer steps of a run: max_steps, else enough whole global batches of batch_size x
-    grad_accum x devices windows to visit every window n_epochs times (trainer.data.prepare.BatchSampler.steps_for_epochs), else
+    """Optimizer steps of a run: max_steps, else enough whole global batches (`global_batch`) to visit
+    every window n_epochs times (trainer.data.batches.BatchSampler.steps_for_epochs), else
     DEFAULT_TOTAL_STEPS."""
     if cfg.max_steps is not None:
         return cfg.max_steps
@@ -220,11 +249,43 @@ def total_steps(cfg: TrainConfig, windows_per_epoch: int) -> int:
     return DEFAULT_TOTAL_STEPS
 
 
-def total_tokens(cfg: TrainConfig, ctx: int, steps: int) -> int:
-    """Training tokens a run of `steps` steps processes (steps x batch_size x grad_accum x devices x ctx)."""
-    return steps * global_batch(cfg) * ctx
-
-
 def global_batch(cfg: TrainConfig) -> int:
     """Windows per optimizer step over all processes: batch_size is per process (per micro-batch)."""
     return cfg.batch_size * cfg.grad_accum * cfg.devices
+
+
+def tokens_per_step(cfg: TrainConfig, ctx: int) -> int:
+    """Training tokens of one optimizer step over all processes (batch_size x grad_accum x devices x ctx)."""
+    return global_batch(cfg) * ctx
+
+
+def total_tokens(cfg: TrainConfig, ctx: int, steps: int) -> int:
+    """Training tokens a run of `steps` steps processes."""
+    return steps * tokens_per_step(cfg, ctx)
+
+
+@dataclass(frozen=True)
+class ParameterBreakdown:
+    """Where a model's parameters are (their sum is ModelConfig.num_params), plus the RoPE buffers."""
+
+    attention: int  # wq, wk, wv, wo of every block
+    feed_forward: int  # w1, w2, w3 of every block
+    norms: int  # two RMSNorm weights per block and the final one
+    embeddings: int  # the token embedding, and the output projection unless it is tied
+    rope_buffers: int  # the cos/sin tables: elements, not parameters
+
+    @property
+    def parameters(self) -> int:
+        return self.attention + self.feed_forward + self.norms + self.embeddings
+
+
+def parameter_breakdown(model_cfg: ModelConfig) -> ParameterBreakdown:
+    d, layers = model_cfg.n_embd, model_cfg.n_layer
+    kv = model_cfg.kv_heads * model_cfg.head_dim
+    return ParameterBreakdown(
+        attention=layers * (2 * d * d + 2 * d * kv),
+        feed_forward=layers * 3 * d * model_cfg.hidden_dim,
+        norms=(2 * layers + 1) * d,
+        embeddings=model_cfg.vocab_size * d * (1 if model_cfg.tie_embeddings else 2),
+        rope_buffers=2 * model_cfg.ctx * model_cfg.n_rot,
+    )

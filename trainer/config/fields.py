@@ -4,7 +4,7 @@ list of choices is a set)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
@@ -33,7 +33,6 @@ def _distinct(values: list[Any]) -> list[Any]:
 
 # A list field's items are a Literal's choices, each at most once (trainer.config.schema: kind "list").
 Distinct = AfterValidator(_distinct)
-ExportFormat = Literal["gguf", "hf", "onnx"]
 
 
 def param(

@@ -25,6 +25,10 @@ class ModelConfig(StrictConfig):
     )
     n_embd: Int = param(128, "embedding width", title="Embedding size", ge=1, le=16384, advanced=False)
     ctx: Int = param(128, "context length in tokens", title="Context length", ge=1, le=131072, advanced=False)
+    # The embedding's rows: the tokenizer's real size, never asked for (trainer.run.setup sets it from
+    # the tokenizer; api.hyperparams from TrainConfig.resolved_vocab_size). TrainConfig.vocab_size is
+    # the size asked of a BPE tokenizer: the API's and CLI's `vocab_size`. Both names stay: they are
+    # keys of stored configs (checkpoints, job rows) and of the HF and GGUF exports.
     vocab_size: Int = param(
         258,
         "vocabulary size (set from the tokenizer)",

@@ -26,6 +26,7 @@ from pydantic.fields import FieldInfo
 
 from trainer.config import DEFAULT_PRESET, PRESETS, ModelConfig, TrainConfig, model_config_from_preset
 from trainer.config.errors import ConfigError, problems_from_validation
+from trainer.config.train import group_of
 
 Section = Literal["model", "train"]
 Kind = Literal["int", "float", "bool", "choice", "list"]  # list: a set of a Literal's choices
@@ -38,6 +39,7 @@ LEARNING_RATE_MULTIPLIER = "learning_rate_multiplier"
 class Hyperparameter:
     name: str
     section: Section  # model = architecture (its default comes from the preset)
+    group: str  # the concern it belongs to: model, or a TrainConfig group (trainer.config.train.TRAIN_GROUPS)
     kind: Kind
     choices: tuple[str, ...] | None
     nullable: bool
@@ -92,12 +94,13 @@ def _bounds(info: FieldInfo) -> dict[str, float]:
     return bounds
 
 
-def _field(name: str, info: FieldInfo, section: Section, default: Any) -> Hyperparameter:
+def _field(name: str, info: FieldInfo, section: Section, group: str, default: Any) -> Hyperparameter:
     kind, choices, nullable = _kind(info.annotation)
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
     return Hyperparameter(
         name=name,
         section=section,
+        group=group,
         kind=kind,
         choices=choices,
         nullable=nullable,
@@ -114,10 +117,10 @@ def _field(name: str, info: FieldInfo, section: Section, default: Any) -> Hyperp
 
 
 def fields() -> list[Hyperparameter]:
-    """Every declared config field: architecture first, then training."""
+    """Every declared config field: architecture first, then training group by group."""
     preset = model_config_from_preset(DEFAULT_PRESET)
-    out = [_field(n, f, "model", getattr(preset, n)) for n, f in ModelConfig.model_fields.items()]
-    out += [_field(n, f, "train", f.default) for n, f in TrainConfig.model_fields.items()]
+    out = [_field(n, f, "model", "model", getattr(preset, n)) for n, f in ModelConfig.model_fields.items()]
+    out += [_field(n, f, "train", group_of(n), f.default) for n, f in TrainConfig.model_fields.items()]
     return out
 
 
@@ -125,6 +128,7 @@ def learning_rate_multiplier() -> Hyperparameter:
     return Hyperparameter(
         name=LEARNING_RATE_MULTIPLIER,
         section="train",
+        group="optimizer",
         kind="float",
         choices=None,
         nullable=False,
@@ -160,8 +164,15 @@ def check_value(h: Hyperparameter, value: Any) -> Any:
 
 
 def job_hyperparameters() -> list[Hyperparameter]:
-    """What a job's `hyperparameters` accepts (and `fromscratch jobs create` offers)."""
-    return [h for h in fields() if h.in_job] + [learning_rate_multiplier()]
+    """What a job's `hyperparameters` accepts (and `fromscratch jobs create` offers); OpenAI's
+    learning_rate_multiplier next to the learning rate it scales."""
+    accepted: list[Hyperparameter] = []
+    for h in fields():
+        if h.in_job:
+            accepted.append(h)
+        if h.name == "learning_rate":
+            accepted.append(learning_rate_multiplier())
+    return accepted
 
 
 def cli_options() -> list[Hyperparameter]:
@@ -216,14 +227,15 @@ def _choice_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
 
 
 def add_options(
-    groups: dict[Section, Any],
+    groups: dict[str, Any],
     hyperparameters: list[Hyperparameter],
     *,
+    by: Literal["section", "group"] = "section",
     dest_prefix: str = "",
     default: Any = argparse.SUPPRESS,
     accept_auto: bool = False,
 ) -> None:
-    """One option `--x-y` per hyperparameter `x_y`, added to groups[its section].
+    """One option `--x-y` per hyperparameter `x_y`, added to groups[its section] (or its group).
 
     An option not given is `default` in the namespace (SUPPRESS: absent), so callers send or apply
     only what the user typed. accept_auto: numbers marked accepts_auto also take the word auto."""
@@ -240,7 +252,7 @@ def add_options(
             kwargs.update(type=_choice_list(h.choices), metavar=",".join(h.choices))
         else:
             kwargs.update(type=_number(h.python_type, accept_auto and h.accepts_auto), metavar=h.kind.upper())
-        groups[h.section].add_argument(h.option, help=help_text, **kwargs)
+        groups[getattr(h, by)].add_argument(h.option, help=help_text, **kwargs)
 
 
 # ------------------------------------------------------------------------------------ JSON Schema
@@ -256,6 +268,7 @@ def _property(h: Hyperparameter) -> dict[str, Any]:
         "default": h.default,
         "x-kind": h.kind,
         "x-section": h.section,
+        "x-group": h.group,
         "x-advanced": h.advanced,
         "x-option": h.option,
     }

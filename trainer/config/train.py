@@ -4,22 +4,40 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from trainer.config.fields import INT64_MAX, Distinct, ExportFormat, Int, StrictConfig, param
+from trainer.config.export_formats import FINAL_DEFAULT, ExportFormat
+from trainer.config.fields import INT64_MAX, Distinct, Int, StrictConfig, param
 
 MAX_STEPS = 10_000_000
 
 
-class TrainConfig(StrictConfig):
-    """Everything about a run that is not architecture. Field `x_y` is CLI option `--x-y`
-    and API hyperparameter `x_y`, with the same default."""
+# TrainConfig is built from one class per concern; `TRAIN_GROUPS` names them in the order the CLI's
+# --help, the JSON Schema (x-group) and docs list them. The config itself stays flat: field `x_y` is
+# CLI option `--x-y`, API hyperparameter `x_y` and key `x_y` of a checkpoint's train config.
 
-    # tokenizer
+
+class InitFields(StrictConfig):
+    """How the model's weights start (the architecture itself is ModelConfig)."""
+
+    init_std: float | None = param(
+        None,
+        "standard deviation of the initial weights (residual projections: divided by sqrt(2 n_layer))",
+        title="Init std",
+        gt=0,
+        le=1,
+        null_means="0.02 x sqrt(768 / n_embd): GPT-2's 0.02 at its width, scaled as 1/sqrt(width)",
+    )
+
+
+class DataFields(StrictConfig):
+    """What the model reads: tokenizer, batches and what the loss covers."""
+
     tokenizer: Literal["byte", "bpe"] = param(
         "byte",
         "byte: 256 bytes + BOS/EOS, lossless; bpe: byte-level BPE trained on the data",
         title="Tokenizer",
         advanced=False,
     )
+    # the vocabulary asked of the tokenizer; the model's (ModelConfig.vocab_size) follows the tokenizer built
     vocab_size: Int | None = param(
         None,
         "BPE vocabulary size (bpe only)",
@@ -29,6 +47,74 @@ class TrainConfig(StrictConfig):
         null_means="258 (byte) / 4096 (bpe)",
         advanced=False,
     )
+    # batch = batch_size (micro-batch) * grad_accum sequences of ctx tokens
+    batch_size: Int = param(
+        16, "sequences per micro-batch", title="Batch size", ge=1, le=4096, accepts_auto=True, advanced=False
+    )
+    grad_accum: Int = param(
+        1,
+        "micro-batches accumulated per optimizer step (batch = batch_size x grad_accum)",
+        title="Gradient accumulation",
+        ge=1,
+        le=1024,
+    )
+    train_on_inputs: bool = param(
+        False,
+        "train on every token of prompt/completion and chat data, prompts and other roles' messages "
+        "too (default: completions and assistant messages only; plain text always trains on all)",
+        title="Train on inputs",
+    )
+    samples_after_nl: bool = param(
+        False,
+        "start training windows only after a newline (llama.cpp --samples-after-nl)",
+        title="Start samples after a newline",
+    )
+    seed: Int = param(
+        1337,
+        "random seed (weights init and data order)",
+        title="Seed",
+        ge=0,
+        le=INT64_MAX,
+        in_job=False,  # a job's seed is the request's top-level `seed`
+    )
+
+    @property
+    def resolved_vocab_size(self) -> int:
+        """The tokenizer's vocabulary (the "None = ..." rule of vocab_size lives here only)."""
+        return 258 if self.tokenizer == "byte" else (self.vocab_size or 4096)
+
+
+class OptimizerFields(StrictConfig):
+    """The optimizer and its settings."""
+
+    optimizer: Literal["adamw", "lbfgs"] = param("adamw", "adamw or lbfgs", title="Optimizer")
+    learning_rate: float = param(
+        1e-3, "peak learning rate", title="Learning rate", gt=0, le=1e6, advanced=False
+    )
+    weight_decay: float = param(
+        0.1, "AdamW weight decay (2-D weights only)", title="Weight decay", ge=0, le=10
+    )
+    # 0.8, not the usual 0.9: at the small batches this trains with, less momentum reaches a given
+    # loss in fewer steps (bench/README.md, "time to quality")
+    beta1: float = param(0.8, "AdamW beta1", title="Adam β1", ge=0, lt=1)
+    beta2: float = param(0.95, "AdamW beta2", title="Adam β2", ge=0, lt=1)
+    eps: float = param(1e-8, "AdamW epsilon", title="Adam ε", ge=0, le=1)
+    embedding_lr_scale: float = param(
+        10.0,
+        "AdamW: the token embedding's learning rate as a multiple of the schedule's, without weight "
+        "decay (untied embeddings only; 1 = like the other weights)",
+        title="Embedding LR scale",
+        gt=0,
+        le=1000,
+    )
+    grad_clip: float = param(
+        1.0, "clip the gradient norm to this (0 disables)", title="Gradient clip (0 = off)", ge=0, le=1e6
+    )
+
+
+class ScheduleFields(StrictConfig):
+    """How long the run is and the learning rate over it."""
+
     # length of training: max_steps wins; n_epochs visits windows without replacement
     max_steps: Int | None = param(
         None,
@@ -48,30 +134,6 @@ class TrainConfig(StrictConfig):
         null_means="off (max steps decide)",
         accepts_auto=True,
     )
-    # batch = batch_size (micro-batch) * grad_accum sequences of ctx tokens
-    batch_size: Int = param(
-        16, "sequences per micro-batch", title="Batch size", ge=1, le=4096, accepts_auto=True, advanced=False
-    )
-    grad_accum: Int = param(
-        1,
-        "micro-batches accumulated per optimizer step (batch = batch_size x grad_accum)",
-        title="Gradient accumulation",
-        ge=1,
-        le=1024,
-    )
-    # optimiser
-    optimizer: Literal["adamw", "lbfgs"] = param("adamw", "adamw or lbfgs", title="Optimizer")
-    learning_rate: float = param(
-        1e-3, "peak learning rate", title="Learning rate", gt=0, le=1e6, advanced=False
-    )
-    min_lr: float | None = param(
-        None,
-        "floor of the cosine schedule",
-        title="Min learning rate",
-        ge=0,
-        le=1e6,
-        null_means="learning rate / 10",
-    )
     warmup_steps: Int | None = param(
         None,
         "linear warmup steps",
@@ -83,6 +145,14 @@ class TrainConfig(StrictConfig):
     )
     schedule: Literal["cosine", "cosine-restarts", "constant"] = param(
         "cosine", "learning-rate schedule after warmup", title="LR schedule", advanced=False
+    )
+    min_lr: float | None = param(
+        None,
+        "floor of the cosine schedule",
+        title="Min learning rate",
+        ge=0,
+        le=1e6,
+        null_means="learning rate / 10",
     )
     cos_decay_steps: Int | None = param(
         None,
@@ -106,39 +176,21 @@ class TrainConfig(StrictConfig):
         ge=0,
         le=1,
     )
-    init_std: float | None = param(
-        None,
-        "standard deviation of the initial weights (residual projections: divided by sqrt(2 n_layer))",
-        title="Init std",
-        gt=0,
-        le=1,
-        null_means="0.02 x sqrt(768 / n_embd): GPT-2's 0.02 at its width, scaled as 1/sqrt(width)",
+
+    def resolved_warmup(self, total_steps: int) -> int:
+        return min(100, total_steps // 10) if self.warmup_steps is None else self.warmup_steps
+
+
+class EvaluationFields(StrictConfig):
+    """The validation data and how often it is measured."""
+
+    val_fraction: float = param(
+        0.1,
+        "fraction of the tokens (the last ones) held out for validation",
+        title="Validation fraction",
+        ge=0,
+        lt=1,
     )
-    weight_decay: float = param(
-        0.1, "AdamW weight decay (2-D weights only)", title="Weight decay", ge=0, le=10
-    )
-    # 0.8, not the usual 0.9: at the small batches this trains with, less momentum reaches a given
-    # loss in fewer steps (bench/README.md, "time to quality")
-    beta1: float = param(0.8, "AdamW beta1", title="Adam β1", ge=0, lt=1)
-    beta2: float = param(0.95, "AdamW beta2", title="Adam β2", ge=0, lt=1)
-    eps: float = param(1e-8, "AdamW epsilon", title="Adam ε", ge=0, le=1)
-    embedding_lr_scale: float = param(
-        10.0,
-        "AdamW: the token embedding's learning rate as a multiple of the schedule's, without weight "
-        "decay (untied embeddings only; 1 = like the other weights)",
-        title="Embedding LR scale",
-        gt=0,
-        le=1000,
-    )
-    grad_clip: float = param(
-        1.0, "clip the gradient norm to this (0 disables)", title="Gradient clip (0 = off)", ge=0, le=1e6
-    )
-    activation_checkpointing: bool = param(
-        False,
-        "recompute activations in the backward pass (less memory, ~30% slower)",
-        title="Activation checkpointing",
-    )
-    # evaluation
     eval_every: Int = param(
         100,
         "evaluate the validation loss every N steps (0 disables)",
@@ -148,14 +200,11 @@ class TrainConfig(StrictConfig):
         advanced=False,
     )
     eval_batches: Int = param(20, "batches per evaluation", title="Eval batches", ge=1, le=10_000)
-    val_fraction: float = param(
-        0.1,
-        "fraction of the tokens (the last ones) held out for validation",
-        title="Validation fraction",
-        ge=0,
-        lt=1,
-    )
-    # checkpoints
+
+
+class CheckpointFields(StrictConfig):
+    """What the run writes: checkpoints and the exports of its final model."""
+
     checkpoint_every: Int = param(
         500,
         "write a checkpoint every N steps (0 = only the final one)",
@@ -173,33 +222,16 @@ class TrainConfig(StrictConfig):
     )
     # exports of the final checkpoint (fromscratch train: OUT/exports/; a job: stored with its model)
     export_formats: Annotated[list[ExportFormat], Distinct] = param(
-        ["gguf", "hf"],
+        list(FINAL_DEFAULT),
         "formats exported from the final model as training ends, the others on first download "
         "(command line: comma-separated, none for no exports)",
         title="Exports at the end",
     )
-    # what the loss covers
-    train_on_inputs: bool = param(
-        False,
-        "train on every token of prompt/completion and chat data, prompts and other roles' messages "
-        "too (default: completions and assistant messages only; plain text always trains on all)",
-        title="Train on inputs",
-    )
-    # data sampling
-    samples_after_nl: bool = param(
-        False,
-        "start training windows only after a newline (llama.cpp --samples-after-nl)",
-        title="Start samples after a newline",
-    )
-    seed: Int = param(
-        1337,
-        "random seed (weights init and data order)",
-        title="Seed",
-        ge=0,
-        le=INT64_MAX,
-        in_job=False,  # a job's seed is the request's top-level `seed`
-    )
-    # hardware
+
+
+class RuntimeFields(StrictConfig):
+    """Where and how the run computes: devices, precision, compile, memory, limits, logging."""
+
     device: Literal["auto", "cpu", "cuda"] = param("auto", "auto = cuda when available", title="Device")
     devices: Int = param(
         1,
@@ -227,6 +259,11 @@ class TrainConfig(StrictConfig):
         title="torch.compile",
         null_means="auto: when the run is estimated long enough to pay back compiling",
     )
+    activation_checkpointing: bool = param(
+        False,
+        "recompute activations in the backward pass (less memory, ~30% slower)",
+        title="Activation checkpointing",
+    )
     time_limit: float | None = param(
         None,
         "stop (with a checkpoint) after this many seconds of training",
@@ -242,6 +279,24 @@ class TrainConfig(StrictConfig):
         ge=1,
         le=1_000_000,
     )
+
+
+TRAIN_GROUPS: dict[str, type[StrictConfig]] = {
+    "model": InitFields,
+    "data": DataFields,
+    "optimizer": OptimizerFields,
+    "schedule": ScheduleFields,
+    "evaluation": EvaluationFields,
+    "checkpointing": CheckpointFields,
+    "runtime": RuntimeFields,
+}
+
+
+class TrainConfig(
+    RuntimeFields, CheckpointFields, EvaluationFields, ScheduleFields, OptimizerFields, DataFields, InitFields
+):
+    """Everything about a run that is not architecture: the fields of every group in TRAIN_GROUPS,
+    flat, with the rules that span groups."""
 
     def _cross_field_problems(self) -> list[tuple[str, str]]:
         problems: list[tuple[str, str]] = []
@@ -261,19 +316,16 @@ class TrainConfig(StrictConfig):
             problems.append(("min_lr", f"must be <= learning_rate ({self.learning_rate}), got {self.min_lr}"))
         return problems
 
-    # Resolved values (the "None = ..." rules above live here only).
-    @property
-    def resolved_vocab_size(self) -> int:
-        return 258 if self.tokenizer == "byte" else (self.vocab_size or 4096)
-
     @property
     def resolved_min_lr(self) -> float:
         return self.learning_rate / 10 if self.min_lr is None else self.min_lr
-
-    def resolved_warmup(self, total_steps: int) -> int:
-        return min(100, total_steps // 10) if self.warmup_steps is None else self.warmup_steps
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         # configs stored before the reserved, never-used `extra` field was dropped still load
         return cls(**{k: v for k, v in d.items() if k != "extra"})
+
+
+def group_of(field: str) -> str:
+    """The TRAIN_GROUPS key of a TrainConfig field."""
+    return next(name for name, group in TRAIN_GROUPS.items() if field in group.model_fields)

@@ -119,14 +119,28 @@ class BatchSampler:
         self.epochs = epochs
         self.spans = as_spans(spans)
         self.mode = "random" if epochs is None else "epochs"
+        self._index_starts(newline_id)
+        self.windows_per_epoch = self._count_windows_per_epoch()
+        if self.n_starts == 0 or (self.mode == "epochs" and self.windows_per_epoch == 0):
+            raise _nothing_to_train(name)
+        self._rng = np.random.Generator(np.random.PCG64(seed))
+        self.windows_drawn = 0
+        self.position = 0  # epochs mode: next index into the current epoch's order
+        self._epoch = 0
+        self._order: np.ndarray | None = None
+
+    def _index_starts(self, newline_id: int | Sequence[int]) -> None:
+        """Where windows may start: every position, only after a newline (samples_after_nl), or only
+        where a window holds a loss target (spans); sets n_starts."""
+        n, ctx = len(self.tokens), self.ctx
         max_start = n - ctx - 1  # last start whose window of ctx+1 tokens fits
         self._starts: np.ndarray | None = None  # None = every position 0..max_start (or _intervals)
         self._intervals: np.ndarray | None = None  # spans, random mode: inclusive (lo, hi) start ranges
         self._interval_ends = np.empty(0, dtype=np.int64)  # cumulative sizes of _intervals
-        if samples_after_nl:
+        if self.samples_after_nl:
             ids = np.asarray(newline_id, dtype=np.int64).reshape(-1)
             # A newline at p < max_start makes p+1 <= max_start a valid start; 0 is a line start too.
-            after = np.flatnonzero(np.isin(np.asarray(tokens[:max_start]), ids)) + 1
+            after = np.flatnonzero(np.isin(np.asarray(self.tokens[:max_start]), ids)) + 1
             self._starts = np.unique(np.concatenate([[0], after])).astype(np.int64)
             if self.spans is not None:
                 self._starts = self._starts[windows_with_targets(self.spans, self._starts, ctx)]
@@ -139,23 +153,19 @@ class BatchSampler:
             self.n_starts = int(self._interval_ends[-1]) if len(self._interval_ends) else 0
         else:
             self.n_starts = max_start + 1
+
+    def _count_windows_per_epoch(self) -> int:
+        """Epochs mode: the windows one epoch visits (its starts are kept); random mode, for
+        reporting: as many windows as the data holds without overlap."""
+        n, ctx = len(self.tokens), self.ctx
         if self.mode == "epochs":
             self._epoch_starts = (
                 self._starts if self._starts is not None else epoch_starts(n, ctx, self.spans)
             )
-            self.windows_per_epoch = len(self._epoch_starts)
-        elif self.spans is None:
-            # For reporting: an "epoch" is as many windows as the data holds without overlap.
-            self.windows_per_epoch = max(1, (n - 1) // ctx)
-        else:
-            self.windows_per_epoch = max(1, len(epoch_starts(n, ctx, self.spans)))
-        if self.n_starts == 0 or (self.mode == "epochs" and self.windows_per_epoch == 0):
-            raise _nothing_to_train(name)
-        self._rng = np.random.Generator(np.random.PCG64(seed))
-        self.windows_drawn = 0
-        self.position = 0  # epochs mode: next index into the current epoch's order
-        self._epoch = 0
-        self._order: np.ndarray | None = None
+            return len(self._epoch_starts)
+        if self.spans is None:
+            return max(1, (n - 1) // ctx)
+        return max(1, len(epoch_starts(n, ctx, self.spans)))
 
     @property
     def epoch(self) -> int:

@@ -17,12 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from trainer.config.estimate import held_out_tokens
 from trainer.data.batches import BatchSampler as BatchSampler  # re-exported: callers import it from here
 from trainer.data.formats import (
     DEFAULT_CHUNK_CHARS,
@@ -236,20 +237,9 @@ def prepare_data(
         return TokenData(tokens, val, spans, val_spans)
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    n_val = int(len(tokens) * val_fraction)
+    n_val = held_out_tokens(len(tokens), val_fraction)  # the API bounds a job's data by the same rule
     if n_val == 0:
         return TokenData(tokens, None, spans)
     cut = len(tokens) - n_val
     train_spans, val_spans = split_spans(spans, cut)
     return TokenData(tokens[:cut], tokens[cut:], train_spans, val_spans)
-
-
-def estimate_unigram_entropy(tokens: np.ndarray | Sequence[int]) -> float:
-    """Entropy (nats/token) of the tokens' empirical unigram distribution: the loss of the best
-    model that ignores context, a bar a trained model should beat."""
-    arr = np.asarray(tokens)
-    if arr.size == 0:
-        return 0.0
-    counts = np.bincount(arr.astype(np.int64))
-    p = counts[counts > 0] / arr.size
-    return float(-(p * np.log(p)).sum())

@@ -50,13 +50,6 @@ def split_spans(spans: np.ndarray | None, cut: int) -> tuple[np.ndarray | None, 
     return merge_spans(left), merge_spans(right)
 
 
-def count_covered(spans: np.ndarray | None, n: int) -> int:
-    """How many of n tokens the spans cover."""
-    if spans is None:
-        return n
-    return int((np.minimum(spans[:, 1], n) - np.minimum(spans[:, 0], n)).sum())
-
-
 def windows_with_targets(spans: np.ndarray, starts: np.ndarray, ctx: int) -> np.ndarray:
     """For each window start s (targets at s+1..s+ctx), whether one of its targets is covered."""
     starts = np.asarray(starts, dtype=np.int64)

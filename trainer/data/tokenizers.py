@@ -268,8 +268,3 @@ def tokenizer_from_json(d: dict[str, Any]) -> Tokenizer:
             )
         return tok
     raise ValueError(f"unknown tokenizer kind {kind!r} in tokenizer JSON; expected 'byte' or 'bpe'")
-
-
-def newline_ids(tokenizer: Tokenizer) -> list[int]:
-    """Ids of every token whose bytes end with a newline (for samplers that start after one)."""
-    return [i for i in range(tokenizer.vocab_size) if tokenizer.token_bytes(i).endswith(b"\n")]

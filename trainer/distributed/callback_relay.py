@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
 from trainer.run.loop import Callbacks
 from trainer.run.state import StartInfo
 
@@ -67,23 +68,14 @@ class _RemoteCallbacks(Callbacks):
     def on_start(self, info: StartInfo) -> None:
         self._call("on_start", info)
 
-    def on_step(
-        self,
-        step: int,
-        train_loss: float,
-        lr: float,
-        grad_norm: float,
-        tokens_per_s: float,
-        tokens_seen: int,
-        train_accuracy: float | None = None,
-    ) -> None:
-        self._call("on_step", step, train_loss, lr, grad_norm, tokens_per_s, tokens_seen, train_accuracy)
+    def on_step(self, metrics: StepMetrics) -> None:
+        self._call("on_step", metrics)
 
-    def on_eval(self, step: int, val_loss: float, val_accuracy: float | None = None) -> None:
-        self._call("on_eval", step, val_loss, val_accuracy)
+    def on_eval(self, metrics: EvalMetrics) -> None:
+        self._call("on_eval", metrics)
 
-    def on_full_eval(self, step: int, full_valid_loss: float, full_valid_accuracy: float) -> None:
-        self._call("on_full_eval", step, full_valid_loss, full_valid_accuracy)
+    def on_full_eval(self, metrics: FullEvalMetrics) -> None:
+        self._call("on_full_eval", metrics)
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         self._call("on_checkpoint", step, path)

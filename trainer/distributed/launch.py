@@ -29,6 +29,7 @@ from trainer.run.collectives import check_devices, local_rank
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig
 
     from trainer.data.tokenizers import Tokenizer
     from trainer.run.loop import Callbacks, TrainResult
@@ -77,7 +78,7 @@ def launch_train(
     SIGTERM/SIGHUP/SIGQUIT to the caller (a worker stops the run through its callbacks); the
     ranks die with the calling process either way."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     if not isinstance(train_path, str | os.PathLike):
         raise ValueError("distributed training reads a data file; pass its path, not prepared TokenData")
@@ -94,23 +95,7 @@ def launch_train(
             "init_from": str(init_from) if init_from is not None else None,
         }
     )
-    launch = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=cfg.devices,
-        run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d",  # torchrun --standalone: a TCP store hosted by this process, any free port
-        rdzv_endpoint="127.0.0.1:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-        local_addr="127.0.0.1",
-        # SIGINT is the caller's (the CLI lets rank 0 stop the run with a checkpoint); the others
-        # make the launcher stop the ranks
-        signals_to_handle=",".join(s.name for s in LAUNCHER_SIGNALS)
-        if handle_signals
-        else UNUSED_SIGNAL.name,
-    )
+    launch = _launch_config(cfg.devices, handle_signals)
     handlers = _current_handlers()  # the launcher installs its own and never puts ours back
     with tempfile.TemporaryDirectory(prefix="fromscratch-ranks-") as errors:
         try:
@@ -123,6 +108,28 @@ def launch_train(
     result = results[0]
     assert result is not None
     return result
+
+
+def _launch_config(devices: int, handle_signals: bool) -> LaunchConfig:
+    """torchrun --standalone's settings: one node, `devices` spawned ranks, no restarts."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    # SIGINT is the caller's (the CLI lets rank 0 stop the run with a checkpoint); the others make
+    # the launcher stop the ranks
+    signals = ",".join(s.name for s in LAUNCHER_SIGNALS) if handle_signals else UNUSED_SIGNAL.name
+    return LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=devices,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",  # a TCP store hosted by this process, on any free port
+        rdzv_endpoint="127.0.0.1:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        local_addr="127.0.0.1",
+        signals_to_handle=signals,
+    )
 
 
 def _current_handlers() -> dict[signal.Signals, Any]:

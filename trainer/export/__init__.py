@@ -19,17 +19,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainer.config import ModelConfig
+from trainer.config.export_formats import dtype_problem
 from trainer.export.common import ExportError, checked_state
 
 if TYPE_CHECKING:
     from trainer.data.tokenizers import Tokenizer
 
-FORMATS = ("gguf", "hf", "onnx")
-DTYPES = ("f32", "f16", "q8_0")
-
 
 def export(ckpt_dir: Path | str, fmt: str, out: Path | str, dtype: str = "f32") -> Path:
-    """Export the checkpoint folder `ckpt_dir` to `out` (gguf/onnx: a file; hf: a folder)."""
+    """Export the checkpoint folder `ckpt_dir` to `out`, a file or a folder as the format is
+    (trainer.config.export_formats lists them and the dtypes each takes)."""
     from trainer.checkpoint import load_checkpoint
 
     _check_choice(fmt, dtype)
@@ -72,7 +71,6 @@ def export_model(
 
 
 def _check_choice(fmt: str, dtype: str) -> None:
-    if fmt not in FORMATS:
-        raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    if dtype not in DTYPES:
-        raise ExportError(f"unknown export dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    problem = dtype_problem(fmt, dtype)
+    if problem is not None:
+        raise ExportError(problem)

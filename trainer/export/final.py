@@ -1,19 +1,18 @@
 """The exports a run writes of its final checkpoint (TrainConfig.export_formats): `fromscratch train`
 writes them to `<out>/exports/`, the worker to its scratch folder before storing them.
 
-Layout in `out_dir`: `model.gguf`, `hf/` (the Hugging Face folder), `model.onnx`; always f32. The
-checkpoint is read once for all formats. A format this model cannot be exported as (an
-ExportError, e.g. hf with partial RoPE) is reported in the result instead of raised: the others
-are still written, and training's result stands."""
+Layout in `out_dir`: each format under its `path` in trainer.config.export_formats (`model.gguf`,
+`hf/`, `model.onnx`), in FINAL_DTYPE (f32). The checkpoint is read once for all formats. A format
+this model cannot be exported as (an ExportError, e.g. hf with partial RoPE) is reported in the
+result instead of raised: the others are still written, and training's result stands."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
+from trainer.config.export_formats import FINAL_DTYPE, export_format
 from trainer.export import ExportError, export_model
-
-EXPORT_PATHS = {"gguf": "model.gguf", "hf": "hf", "onnx": "model.onnx"}
 
 
 def export_final(ckpt_dir: Path, formats: Sequence[str], out_dir: Path) -> dict[str, Path | ExportError]:
@@ -32,8 +31,8 @@ def export_final(ckpt_dir: Path, formats: Sequence[str], out_dir: Path) -> dict[
                 ckpt.model_state,
                 ckpt.tokenizer,
                 fmt,
-                out_dir / EXPORT_PATHS[fmt],
-                "f32",
+                out_dir / export_format(fmt).path,
+                FINAL_DTYPE,
                 name=name,
             )
         except ExportError as err:

@@ -127,6 +127,7 @@ def write_gguf(
     file_types = {
         "f32": gguf.LlamaFileType.ALL_F32,
         "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "bf16": gguf.LlamaFileType.MOSTLY_BF16,
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     }
     tokens, token_types, merges = gguf_vocab(tokenizer)
@@ -182,12 +183,15 @@ def write_gguf(
 
 def _tensor_type(key: str, arr: np.ndarray, dtype: str) -> GGMLQuantizationType:
     """Norms and rope_freqs stay f32 (as llama.cpp's converter keeps 1-D tensors); q8_0 needs rows
-    that are a multiple of its 32-value block, other matrices fall back to f16 (as llama.cpp does)."""
+    that are a multiple of its 32-value block, other matrices fall back to f16 (as llama.cpp does);
+    bf16 takes every matrix."""
     from gguf import GGML_QUANT_SIZES
     from gguf import GGMLQuantizationType as T
 
     if dtype == "f32" or arr.ndim < 2:
         return T.F32
+    if dtype == "bf16":
+        return T.BF16
     if dtype == "q8_0" and arr.shape[-1] % GGML_QUANT_SIZES[T.Q8_0][0] == 0:
         return T.Q8_0
     return T.F16

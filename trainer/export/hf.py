@@ -106,11 +106,9 @@ def write_hf(
             f"head dim {cfg.head_dim}): transformers' Llama rotates the whole head. Export as gguf or onnx, "
             "or train with rope_dims unset"
         )
-    if dtype == "q8_0":
-        raise ExportError("the Hugging Face export supports dtype f32 or f16, not q8_0 (use gguf for q8_0)")
     from safetensors.torch import save_file
 
-    torch_dtype = {"f32": "float32", "f16": "float16"}[dtype]
+    torch_dtype = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype]
     tensors = {
         k: v.to(getattr(torch, torch_dtype)).contiguous() for k, v in hf_state_dict(cfg, state).items()
     }

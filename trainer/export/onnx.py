@@ -32,8 +32,6 @@ class _LogitsOnly(torch.nn.Module):
 
 
 def write_onnx(cfg: ModelConfig, state: dict[str, torch.Tensor], out: Path, dtype: str) -> Path:
-    if dtype != "f32":
-        raise ExportError(f"the ONNX export supports dtype f32 only, got {dtype!r} (use gguf for f16/q8_0)")
     from trainer.model.llama import Llama
 
     n_bytes = (

@@ -1,7 +1,7 @@
 /* Fused CPU kernels for the element-wise parts of a training step: RMSNorm, the q/k/v split with
  * RoPE, SwiGLU, forward and backward, float32 only. Each reads its inputs and writes its outputs
  * once, where torch's eager ops make 3 to 9 passes over memory for the same result (see
- * trainer/cpu_kernels.py, which compiles this file and calls it through ctypes).
+ * trainer/model/cpu_kernels.py, which compiles this file and calls it through ctypes).
  *
  * Built with -O3 -march=native -ffast-math -fopenmp: the loops vectorize (expf through glibc's
  * libmvec) and run on `threads` OpenMP threads, the runtime torch itself loaded. Rows are split

@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from trainer.config import ModelConfig, TrainConfig
+from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
 from trainer.optim.optimizers import lr_at, set_lr
+from trainer.run.memory import peak_memory_bytes
 from trainer.run.metrics_file import MetricsFile, NoMetricsFile
 from trainer.run.setup import start_run
 from trainer.run.state import StartInfo, TrainRun
@@ -50,23 +52,13 @@ class Callbacks:
     def on_start(self, info: StartInfo) -> None:
         """info: total_steps, start_step, n_params, tokens_per_step, device, dtype."""
 
-    def on_step(
-        self,
-        step: int,
-        train_loss: float,
-        lr: float,
-        grad_norm: float,
-        tokens_per_s: float,
-        tokens_seen: int,
-        train_accuracy: float | None = None,
-    ) -> None:
-        """Called every `log_every` steps (and on the last step). train_accuracy: the step's mean
-        next-token accuracy over the targets its loss covers (always given by the loop)."""
+    def on_step(self, metrics: StepMetrics) -> None:
+        """Called every `log_every` steps (and on the last step)."""
 
-    def on_eval(self, step: int, val_loss: float, val_accuracy: float | None = None) -> None:
+    def on_eval(self, metrics: EvalMetrics) -> None:
         """The validation loss and token accuracy (eval_batches batches), every `eval_every` steps."""
 
-    def on_full_eval(self, step: int, full_valid_loss: float, full_valid_accuracy: float) -> None:
+    def on_full_eval(self, metrics: FullEvalMetrics) -> None:
         """The final full validation pass (every validation window once), before the run's final
         checkpoint is written; only for runs that end completed or at the time limit and have
         validation data."""
@@ -256,20 +248,18 @@ def _log_step(
     run.last_train_loss, run.last_train_accuracy = train_loss, accuracy
     if not math.isfinite(train_loss):
         raise TrainingDiverged(run.step, train_loss)
-    tokens_per_s = clock.tokens_per_s(run.tokens_seen)
-    metrics.write(
-        {
-            "step": run.step,
-            "train_loss": train_loss,
-            "train_accuracy": accuracy,
-            "lr": lr,
-            "grad_norm": norm,
-            "tokens_per_s": tokens_per_s,
-            "tokens_seen": run.tokens_seen,
-            "time": time.time(),
-        }
+    measured = StepMetrics(
+        step=run.step,
+        train_loss=train_loss,
+        train_accuracy=accuracy,
+        lr=lr,
+        grad_norm=norm,
+        tokens_per_s=clock.tokens_per_s(run.tokens_seen),
+        tokens_seen=run.tokens_seen,
+        peak_memory_bytes=peak_memory_bytes(run.device),
     )
-    callbacks.on_step(run.step, train_loss, lr, norm, tokens_per_s, run.tokens_seen, accuracy)
+    metrics.write(measured)
+    callbacks.on_step(measured)
     return _STOP_BY_CODE[round(stop_code)]
 
 
@@ -280,16 +270,9 @@ def _evaluate(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) -> None
         _eval_fwd(run), run.make_val_sampler, run.cfg.eval_batches, run.device, run.autocast
     )
     run.last_val_loss, run.last_val_accuracy = val_loss, val_accuracy
-    metrics.write(
-        {
-            "step": run.step,
-            "val_loss": val_loss,
-            "val_accuracy": val_accuracy,
-            "val_ppl": math.exp(min(val_loss, 700.0)),
-            "time": time.time(),
-        }
-    )
-    callbacks.on_eval(run.step, val_loss, val_accuracy)
+    measured = EvalMetrics(step=run.step, val_loss=val_loss, val_accuracy=val_accuracy)
+    metrics.write(measured)
+    callbacks.on_eval(measured)
     if val_loss < run.best_val:
         run.best_val = val_loss
         run.save(run.out_dir / "best")
@@ -310,15 +293,9 @@ def _full_evaluation(run: TrainRun, metrics: MetricsFile, callbacks: Callbacks) 
         return
     run.full_valid = result
     loss, accuracy = result
-    metrics.write(
-        {
-            "step": run.step,
-            "full_valid_loss": loss,
-            "full_valid_mean_token_accuracy": accuracy,
-            "time": time.time(),
-        }
-    )
-    callbacks.on_full_eval(run.step, loss, accuracy)
+    measured = FullEvalMetrics(step=run.step, full_valid_loss=loss, full_valid_mean_token_accuracy=accuracy)
+    metrics.write(measured)
+    callbacks.on_full_eval(measured)
 
 
 def _final_checkpoint(

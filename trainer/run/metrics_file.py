@@ -1,10 +1,14 @@
-"""`MetricsFile`: the run's metrics.jsonl, one JSON object per line (train and val records)."""
+"""`MetricsFile`: the run's metrics.jsonl, one JSON object per line: `{step, <metric>: value, ...,
+time}` for each logged step, evaluation and final full validation pass, the metrics named as the
+registry names them (trainer.config.metrics)."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from typing import Any
+
+from trainer.config.metrics import Measured, values
 
 
 class MetricsFile:
@@ -24,9 +28,10 @@ class MetricsFile:
             path.write_text("".join(k + "\n" for k in kept))
         elif keep_upto is None:
             path.write_text("")
-        self._f = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._f = open(path, "a", encoding="utf-8")  # closed in close()
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, measured: Measured) -> None:
+        record = {"step": measured.step, **values(measured), "time": time.time()}
         self._f.write(json.dumps(record) + "\n")
         self._f.flush()
 
@@ -40,7 +45,7 @@ class NoMetricsFile(MetricsFile):
     def __init__(self) -> None:
         pass
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, measured: Measured) -> None:
         pass
 
     def close(self) -> None:

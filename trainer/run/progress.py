@@ -4,7 +4,6 @@ next step boundary, which writes a checkpoint; a second Ctrl-C interrupts at onc
 
 from __future__ import annotations
 
-import math
 import signal
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeAlias
 
+from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
 from trainer.run.loop import Callbacks
 
 if TYPE_CHECKING:  # rich is imported only when a bar is shown
@@ -106,23 +106,15 @@ class ProgressCallbacks(Callbacks):
                 "train", total=self.total, completed=self.start_step, loss="-", tps="-"
             )
 
-    def on_step(
-        self,
-        step: int,
-        train_loss: float,
-        lr: float,
-        grad_norm: float,
-        tokens_per_s: float,
-        tokens_seen: int,
-        train_accuracy: float | None = None,
-    ) -> None:
-        acc = "" if train_accuracy is None else f" | acc {train_accuracy:.3f}"
+    def on_step(self, metrics: StepMetrics) -> None:
+        step, accuracy = metrics.step, metrics.train_accuracy
+        acc = "" if accuracy is None else f" | acc {accuracy:.3f}"
         if self._progress is not None and self._task is not None:  # set together in on_start
             self._progress.update(
                 self._task,
                 completed=step,
-                loss=f"{train_loss:.4f}{acc.replace(' | ', ' ')}",
-                tps=f"{tokens_per_s:,.0f}",
+                loss=f"{metrics.train_loss:.4f}{acc.replace(' | ', ' ')}",
+                tps=f"{metrics.tokens_per_s:,.0f}",
             )
             return
         now = time.perf_counter()
@@ -132,19 +124,20 @@ class ProgressCallbacks(Callbacks):
         done = step - self.start_step
         eta = (now - self._t0) / done * (self.total - step) if done else 0.0
         self._print(
-            f"step {step}/{self.total} | loss {train_loss:.4f}{acc} | lr {lr:.2e} | grad {grad_norm:.3f} | "
-            f"{tokens_per_s:,.0f} tok/s | eta {_eta(eta)}"
+            f"step {step}/{self.total} | loss {metrics.train_loss:.4f}{acc} | lr {metrics.lr:.2e} | "
+            f"grad {metrics.grad_norm:.3f} | {metrics.tokens_per_s:,.0f} tok/s | eta {_eta(eta)}"
         )
 
-    def on_eval(self, step: int, val_loss: float, val_accuracy: float | None = None) -> None:
-        acc = "" if val_accuracy is None else f", accuracy {val_accuracy:.3f}"
+    def on_eval(self, metrics: EvalMetrics) -> None:
+        acc = "" if metrics.val_accuracy is None else f", accuracy {metrics.val_accuracy:.3f}"
         self._print(
-            f"eval step {step}: val_loss {val_loss:.4f} (perplexity {math.exp(min(val_loss, 700)):.2f}){acc}"
+            f"eval step {metrics.step}: val_loss {metrics.val_loss:.4f} (perplexity {metrics.val_ppl:.2f}){acc}"
         )
 
-    def on_full_eval(self, step: int, full_valid_loss: float, full_valid_accuracy: float) -> None:
+    def on_full_eval(self, metrics: FullEvalMetrics) -> None:
         self._print(
-            f"full validation at step {step}: loss {full_valid_loss:.4f}, accuracy {full_valid_accuracy:.3f}"
+            f"full validation at step {metrics.step}: loss {metrics.full_valid_loss:.4f}, "
+            f"accuracy {metrics.full_valid_mean_token_accuracy:.3f}"
         )
 
     def on_checkpoint(self, step: int, path: Path) -> None:

@@ -26,12 +26,12 @@ from trainer.checkpoint import (
     set_rng_state,
 )
 from trainer.config import ConfigError, ModelConfig, TrainConfig
-from trainer.config.estimate import total_steps
+from trainer.config.estimate import global_batch, total_steps
 from trainer.model import cpu_kernels
 from trainer.model.llama import Llama
 from trainer.optim.optimizers import make_optimizer
 from trainer.run.collectives import check_devices, local_rank, rank_and_world
-from trainer.run.precision import DTYPES, choose_compile, choose_dtype
+from trainer.run.precision import DTYPES, Choice, choose_compile, choose_dtype
 from trainer.run.state import TrainRun
 
 if TYPE_CHECKING:  # trainer.data.prepare is imported lazily: it keeps `import trainer.run.loop` light
@@ -55,6 +55,62 @@ def start_run(
 ) -> TrainRun:
     """Check the config, pick the starting point, prepare the data, build model and optimizer,
     and restore a resumed run's state. Data errors are raised here, before any training."""
+    rank, world = check_process_group(cfg)
+    device = resolve_device(cfg)
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", local_rank())
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    resume_path = resume_checkpoint_path(out_dir, resume)
+    resumed = load_checkpoint(resume_path) if resume_path is not None else None
+    dtype_choice = resumed_dtype(cfg, resumed, device) or choose_dtype(cfg, device)
+    source = resumed or (load_checkpoint(init_from) if init_from is not None else None)
+    if source is not None:  # the checkpoint's model and tokenizer win over the arguments
+        tokenizer, model_cfg = source.tokenizer, source.model_config
+    data, tokenizer = load_data_in_turn(cfg, train_path, tokenizer, validation_path, out_dir, rank, world)
+    if model_cfg.vocab_size != tokenizer.vocab_size:
+        model_cfg = model_cfg.model_copy(update={"vocab_size": tokenizer.vocab_size})
+
+    sampler = train_sampler(cfg, model_cfg.ctx, data)
+    make_val_sampler = val_sampler_factory(cfg, model_cfg.ctx, data)
+    model = build_model(cfg, model_cfg, source, device)  # seeds the global RNGs, then initializes
+    run = TrainRun(
+        cfg=cfg,
+        model_cfg=model_cfg,
+        tokenizer=tokenizer,
+        out_dir=out_dir,
+        device=device,
+        dtype=DTYPES[dtype_choice.value],
+        model=model,
+        fwd=model,
+        optimizer=make_optimizer(model, cfg),
+        scaler=torch.amp.GradScaler(device.type, enabled=DTYPES[dtype_choice.value] == torch.float16),
+        sampler=sampler,
+        make_val_sampler=make_val_sampler,
+        make_full_pass=full_pass_factory(cfg, model_cfg.ctx, data) if make_val_sampler is not None else None,
+        total_steps=total_steps_for(cfg, sampler),
+        resume_path=resume_path,
+        rank=rank,
+        world=world,
+    )
+    if resumed is not None:
+        restore_progress(run, resumed)
+    spread_over_ranks(run)
+    choose_precision(run, dtype_choice)
+    return run
+
+
+def resumed_dtype(cfg: TrainConfig, resumed: Checkpoint | None, device: torch.device) -> Choice | None:
+    """dtype auto on a resumed run: what auto chose for the run it continues (on the same kind of
+    device), so a run never changes precision half-way because a timing probe came out otherwise."""
+    saved = resumed.state.get("precision", {}) if resumed is not None else {}
+    if cfg.dtype != "auto" or saved.get("dtype") not in DTYPES or saved.get("device") != device.type:
+        return None
+    return Choice(saved["dtype"], f"auto: as the run this resumes ({saved.get('dtype_reason', '')})")
+
+
+def check_process_group(cfg: TrainConfig) -> tuple[int, int]:
+    """(rank, world) of this process, refusing a config this process group cannot run."""
     if cfg.optimizer == "lbfgs" and cfg.dtype == "float16":
         raise ConfigError(
             [("dtype", "float16 needs a gradient scaler, which L-BFGS cannot use; use bfloat16 or float32")]
@@ -66,72 +122,41 @@ def start_run(
             f"trainer.distributed.launch.launch_train (this process group has {world})"
         )
     check_devices(cfg)
-    device = resolve_device(cfg)
-    if device.type == "cuda" and world > 1:
-        device = torch.device("cuda", local_rank())
-    dtype_choice = choose_dtype(cfg, device)
-    dtype = DTYPES[dtype_choice.value]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    return rank, world
 
-    resume_path = resume_checkpoint_path(out_dir, resume)
-    resumed = load_checkpoint(resume_path) if resume_path is not None else None
-    init = load_checkpoint(init_from) if init_from is not None and resumed is None else None
-    source = resumed or init
-    if source is not None:  # the checkpoint's model and tokenizer win over the arguments
-        tokenizer, model_cfg = source.tokenizer, source.model_config
 
-    data, tokenizer = load_data_in_turn(cfg, train_path, tokenizer, validation_path, out_dir, rank, world)
-    if model_cfg.vocab_size != tokenizer.vocab_size:
-        model_cfg = model_cfg.model_copy(update={"vocab_size": tokenizer.vocab_size})
-    sampler = train_sampler(cfg, model_cfg.ctx, data, world)
-    make_val_sampler = val_sampler_factory(cfg, model_cfg.ctx, data)
-    make_full_pass = full_pass_factory(cfg, model_cfg.ctx, data) if make_val_sampler is not None else None
-    total_steps = total_steps_for(cfg, sampler)
-
-    model = build_model(cfg, model_cfg, source, device)
-    optimizer = make_optimizer(model, cfg)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    run = TrainRun(
-        cfg=cfg,
-        model_cfg=model_cfg,
-        tokenizer=tokenizer,
-        out_dir=out_dir,
-        device=device,
-        dtype=dtype,
-        model=model,
-        fwd=model,
-        optimizer=optimizer,
-        scaler=scaler,
-        sampler=sampler,
-        make_val_sampler=make_val_sampler,
-        make_full_pass=make_full_pass,
-        total_steps=total_steps,
-        resume_path=resume_path,
-        rank=rank,
-        world=world,
-    )
-    if resumed is not None:
-        restore_progress(run, resumed)
-    if world > 1 and cfg.sharding == "fsdp":
+def spread_over_ranks(run: TrainRun) -> None:
+    """Several processes: the model sharded (fsdp) or wrapped in DDP; one process: as it is."""
+    if run.world == 1:
+        return
+    if run.cfg.sharding == "fsdp":
         from trainer.run.fsdp import shard_run
 
         shard_run(run)
-    elif world > 1:
-        run.ddp = wrap_ddp(model, device)
+    else:
+        run.ddp = wrap_ddp(run.model, run.device)
         run.fwd = run.ddp
-    flops_per_step = model.flops_per_token() * run.tokens_per_step // world
-    compile_choice = choose_compile(cfg, device, dtype_choice.value, flops_per_step, total_steps - run.step)
+
+
+def choose_precision(run: TrainRun, dtype_choice: Choice) -> None:
+    """Record what dtype auto decided, decide compile auto from the run's estimated length (and
+    compile), and pick the element-wise kernels; all saved in checkpoints."""
+    flops_per_step = run.model.flops_per_token() * run.tokens_per_step // run.world
+    compile_choice = choose_compile(
+        run.cfg, run.device, dtype_choice.value, flops_per_step, run.total_steps - run.step
+    )
+    compiled = compile_choice.value == "on"
     run.precision = {
+        "device": run.device.type,
         "dtype": dtype_choice.value,
         "dtype_reason": dtype_choice.reason,
-        "compile": compile_choice.value == "on",
+        "compile": compiled,
         "compile_reason": compile_choice.reason,
-        "kernels": cpu_kernels.for_run(device.type, run.dtype, compile_choice.value == "on"),
+        "kernels": cpu_kernels.for_run(run.device.type, run.dtype, compiled),
     }
-    if compile_choice.value == "on":
+    if compiled:
         # an OptimizedModule, typed as a callable (DDP is compiled, not wrapped around a compiled model)
         run.fwd = cast(torch.nn.Module, torch.compile(run.fwd))
-    return run
 
 
 def wrap_ddp(model: Llama, device: torch.device) -> torch.nn.parallel.DistributedDataParallel:
@@ -232,15 +257,16 @@ def loss_spans(cfg: TrainConfig, spans: np.ndarray | None) -> np.ndarray | None:
     return None if cfg.train_on_inputs else spans
 
 
-def train_sampler(cfg: TrainConfig, ctx: int, data: TokenData, world: int = 1) -> BatchSampler:
-    """Draws all batch_size * grad_accum * world windows of a step at once, on every rank (see
-    trainer.run.loop's docstring and trainer.run.collectives): the data order does not depend on the split."""
+def train_sampler(cfg: TrainConfig, ctx: int, data: TokenData) -> BatchSampler:
+    """Draws the step's global batch (batch_size * grad_accum * devices windows) at once, on every
+    rank (see trainer.run.loop's docstring and trainer.run.collectives): the data order does not
+    depend on the split."""
     from trainer.data.prepare import BatchSampler
 
     return BatchSampler(
         data.train,
         ctx,
-        cfg.batch_size * cfg.grad_accum * world,
+        global_batch(cfg),
         seed=cfg.seed,
         samples_after_nl=cfg.samples_after_nl,
         newline_id=NEWLINE_ID,

@@ -18,6 +18,7 @@ import torch
 
 from trainer.checkpoint import rotate_checkpoints, save_checkpoint
 from trainer.config import ModelConfig, TrainConfig
+from trainer.config.estimate import tokens_per_step
 from trainer.model.llama import Llama
 
 if TYPE_CHECKING:
@@ -81,8 +82,8 @@ class TrainRun:
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens per optimizer step over all processes (batch_size is per process)."""
-        return self.cfg.batch_size * self.cfg.grad_accum * self.world * self.model_cfg.ctx
+        """Tokens per optimizer step over all processes (cfg.devices = world: setup checks it)."""
+        return tokens_per_step(self.cfg, self.model_cfg.ctx)
 
     @property
     def is_main(self) -> bool:

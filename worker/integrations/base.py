@@ -15,19 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Metric row columns (worker.metric_rows, + the accuracy columns) -> the trackers' metric names
-METRIC_NAMES = {
-    "train_loss": "train_loss",
-    "val_loss": "val_loss",
-    "train_accuracy": "train_accuracy",
-    "val_accuracy": "val_accuracy",
-    "lr": "learning_rate",
-    "tokens_per_s": "tokens_per_s",
-    "grad_norm": "grad_norm",
-}
+from trainer.config.metrics import STORED
+
+# Metric row column -> the trackers' name for it; the names whose summary is the run's highest value
+TRACKER_NAMES: dict[str, str] = {spec.name: spec.tracker for spec in STORED if spec.tracker}
+SUMMARIZED_BY_MAX = frozenset(spec.tracker for spec in STORED if spec.tracker and spec.aggregate == "max")
 
 # one step's metrics, by tracker name: (step, {name: value})
-StepMetrics = tuple[int, dict[str, float]]
+TrackedStep = tuple[int, dict[str, float]]
 
 
 class TrackerError(Exception):
@@ -62,7 +57,7 @@ class RunEnd:
 
     status: str | None  # the job's status (core.status.JobStatus); None: the lease was lost
     final_folder: Path | None  # the final checkpoint folder of a succeeded job
-    summary: dict[str, float] = field(default_factory=dict)  # the last value of each metric
+    summary: dict[str, float] = field(default_factory=dict)  # each metric's value over the run (summarize)
 
 
 class Tracker(ABC):
@@ -77,22 +72,30 @@ class Tracker(ABC):
     def start(self, run: RunInfo) -> None: ...
 
     @abstractmethod
-    def log(self, steps: list[StepMetrics]) -> None: ...
+    def log(self, steps: list[TrackedStep]) -> None: ...
 
     @abstractmethod
     def finish(self, end: RunEnd) -> None: ...
 
 
-def step_metrics(rows: Mapping[int, Mapping[str, float | None]]) -> list[StepMetrics]:
+def tracked_steps(rows: Mapping[int, Mapping[str, float | None]]) -> list[TrackedStep]:
     """Buffered metric rows ({step: {column: value}}) as the trackers log them, in step order;
     absent and non-finite values left out, steps with nothing left dropped."""
     out = []
     for step in sorted(rows):
         values = {}
-        for column, name in METRIC_NAMES.items():
+        for column, name in TRACKER_NAMES.items():
             value = rows[step].get(column)
             if value is not None and math.isfinite(value):
                 values[name] = float(value)
         if values:
             out.append((step, values))
     return out
+
+
+def summarize(summary: dict[str, float], steps: list[TrackedStep]) -> None:
+    """Fold logged steps into the run's summary: each metric's last value, or its highest for a
+    metric the registry aggregates by "max"."""
+    for _, values in steps:
+        for name, value in values.items():
+            summary[name] = max(value, summary.get(name, value)) if name in SUMMARIZED_BY_MAX else value

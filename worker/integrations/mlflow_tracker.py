@@ -5,8 +5,8 @@
   crash), else a new run named
   `run_name` (default: the job id) with tags `fromscratch.job_id`, `fromscratch.model`, and the
   job's parameters (`job_id`, `model`, `fine_tuned_model`, `model.<field>`, `train.<field>`).
-- log: `runs/log-batch`, at most 1000 metrics a request: train_loss, val_loss, learning_rate,
-  tokens_per_s, grad_norm, train_accuracy / val_accuracy when measured, one value per step. In a
+- log: `runs/log-batch`, at most 1000 metrics a request: each metric the registry gives a tracker
+  name (trainer.config.metrics) when measured, one value per step. In a
   continued run, a metric's steps up to the last one the run holds are not sent again (a crashed
   attempt logged past its last checkpoint; the resumed one trains those steps again, to the same
   values, resumes being exact): MLflow would keep both values of each step, W&B drops the second.
@@ -33,7 +33,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from core.tracking_uri import host_allowed, tracking_uri_problem
-from worker.integrations.base import RunEnd, RunInfo, StepMetrics, Tracker, TrackerError
+from worker.integrations.base import RunEnd, RunInfo, TrackedStep, Tracker, TrackerError
 
 API = "/api/2.0/mlflow"
 ARTIFACTS = "/api/2.0/mlflow-artifacts/artifacts"
@@ -107,7 +107,7 @@ class MlflowTracker(Tracker):
         for i in range(0, len(params), MAX_PARAMS):
             self._post("runs/log-batch", {"run_id": self.run_id, "params": params[i : i + MAX_PARAMS]})
 
-    def log(self, steps: list[StepMetrics]) -> None:
+    def log(self, steps: list[TrackedStep]) -> None:
         now = _now_ms()
         metrics = [
             {"key": name, "value": value, "timestamp": now, "step": step}
@@ -126,7 +126,7 @@ class MlflowTracker(Tracker):
             if end.status == "succeeded" and end.final_folder is not None:
                 try:
                     self._upload_folder(end.final_folder, "model")
-                except Exception as exc:  # noqa: BLE001 - the run's status is set all the same
+                except Exception as exc:  # the run's status is set all the same
                     upload_error = exc
             if end.status is not None:  # None: the lease was lost, the job's new worker goes on
                 self._post(

@@ -19,7 +19,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from worker.integrations.base import RunEnd, RunInfo, StepMetrics, Tracker, TrackerError, step_metrics
+from worker.integrations.base import (
+    RunEnd,
+    RunInfo,
+    TrackedStep,
+    Tracker,
+    TrackerError,
+    summarize,
+    tracked_steps,
+)
 
 log = logging.getLogger(__name__)
 MAX_REASON_CHARS = 300
@@ -44,7 +52,7 @@ class Trackers:
         self._thread: threading.Thread | None = None
         self._off: set[int] = set()  # id() of the trackers turned off
         self._lock = threading.Lock()
-        self._last: dict[str, float] = {}  # each metric's last value (the run's summary)
+        self._summary: dict[str, float] = {}  # the run's summary (base.summarize)
 
     @classmethod
     def none(cls) -> Trackers:
@@ -63,10 +71,9 @@ class Trackers:
         """Queue metric rows ({step: {column: value}}); returns at once."""
         if self._thread is None:
             return
-        steps = step_metrics(rows)
+        steps = tracked_steps(rows)
         if steps:
-            for _, values in steps:
-                self._last.update(values)
+            summarize(self._summary, steps)
             self._queue.put(("log", steps))
 
     def finish(self, status: str | None, final_folder: Path | None) -> None:
@@ -74,7 +81,7 @@ class Trackers:
         thread, self._thread = self._thread, None
         if thread is None:
             return
-        self._queue.put(("finish", RunEnd(status, final_folder, dict(self._last))))
+        self._queue.put(("finish", RunEnd(status, final_folder, dict(self._summary))))
         thread.join(self.finish_seconds)
         if thread.is_alive():
             for tracker in self.trackers:
@@ -87,7 +94,7 @@ class Trackers:
             op, arg = pending or self._queue.get()
             pending = None
             if op == "log":
-                batch: list[StepMetrics] = list(arg)
+                batch: list[TrackedStep] = list(arg)
                 while pending is None:  # every log waiting goes in this batch
                     try:
                         nxt = self._queue.get_nowait()
@@ -103,7 +110,7 @@ class Trackers:
                     continue
                 try:
                     getattr(tracker, op)(arg)
-                except Exception as exc:  # noqa: BLE001 - any failure of a tracker turns it off, never the job
+                except Exception as exc:  # any failure of a tracker turns it off, never the job
                     log.info("tracker %s failed in %s", tracker.label, op, exc_info=True)
                     self._turn_off(tracker, describe(exc))
             if op == "finish":
@@ -117,5 +124,5 @@ class Trackers:
         log.warning("integration %s turned off: %s", tracker.label, reason)
         try:
             self.warn(tracker, reason)
-        except Exception:  # noqa: BLE001 - the event is a courtesy; the job goes on
+        except Exception:  # the event is a courtesy; the job goes on
             log.warning("could not record that integration %s was turned off", tracker.label, exc_info=True)

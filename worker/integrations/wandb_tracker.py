@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from worker.integrations.base import RunEnd, RunInfo, StepMetrics, Tracker, TrackerError
+from worker.integrations.base import RunEnd, RunInfo, TrackedStep, Tracker, TrackerError
 
 MAX_TAG_CHARS = 64  # W&B refuses longer tags
 OK_EXITS = ("succeeded", "paused", "queued")  # a paused or re-queued job's run goes on later
@@ -62,7 +62,7 @@ class WandbTracker(Tracker):
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
         )
 
-    def log(self, steps: list[StepMetrics]) -> None:
+    def log(self, steps: list[TrackedStep]) -> None:
         for step, values in steps:
             self.run.log(values, step=step)
 

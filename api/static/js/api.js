@@ -202,11 +202,11 @@ export function dispositionFilename(header) {
 
 /**
  * Download GET /v1/models/{id}/content?format=fmt with the Bearer header and hand it to the
- * browser as a file. onProgress(received, total|null). An export a worker is still preparing
+ * browser as a file (named by the server, else the model id with `extension`). onProgress(received, total|null). An export a worker is still preparing
  * answers 202: ask again after its Retry-After seconds, calling onPreparing(seconds waited), for
  * at most maxWaitMs.
  */
-export async function downloadModel(modelId, fmt, { onProgress, onPreparing, signal, maxWaitMs = 15 * 60_000 } = {}) {
+export async function downloadModel(modelId, fmt, { extension = "bin", onProgress, onPreparing, signal, maxWaitMs = 15 * 60_000 } = {}) {
   const path = `/v1/models/${encodeURIComponent(modelId)}/content${query({ format: fmt })}`;
   const started = Date.now();
   let res;
@@ -231,7 +231,7 @@ export async function downloadModel(modelId, fmt, { onProgress, onPreparing, sig
   if (!res.ok) throw await errorFrom(res);
   const total = Number(res.headers.get("Content-Length")) || null;
   const name = dispositionFilename(res.headers.get("Content-Disposition"))
-    || `${modelId.replace(/[^A-Za-z0-9._-]+/g, "_")}.${fmt === "gguf" || fmt === "onnx" ? fmt : "tar"}`;
+    || `${modelId.replace(/[^A-Za-z0-9._-]+/g, "_")}.${extension}`;
   const chunks = [];
   let received = 0;
   const reader = res.body.getReader();

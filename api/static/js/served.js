@@ -1,7 +1,8 @@
 // What the API serves about itself, fetched once per sign-in and cached: the job statuses with their
-// sets (GET /v1/fine_tuning/statuses) and the hyperparameter schema (GET /v1/fine_tuning/hyperparameters).
-// The dashboard keeps no copy of either: which statuses are terminal, which fields a job accepts and
-// their defaults are the server's answer.
+// sets (GET /v1/fine_tuning/statuses), the hyperparameter schema (GET /v1/fine_tuning/hyperparameters)
+// and the download formats (GET /v1/fine_tuning/export_formats). The dashboard keeps no copy of them:
+// which statuses are terminal, which fields a job accepts and their defaults, what a model downloads
+// as are the server's answer.
 
 import { api } from "./api.js";
 
@@ -36,4 +37,12 @@ export function loadStatuses() {
 /** The JSON Schema of the hyperparameters a job accepts (shape: docs, /v1/fine_tuning/hyperparameters). */
 export function loadHyperparameterSchema() {
   return once("/fine_tuning/hyperparameters", (body) => body);
+}
+
+/**
+ * What a model downloads as: {formats: [{name, title, description, extension, media_type, dtypes}],
+ * dtypes: [{name, description}], default_format, default_dtype, made_at_job_end, job_end_dtype}.
+ */
+export function loadExportFormats() {
+  return once("/fine_tuning/export_formats", (body) => body);
 }

@@ -25,142 +25,166 @@ const SIDE_REFRESH_DELAY_MS = 300; // after a checkpoint event, let its row land
 
 /** statuses: the served status sets (served.js). */
 export function mountJob(root, { id, statuses }) {
-  const abort = new AbortController();
-  const signal = abort.signal;
-  const endpoints = jobEndpoints(id, signal);
-  const state = { job: null, checkpoints: [], mode: "loading" };
-  const ended = () => statuses.terminal.has(state.job.status);
+  const page = new JobPage(id, statuses);
+  root.append(...page.nodes());
+  page.charts.mount();
+  page.open();
+  return { destroy() { page.destroy(); } };
+}
 
-  // -- the pieces -------------------------------------------------------------------------------
-  const metrics = new LiveMetrics();
-  const charts = jobCharts();
-  const progress = progressCard({ charts, metrics, statuses });
-  const actions = jobActions({ statuses, request, rerender: renderJob });
-  const header = jobHeader(id, actions.node);
-  const generate = generateCard({ endpoints });
-  const downloads = downloadCard({ signal });
-  const checkpoints = checkpointsCard();
-  const events = eventsCard();
-  const feed = new LiveFeed({
-    id, signal, endpoints, metrics, ended,
-    on: { metric: addMetric, job: applyJob, message: addEvent, mode: setMode },
-  });
+/** One job's page: its pieces, the state they show and how it is kept current. */
+class JobPage {
+  #sideTimer = null;
 
-  root.append(
-    header.node,
-    header.errorBox,
-    progress.node,
-    charts.lossCard,
-    el("div", { class: "grid-2" }, charts.lrCard, downloads.node),
-    el("div", { class: "grid-2" }, generate.node, checkpoints.node),
-    events.node);
-  charts.mount();
+  constructor(id, statuses) {
+    this.id = id;
+    this.statuses = statuses;
+    this.abort = new AbortController();
+    this.signal = this.abort.signal;
+    this.endpoints = jobEndpoints(id, this.signal);
+    this.state = { job: null, checkpoints: [], mode: "loading" };
+    this.#createPieces();
+  }
+
+  #createPieces() {
+    const { id, signal, endpoints, statuses } = this;
+    this.metrics = new LiveMetrics();
+    this.charts = jobCharts();
+    this.progress = progressCard({ charts: this.charts, metrics: this.metrics, statuses });
+    this.actions = jobActions({ statuses, request: (action) => this.request(action), rerender: () => this.renderJob() });
+    this.header = jobHeader(id, this.actions.node);
+    this.generate = generateCard({ endpoints });
+    this.downloads = downloadCard({ signal });
+    this.checkpoints = checkpointsCard();
+    this.events = eventsCard();
+    this.feed = new LiveFeed({
+      id, signal, endpoints, metrics: this.metrics, ended: () => this.ended(),
+      on: {
+        metric: (m) => this.addMetric(m), job: (obj) => this.applyJob(obj),
+        message: (e) => this.addEvent(e), mode: (mode) => this.setMode(mode),
+      },
+    });
+  }
+
+  nodes() {
+    return [
+      this.header.node,
+      this.header.errorBox,
+      this.progress.node,
+      this.charts.lossCard,
+      el("div", { class: "grid-2" }, this.charts.lrCard, this.downloads.node),
+      el("div", { class: "grid-2" }, this.generate.node, this.checkpoints.node),
+      this.events.node];
+  }
+
+  ended() { return this.statuses.terminal.has(this.state.job.status); }
 
   // -- rendering --------------------------------------------------------------------------------
-  function renderJob() {
-    header.showJob(state.job);
-    actions.render(state.job.status);
-    renderModels();
-    progress.update(state.job);
+  renderJob() {
+    this.header.showJob(this.state.job);
+    this.actions.render(this.state.job.status);
+    this.renderModels();
+    this.progress.update(this.state.job);
   }
 
-  function renderModels() {
-    const models = jobModels(state.job, state.checkpoints);
-    generate.setModels(models);
-    downloads.setModels(models);
+  renderModels() {
+    const models = jobModels(this.state.job, this.state.checkpoints);
+    this.generate.setModels(models);
+    this.downloads.setModels(models);
   }
 
-  function setMode(mode) {
-    state.mode = mode;
-    header.setMode(mode);
+  setMode(mode) {
+    this.state.mode = mode;
+    this.header.setMode(mode);
   }
 
   // -- data -------------------------------------------------------------------------------------
-  function addMetric(m) {
+  addMetric(m) {
     if (typeof m.step !== "number") return;
-    charts.add(m);
-    metrics.observe(m);
-    charts.draw();
-    progress.update();
+    this.charts.add(m);
+    this.metrics.observe(m);
+    this.charts.draw();
+    this.progress.update();
   }
 
-  function applyJob(obj) {
+  applyJob(obj) {
+    const state = this.state;
     const before = state.job ? state.job.status : null;
     state.job = { ...(state.job || {}), ...obj };
-    renderJob();
+    this.renderJob();
     if (before && before !== state.job.status) {
-      refreshSide();
-      if (state.job.status === "succeeded") toast(`Job ${id} succeeded`, "ok");
+      this.refreshSide();
+      if (state.job.status === "succeeded") toast(`Job ${this.id} succeeded`, "ok");
     }
   }
 
-  function addEvent(e) {
-    events.prepend(e);
-    if (/checkpoint/i.test(e.message || "")) refreshSideSoon();
+  addEvent(e) {
+    this.events.prepend(e);
+    if (/checkpoint/i.test(e.message || "")) this.refreshSideSoon();
   }
 
   /** Checkpoints and events, read again. */
-  async function refreshSide() {
+  async refreshSide() {
     try {
-      const [ck, ev] = await Promise.all([endpoints.checkpoints(), endpoints.events()]);
-      state.checkpoints = ck.data || [];
-      checkpoints.render(state.checkpoints);
-      renderModels();
-      events.render(ev.data || []);
+      const [ck, ev] = await Promise.all([this.endpoints.checkpoints(), this.endpoints.events()]);
+      this.state.checkpoints = ck.data || [];
+      this.checkpoints.render(this.state.checkpoints);
+      this.renderModels();
+      this.events.render(ev.data || []);
     } catch (e) {
       if (e.name !== "AbortError") console.warn("refresh failed:", e.message);
     }
   }
 
-  let sideTimer = null;
-  function refreshSideSoon() {
-    clearTimeout(sideTimer);
-    sideTimer = setTimeout(refreshSide, SIDE_REFRESH_DELAY_MS);
+  refreshSideSoon() {
+    clearTimeout(this.#sideTimer);
+    this.#sideTimer = setTimeout(() => this.refreshSide(), SIDE_REFRESH_DELAY_MS);
   }
 
   /** While the job is live: the job, checkpoints and events every REFRESH_MS besides the stream. */
-  async function periodicRefresh() {
-    while (!signal.aborted && state.job && !ended()) {
+  async periodicRefresh() {
+    const signal = this.signal;
+    while (!signal.aborted && this.state.job && !this.ended()) {
       await sleep(REFRESH_MS, signal);
       if (signal.aborted) return;
-      try { applyJob(await endpoints.job()); } catch { /* next round */ }
-      await refreshSide();
+      try { this.applyJob(await this.endpoints.job()); } catch { /* next round */ }
+      await this.refreshSide();
     }
   }
 
   // -- actions and start ------------------------------------------------------------------------
-  async function request(action) {
-    applyJob(await endpoints.control(action));
-    if (action === "resume" && state.mode === "done") start(); // follow the job again
+  async request(action) {
+    this.applyJob(await this.endpoints.control(action));
+    if (action === "resume" && this.state.mode === "done") this.start(); // follow the job again
   }
 
-  async function start() {
-    if (ended()) { setMode("done"); return; }
-    periodicRefresh();
-    if (await feed.follow()) refreshSide();
+  async start() {
+    if (this.ended()) { this.setMode("done"); return; }
+    this.periodicRefresh();
+    if (await this.feed.follow()) this.refreshSide();
   }
 
-  (async () => {
+  /** The job, its history so far, then following it live. */
+  async open() {
+    const id = this.id;
     try {
-      applyJob(await endpoints.job());
+      this.applyJob(await this.endpoints.job());
       document.title = `${id} · fromscratch`;
-      await feed.loadHistory();
-      refreshSide();
-      await start();
+      await this.feed.loadHistory();
+      this.refreshSide();
+      await this.start();
     } catch (e) {
-      if (e.name === "AbortError" || signal.aborted) return;
-      header.showLoadError(e.status === 404 ? `No job ${id} (it does not exist or belongs to another key).`
+      if (e.name === "AbortError" || this.signal.aborted) return;
+      this.header.showLoadError(e.status === 404 ? `No job ${id} (it does not exist or belongs to another key).`
         : `Could not load the job: ${e.message}`);
-      setMode("done");
+      this.setMode("done");
     }
-  })();
+  }
 
-  return {
-    destroy() {
-      abort.abort();
-      charts.destroy();
-      actions.destroy();
-      clearTimeout(sideTimer);
-    },
-  };
+  destroy() {
+    this.abort.abort();
+    this.charts.destroy();
+    this.actions.destroy();
+    clearTimeout(this.#sideTimer);
+  }
 }

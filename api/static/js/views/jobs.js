@@ -13,6 +13,33 @@ export function mountJobs(root, { after, statuses }) {
   const live = (job) => !statuses.terminal.has(job.status);
   const abort = new AbortController();
   let timer = null;
+  const nodes = jobsPageNodes(after);
+  root.append(nodes.header, nodes.status, nodes.list, nodes.pager);
+  const picks = comparePicks(nodes.list, nodes.compare);
+  let lastPage = null;
+  pageButtons(after, nodes, () => lastPage);
+
+  async function load() {
+    clearTimeout(timer);
+    try {
+      const page = await api(`/fine_tuning/jobs${query({ limit: PAGE_SIZE, after })}`, { signal: abort.signal });
+      lastPage = page;
+      renderPage(page, nodes, { after, live, picks });
+      if (page.data.some(live)) timer = setTimeout(load, REFRESH_MS);
+    } catch (e) {
+      if (e.name === "AbortError") return;
+      nodes.status.textContent = `Could not load jobs: ${e.message}`;
+      nodes.status.className = "error-banner";
+      timer = setTimeout(load, REFRESH_MS * 3);
+    }
+  }
+
+  picks.sync();
+  load();
+  return { destroy() { abort.abort(); clearTimeout(timer); } };
+}
+
+function jobsPageNodes(after) {
   const list = el("ul", { class: "job-list", "aria-live": "polite", "aria-busy": "true" });
   const status = el("p", { class: "muted", role: "status" }, "Loading jobs…");
   const prev = el("button", { type: "button", class: "secondary", disabled: !after }, "← Newer");
@@ -23,9 +50,12 @@ export function mountJobs(root, { after, statuses }) {
   const header = el("div", { class: "page-head" },
     el("h1", {}, "Training jobs"),
     el("div", { class: "controls" }, compare, el("a", { class: "button primary", href: "#/new" }, "New job")));
-  root.append(header, status, list, pager);
+  return { list, status, prev, next, pager, compare, header };
+}
 
-  // the jobs ticked for comparison, in the order they were ticked
+/** The jobs ticked for comparison, in the order they were ticked (kept in sessionStorage);
+ *  sync() shows them on the list's boxes and the Compare button. */
+function comparePicks(list, compare) {
   const readPicked = () => { try { return JSON.parse(sessionStorage.getItem("jobs.compare") || "[]"); } catch { return []; } };
   let picked = readPicked();
   function setPicked(id, on) {
@@ -45,8 +75,12 @@ export function mountJobs(root, { after, statuses }) {
   list.addEventListener("change", (ev) => {
     if (ev.target.matches("input.pick-box")) setPicked(ev.target.value, ev.target.checked);
   });
+  return { sync: syncPicked };
+}
 
-  // The cursors of the pages we came through (a stack in sessionStorage), so Newer goes back.
+/** Newer and Older. The cursors of the pages we came through (a stack in sessionStorage), so
+ *  Newer goes back. lastPage(): the page shown (Older continues after its last job). */
+function pageButtons(after, { prev, next }, lastPage) {
   const readStack = () => { try { return JSON.parse(sessionStorage.getItem("jobs.cursors") || "[]"); } catch { return []; } };
   const writeStack = (stack) => sessionStorage.setItem("jobs.cursors", JSON.stringify(stack));
   if (!after) writeStack([]);
@@ -56,53 +90,33 @@ export function mountJobs(root, { after, statuses }) {
     writeStack(stack);
     location.hash = back ? `#/jobs?after=${encodeURIComponent(back)}` : "#/jobs";
   });
-
-  let lastPage = null;
   next.addEventListener("click", () => {
-    if (!lastPage || !lastPage.data.length) return;
+    const page = lastPage();
+    if (!page || !page.data.length) return;
     const stack = readStack();
     stack.push(after || "");
     writeStack(stack);
-    location.hash = `#/jobs?after=${encodeURIComponent(lastPage.data[lastPage.data.length - 1].id)}`;
+    location.hash = `#/jobs?after=${encodeURIComponent(page.data[page.data.length - 1].id)}`;
   });
+}
 
-  async function load() {
-    clearTimeout(timer);
-    try {
-      const page = await api(`/fine_tuning/jobs${query({ limit: PAGE_SIZE, after })}`, { signal: abort.signal });
-      lastPage = page;
-      render(page);
-      if (page.data.some(live)) timer = setTimeout(load, REFRESH_MS);
-    } catch (e) {
-      if (e.name === "AbortError") return;
-      status.textContent = `Could not load jobs: ${e.message}`;
-      status.className = "error-banner";
-      timer = setTimeout(load, REFRESH_MS * 3);
-    }
-  }
-
-  function render(page) {
-    list.setAttribute("aria-busy", "false");
-    next.disabled = !page.has_more;
-    if (!page.data.length) {
-      status.className = "muted";
-      clear(status, after ? "No more jobs." : "No jobs yet. ", after ? null : el("a", { href: "#/new" }, "Start one."));
-      clear(list);
-      return;
-    }
-    status.textContent = "";
+function renderPage(page, { list, status, next }, { after, live, picks }) {
+  list.setAttribute("aria-busy", "false");
+  next.disabled = !page.has_more;
+  if (!page.data.length) {
     status.className = "muted";
-    // a refresh rebuilds the cards: a ticked box that had the focus keeps it
-    const focused = document.activeElement && document.activeElement.matches("input.pick-box")
-      ? document.activeElement.value : null;
-    clear(list, page.data.map((job) => jobCard(job, live(job))));
-    syncPicked();
-    if (focused) list.querySelector(`input.pick-box[value="${CSS.escape(focused)}"]`)?.focus();
+    clear(status, after ? "No more jobs." : "No jobs yet. ", after ? null : el("a", { href: "#/new" }, "Start one."));
+    clear(list);
+    return;
   }
-
-  syncPicked();
-  load();
-  return { destroy() { abort.abort(); clearTimeout(timer); } };
+  status.textContent = "";
+  status.className = "muted";
+  // a refresh rebuilds the cards: a ticked box that had the focus keeps it
+  const focused = document.activeElement && document.activeElement.matches("input.pick-box")
+    ? document.activeElement.value : null;
+  clear(list, page.data.map((job) => jobCard(job, live(job))));
+  picks.sync();
+  if (focused) list.querySelector(`input.pick-box[value="${CSS.escape(focused)}"]`)?.focus();
 }
 
 function jobCard(job, live) {

@@ -43,38 +43,22 @@ function newJobForm(schema, signal) {
   const data = dataFieldset({ errors, signal });
   const hyperparameters = hyperparameterFields({ schema, errors });
   const integrations = integrationsSection({ errors });
-
-  // top-level request fields: model (the preset), suffix, seed
-  const preset = el("select", { id: "model", name: "model", "aria-describedby": "err-model" },
-    presetNames(schema).map((name) => el("option", { value: name }, name)));
-  preset.value = defaultPreset(schema);
-  preset.addEventListener("change", () => hyperparameters.setPreset(preset.value));
-  const suffix = el("input", { id: "suffix", name: "suffix", type: "text", maxlength: 40, placeholder: "optional",
-    "aria-describedby": "err-suffix" });
-  const seed = el("input", { id: fieldId("seed"), name: "seed", type: "text", inputmode: "numeric",
-    autocomplete: "off", spellcheck: "false", placeholder: "random", "aria-describedby": "err-seed" });
-  hyperparameters.training.append(el("div", { class: "field", dataset: { field: "seed" },
-    title: "The job's random seed; left empty, the server picks one (shown on the job)." },
-  labelled(seed.id, "Seed", "seed"), seed, errors.slot("seed", seed)));
+  const request = requestFields({ schema, errors, hyperparameters });
 
   const submit = el("button", { type: "submit", class: "primary" }, "Start training");
   const form = el("form", { class: "card new-job", novalidate: true },
     el("h1", {}, "New training job"),
     errors.banner,
     data.node,
-    el("fieldset", { class: "grid" },
-      el("legend", {}, "Model"),
-      el("div", { class: "field" }, labelled("model", "Preset", "model"), preset, errors.slot("model", preset)),
-      el("div", { class: "field" }, labelled("suffix", "Model name suffix", "suffix"), suffix, errors.slot("suffix", suffix))),
+    request.node,
     hyperparameters.architecture, hyperparameters.training, hyperparameters.advanced, integrations.node,
     el("div", { class: "actions" }, submit, el("a", { href: "#/jobs", class: "button secondary" }, "Cancel")));
 
   /** The request: only what the user chose; everything left alone gets the server's default. */
   function requestBody() {
-    const body = { model: preset.value, training_file: data.trainingFile() };
+    const body = { model: request.preset.value, training_file: data.trainingFile() };
     if (data.validationFile()) body.validation_file = data.validationFile();
-    if (suffix.value.trim()) body.suffix = suffix.value.trim();
-    if (seed.value.trim()) body.seed = typedNumber(seed.value.trim());
+    Object.assign(body, request.chosen());
     const changed = hyperparameters.changed();
     if (Object.keys(changed).length) body.hyperparameters = changed;
     const chosen = integrations.body();
@@ -106,4 +90,31 @@ function newJobForm(schema, signal) {
 
   data.load();
   return form;
+}
+
+/** The request's own fields: model (the preset) and suffix in the Model fieldset (node), and the
+ *  seed among the training hyperparameters. chosen(): the suffix and seed, when given. */
+function requestFields({ schema, errors, hyperparameters }) {
+  const preset = el("select", { id: "model", name: "model", "aria-describedby": "err-model" },
+    presetNames(schema).map((name) => el("option", { value: name }, name)));
+  preset.value = defaultPreset(schema);
+  preset.addEventListener("change", () => hyperparameters.setPreset(preset.value));
+  const suffix = el("input", { id: "suffix", name: "suffix", type: "text", maxlength: 40, placeholder: "optional",
+    "aria-describedby": "err-suffix" });
+  const seed = el("input", { id: fieldId("seed"), name: "seed", type: "text", inputmode: "numeric",
+    autocomplete: "off", spellcheck: "false", placeholder: "random", "aria-describedby": "err-seed" });
+  hyperparameters.training.append(el("div", { class: "field", dataset: { field: "seed" },
+    title: "The job's random seed; left empty, the server picks one (shown on the job)." },
+  labelled(seed.id, "Seed", "seed"), seed, errors.slot("seed", seed)));
+  const node = el("fieldset", { class: "grid" },
+    el("legend", {}, "Model"),
+    el("div", { class: "field" }, labelled("model", "Preset", "model"), preset, errors.slot("model", preset)),
+    el("div", { class: "field" }, labelled("suffix", "Model name suffix", "suffix"), suffix, errors.slot("suffix", suffix)));
+  function chosen() {
+    const out = {};
+    if (suffix.value.trim()) out.suffix = suffix.value.trim();
+    if (seed.value.trim()) out.seed = typedNumber(seed.value.trim());
+    return out;
+  }
+  return { node, preset, chosen };
 }

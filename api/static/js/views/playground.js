@@ -15,115 +15,136 @@ import { streamCompletion } from "./playground/stream.js";
 const MODES = { chat: "Chat", completion: "Completion" };
 
 export function mountPlayground(root, { params }) {
-  const page = new AbortController();
-  let run = null; // the AbortController of the request in flight
-  let mode = params.get("mode") === "completion" ? "completion" : "chat";
-
-  const panes = { chat: chatPane({ onSubmit: start }), completion: completionPane() };
-  const sampling = samplingFields();
-  const stats = runStats();
-  const picker = modelPicker({ preselect: params.get("model"), signal: page.signal, onChange: modelChosen });
-  const errorBox = el("div", { class: "error-banner", role: "alert", id: "pg-error", hidden: true });
-  const noModels = el("p", { class: "notice", hidden: true }, "You have no trained models yet: ",
-    el("a", { href: "#/new" }, "start a training job"), " and come back once it has saved a checkpoint.");
-  const modeInputs = Object.entries(MODES).map(([value, label]) => el("label", { class: "pg-mode" },
-    el("input", { type: "radio", name: "pg-mode", value, checked: value === mode, onchange: () => setMode(value) }),
-    label));
-  const submit = el("button", { type: "submit", class: "primary", disabled: true });
-  const stop = el("button", { type: "button", class: "secondary", disabled: true, onclick: () => run && run.abort() },
-    "Stop");
-  const clear = el("button", { type: "button", class: "secondary", onclick: clearPane }, "Clear");
-
-  const form = el("form", { class: "card pg-main", "aria-label": "Playground" },
-    el("div", { class: "pg-top" },
-      el("div", { class: "field" }, el("label", { for: "pg-model" }, "Model or checkpoint"), picker.node),
-      el("fieldset", { class: "pg-modes" }, el("legend", {}, "Mode"), modeInputs)),
-    noModels,
-    panes.chat.node,
-    panes.completion.node,
-    errorBox,
-    el("div", { class: "actions" }, submit, stop, clear),
-    stats.node);
-  form.addEventListener("submit", (ev) => { ev.preventDefault(); start(); });
-  form.addEventListener("keydown", (ev) => {
-    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); start(); }
-  });
+  const playground = new Playground(params);
   root.append(
     el("div", { class: "page-head" }, el("div", {},
       el("h1", {}, "Playground"),
       el("p", { class: "muted small pg-intro" }, "Chat with one of your models or let it continue a prompt; the answer streams in."))),
-    el("div", { class: "playground" }, form, sampling.node));
+    el("div", { class: "playground" }, playground.form, playground.sampling.node));
   document.title = "Playground · fromscratch";
-  setMode(mode);
+  playground.setMode(playground.mode);
+  playground.loadModels();
+  return { destroy() { playground.destroy(); } };
+}
 
-  picker.load().then((count) => {
-    noModels.hidden = count > 0 || !!picker.node.value;
-  }, (e) => {
-    if (e.name !== "AbortError") showError(`Could not load your models: ${e.message}`);
-  });
+/** The playground's form, its state (the mode, the run in flight) and a run. */
+class Playground {
+  constructor(params) {
+    this.page = new AbortController();
+    this.run = null; // the AbortController of the request in flight
+    this.mode = params.get("mode") === "completion" ? "completion" : "chat";
+    this.panes = { chat: chatPane({ onSubmit: () => this.start() }), completion: completionPane() };
+    this.sampling = samplingFields();
+    this.stats = runStats();
+    this.picker = modelPicker({ preselect: params.get("model"), signal: this.page.signal,
+      onChange: () => this.modelChosen() });
+    this.errorBox = el("div", { class: "error-banner", role: "alert", id: "pg-error", hidden: true });
+    this.noModels = el("p", { class: "notice", hidden: true }, "You have no trained models yet: ",
+      el("a", { href: "#/new" }, "start a training job"), " and come back once it has saved a checkpoint.");
+    this.#createButtons();
+    this.form = this.#createForm();
+  }
+
+  #createButtons() {
+    this.modeInputs = Object.entries(MODES).map(([value, label]) => el("label", { class: "pg-mode" },
+      el("input", { type: "radio", name: "pg-mode", value, checked: value === this.mode,
+        onchange: () => this.setMode(value) }),
+      label));
+    this.submitButton = el("button", { type: "submit", class: "primary", disabled: true });
+    this.stopButton = el("button", { type: "button", class: "secondary", disabled: true,
+      onclick: () => this.run && this.run.abort() }, "Stop");
+    this.clearButton = el("button", { type: "button", class: "secondary", onclick: () => this.clearPane() }, "Clear");
+  }
+
+  #createForm() {
+    const form = el("form", { class: "card pg-main", "aria-label": "Playground" },
+      el("div", { class: "pg-top" },
+        el("div", { class: "field" }, el("label", { for: "pg-model" }, "Model or checkpoint"), this.picker.node),
+        el("fieldset", { class: "pg-modes" }, el("legend", {}, "Mode"), this.modeInputs)),
+      this.noModels,
+      this.panes.chat.node,
+      this.panes.completion.node,
+      this.errorBox,
+      el("div", { class: "actions" }, this.submitButton, this.stopButton, this.clearButton),
+      this.stats.node);
+    form.addEventListener("submit", (ev) => { ev.preventDefault(); this.start(); });
+    form.addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) { ev.preventDefault(); this.start(); }
+    });
+    return form;
+  }
+
+  loadModels() {
+    this.picker.load().then((count) => {
+      this.noModels.hidden = count > 0 || !!this.picker.node.value;
+    }, (e) => {
+      if (e.name !== "AbortError") this.showError(`Could not load your models: ${e.message}`);
+    });
+  }
 
   // -- state ------------------------------------------------------------------------------------
-  function setMode(value) {
-    mode = value;
-    for (const [name, pane] of Object.entries(panes)) pane.node.hidden = name !== mode;
-    submit.textContent = panes[mode].submitLabel;
-    clear.textContent = mode === "chat" ? "Clear conversation" : "Clear";
-    stats.clear(); // the last run's figures belong to the other pane
-    errorBox.hidden = true;
-    syncAddress();
+  setMode(value) {
+    this.mode = value;
+    for (const [name, pane] of Object.entries(this.panes)) pane.node.hidden = name !== this.mode;
+    this.submitButton.textContent = this.panes[this.mode].submitLabel;
+    this.clearButton.textContent = this.mode === "chat" ? "Clear conversation" : "Clear";
+    this.stats.clear(); // the last run's figures belong to the other pane
+    this.errorBox.hidden = true;
+    this.syncAddress();
   }
 
-  function modelChosen() {
-    picker.node.removeAttribute("aria-invalid");
-    setBusy(false);
-    syncAddress();
+  modelChosen() {
+    this.picker.node.removeAttribute("aria-invalid");
+    this.setBusy(false);
+    this.syncAddress();
   }
 
-  function syncAddress() {
+  syncAddress() {
     const q = new URLSearchParams();
-    if (picker.node.value) q.set("model", picker.node.value);
-    q.set("mode", mode);
+    if (this.picker.node.value) q.set("model", this.picker.node.value);
+    q.set("mode", this.mode);
     history.replaceState(history.state, "", `#/playground?${q}`);
   }
 
-  function setBusy(busy) {
-    form.setAttribute("aria-busy", String(busy));
-    submit.disabled = busy || !picker.node.value;
-    stop.disabled = !busy;
-    clear.disabled = busy;
-    picker.node.disabled = busy || !picker.node.value;
-    for (const label of modeInputs) label.firstChild.disabled = busy;
+  setBusy(busy) {
+    this.form.setAttribute("aria-busy", String(busy));
+    this.submitButton.disabled = busy || !this.picker.node.value;
+    this.stopButton.disabled = !busy;
+    this.clearButton.disabled = busy;
+    this.picker.node.disabled = busy || !this.picker.node.value;
+    for (const label of this.modeInputs) label.firstChild.disabled = busy;
   }
 
-  function showError(message) {
-    errorBox.textContent = message;
-    errorBox.hidden = false;
+  showError(message) {
+    this.errorBox.textContent = message;
+    this.errorBox.hidden = false;
   }
 
-  function clearPane() {
-    panes[mode].clear();
-    errorBox.hidden = true;
-    stats.clear();
-    panes[mode].focus();
+  clearPane() {
+    this.panes[this.mode].clear();
+    this.errorBox.hidden = true;
+    this.stats.clear();
+    this.panes[this.mode].focus();
   }
 
   // -- a run ------------------------------------------------------------------------------------
-  async function start() {
-    const model = picker.node.value;
-    if (run || !model) return;
-    const pane = panes[mode];
+  async start() {
+    const model = this.picker.node.value;
+    if (this.run || !model) return;
+    const pane = this.panes[this.mode];
     const part = pane.request();
     if (!part) return;
-    errorBox.hidden = true;
-    sampling.markInvalid(null);
-    const body = { model, ...part, ...sampling.values(), stream: true, stream_options: { include_usage: true } };
-    run = new AbortController();
-    setBusy(true);
+    this.errorBox.hidden = true;
+    this.sampling.markInvalid(null);
+    const body = { model, ...part, ...this.sampling.values(), stream: true, stream_options: { include_usage: true } };
+    this.run = new AbortController();
+    this.setBusy(true);
     const sink = pane.begin();
+    const stats = this.stats;
     stats.start();
     try {
       const result = await streamCompletion(pane.path, body, {
-        signal: run.signal,
+        signal: this.run.signal,
         onText(text) { sink.append(text); stats.chunk(); },
       });
       sink.end("done");
@@ -132,24 +153,22 @@ export function mountPlayground(root, { params }) {
       const stopped = e.name === "AbortError";
       sink.end(stopped ? "stopped" : "error");
       stats.finish(stopped ? "stopped" : "error");
-      if (!stopped) failed(e);
+      if (!stopped) this.failed(e);
     } finally {
-      run = null;
-      if (!page.signal.aborted) setBusy(false);
+      this.run = null;
+      if (!this.page.signal.aborted) this.setBusy(false);
     }
   }
 
   /** The API's message, and the control it names marked (error.param). */
-  function failed(e) {
-    showError(e.code ? `${e.message} (${e.code})` : e.message);
-    if (e.param === "model") picker.node.setAttribute("aria-invalid", "true");
-    else sampling.markInvalid(e.param);
+  failed(e) {
+    this.showError(e.code ? `${e.message} (${e.code})` : e.message);
+    if (e.param === "model") this.picker.node.setAttribute("aria-invalid", "true");
+    else this.sampling.markInvalid(e.param);
   }
 
-  return {
-    destroy() {
-      page.abort();
-      if (run) run.abort();
-    },
-  };
+  destroy() {
+    this.page.abort();
+    if (this.run) this.run.abort();
+  }
 }

@@ -1,33 +1,48 @@
-// The "Download" card: one button per export format, with progress while the file arrives.
+// The "Download" card: one button per download format the API serves (served.js), with progress
+// while the file arrives.
 
 import { downloadModel } from "../../api.js";
-import { el, fmtBytes, progressBar, setProgress } from "../../util.js";
+import { loadExportFormats } from "../../served.js";
+import { clear, el, fmtBytes, progressBar, setProgress } from "../../util.js";
 import { fillModelSelect, modelSelect } from "./models.js";
 
-const FORMATS = [
-  ["gguf", "GGUF (llama.cpp)"],
-  ["hf", "Hugging Face"],
-  ["onnx", "ONNX"],
-  ["checkpoint", "Checkpoint"],
-];
+/**
+ * Fill `row` with one disabled button per served format; a click calls onClick(format, extension).
+ * Resolves to the buttons (none when the formats could not be read: `row` says why).
+ */
+async function formatButtons(row, onClick) {
+  let served;
+  try {
+    served = await loadExportFormats();
+  } catch (e) {
+    clear(row, el("span", { class: "small", role: "alert" }, `Could not read the download formats: ${e.message}`));
+    return [];
+  }
+  const buttons = served.formats.map((f) => el("button", {
+    type: "button", class: "secondary", id: `dl-${f.name}`, disabled: true, title: f.description,
+    onclick: () => onClick(f.name, f.extension),
+  }, f.title));
+  clear(row, buttons);
+  return buttons;
+}
 
 export function downloadCard({ signal }) {
   const model = modelSelect("dl-model");
-  const buttons = FORMATS.map(([fmt, label]) =>
-    el("button", { type: "button", class: "secondary", id: `dl-${fmt}`, disabled: true, dataset: { format: fmt } }, label));
+  let buttons = []; // filled once the served formats arrive
+  const row = el("div", { class: "actions wrap" });
   const bar = progressBar(0, 1, "Download progress");
   const text = el("span", { class: "small", role: "status", id: "dl-status" });
   const progress = el("div", { class: "upload-progress", id: "dl-progress", hidden: true }, bar, text);
   const node = el("section", { class: "card", "aria-labelledby": "dl-h" },
     el("h2", { id: "dl-h" }, "Download"),
     el("div", { class: "field" }, el("label", { for: "dl-model" }, "Model or checkpoint"), model),
-    el("div", { class: "actions wrap" }, buttons), progress,
+    row, progress,
     el("p", { class: "help" }, "A format the job did not export as it finished is prepared by a worker on its first download (the button waits for it)."));
 
   let available = 0; // how many models the picker offers
   const enable = () => { for (const b of buttons) b.disabled = !available; };
 
-  async function download(fmt) {
+  async function download(fmt, extension) {
     if (!model.value) return;
     for (const b of buttons) b.disabled = true;
     progress.hidden = false;
@@ -37,6 +52,7 @@ export function downloadCard({ signal }) {
     try {
       const { name, size } = await downloadModel(model.value, fmt, {
         signal,
+        extension,
         onPreparing: (seconds) => { // a worker is making the export (202): the wait, then the file
           progress.dataset.state = "preparing";
           text.textContent = `Preparing ${fmt}… ${seconds}s`;
@@ -59,7 +75,7 @@ export function downloadCard({ signal }) {
       enable();
     }
   }
-  for (const b of buttons) b.addEventListener("click", () => download(b.dataset.format));
+  formatButtons(row, download).then((made) => { buttons = made; enable(); });
 
   return {
     node,

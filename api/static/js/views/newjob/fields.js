@@ -50,61 +50,65 @@ const same = (a, b) => (Array.isArray(a) && Array.isArray(b)
   ? a.length === b.length && a.every((x) => b.includes(x))
   : a === b);
 
+/** A field: its label, its control, its help (a tooltip and the control's description) and its
+ *  error slot. */
+function fieldNode(f, input, errors) {
+  // the help text as a tooltip and as the control's description; a long placeholder may be cut off
+  const text = [f.help, f.nullMeans && `Left empty: ${f.nullMeans}.`].filter(Boolean).join("\n");
+  const help = el("span", { id: `help-${f.name}`, hidden: true }, text);
+  const check = f.kind === "bool" && !f.tristate;
+  const wrap = el("div", { class: check ? "field field-check" : "field", title: text || null,
+    dataset: { field: f.name, kind: f.kind } });
+  if (check) wrap.append(input, el("label", { for: input.id }, f.label));
+  else if (f.kind === "list") {
+    wrap.append(el("span", { class: "label", id: `label-${f.name}` }, f.label,
+      el("span", { class: "param-name" }, f.name)), input);
+  } else wrap.append(el("label", { for: input.id }, f.label, el("span", { class: "param-name" }, f.name)), input);
+  wrap.append(help, errors.slot(f.name, input));
+  return wrap;
+}
+
+/** Show the default d in the field's control; an empty default shows what it means. */
+function showDefault(f, input, d) {
+  if (f.tristate) input.value = shown(d);
+  else if (f.kind === "bool") input.checked = !!d;
+  else if (f.kind === "list") {
+    for (const box of input.querySelectorAll("input")) box.checked = (d || []).includes(box.value);
+  } else if (f.kind === "choice") input.value = shown(d);
+  else {
+    input.value = shown(d);
+    input.placeholder = d === null || d === undefined ? f.nullMeans || "default" : "";
+  }
+  input.dataset.default = shown(d);
+}
+
 /** schema: the served JSON Schema; errors: FieldErrors. */
 export function hyperparameterFields({ schema, errors }) {
   const fields = schemaFields(schema);
   const inputs = new Map(); // name -> control
   let preset = defaultPreset(schema);
-
-  function fieldNode(f) {
-    const input = control(f);
-    inputs.set(f.name, input);
-    // the help text as a tooltip and as the control's description; a long placeholder may be cut off
-    const text = [f.help, f.nullMeans && `Left empty: ${f.nullMeans}.`].filter(Boolean).join("\n");
-    const help = el("span", { id: `help-${f.name}`, hidden: true }, text);
-    const check = f.kind === "bool" && !f.tristate;
-    const wrap = el("div", { class: check ? "field field-check" : "field", title: text || null,
-      dataset: { field: f.name, kind: f.kind } });
-    if (check) wrap.append(input, el("label", { for: input.id }, f.label));
-    else if (f.kind === "list") {
-      wrap.append(el("span", { class: "label", id: `label-${f.name}` }, f.label,
-        el("span", { class: "param-name" }, f.name)), input);
-    } else wrap.append(el("label", { for: input.id }, f.label, el("span", { class: "param-name" }, f.name)), input);
-    wrap.append(help, errors.slot(f.name, input));
-    return wrap;
-  }
-
-  /** Show the field's default (for the current preset); an empty default shows what it means. */
-  function showDefault(f) {
-    const input = inputs.get(f.name);
-    const d = defaultValue(schema, f, preset);
-    if (f.tristate) input.value = shown(d);
-    else if (f.kind === "bool") input.checked = !!d;
-    else if (f.kind === "list") {
-      for (const box of input.querySelectorAll("input")) box.checked = (d || []).includes(box.value);
-    } else if (f.kind === "choice") input.value = shown(d);
-    else {
-      input.value = shown(d);
-      input.placeholder = d === null || d === undefined ? f.nullMeans || "default" : "";
-    }
-    input.dataset.default = shown(d);
-  }
+  const defaultOf = (f) => defaultValue(schema, f, preset);
+  const showPresetDefault = (f) => showDefault(f, inputs.get(f.name), defaultOf(f));
 
   const untouched = (f) => {
     const input = inputs.get(f.name);
-    if (f.kind === "list") return same(parse(f, input), defaultValue(schema, f, preset) || []);
+    if (f.kind === "list") return same(parse(f, input), defaultOf(f) || []);
     if (f.kind === "bool" && !f.tristate) return input.checked === (input.dataset.default === "true");
     return input.value === input.dataset.default;
   };
 
-  const nodes = (pick) => fields.filter(pick).map(fieldNode);
+  const nodes = (pick) => fields.filter(pick).map((f) => {
+    const input = control(f);
+    inputs.set(f.name, input);
+    return fieldNode(f, input, errors);
+  });
   const architecture = el("fieldset", { class: "grid", id: "hp-architecture" },
     el("legend", {}, "Architecture (from the preset)"), nodes((f) => f.architecture && !f.advanced));
   const training = el("fieldset", { class: "grid", id: "hp-training" },
     el("legend", {}, "Training"), nodes((f) => !f.architecture && !f.advanced));
   const advanced = el("details", { class: "advanced", id: "hp-advanced" },
     el("summary", {}, "Advanced hyperparameters"), el("div", { class: "grid" }, nodes((f) => f.advanced)));
-  fields.forEach(showDefault);
+  fields.forEach(showPresetDefault);
 
   return {
     architecture,
@@ -114,14 +118,14 @@ export function hyperparameterFields({ schema, errors }) {
     setPreset(name) {
       const follow = fields.filter((f) => f.architecture && untouched(f));
       preset = name;
-      follow.forEach(showDefault);
+      follow.forEach(showPresetDefault);
     },
     /** {name: value} of the fields whose value differs from the default a job would get. */
     changed() {
       const out = {};
       for (const f of fields) {
         const value = parse(f, inputs.get(f.name));
-        if (value === null || same(value, defaultValue(schema, f, preset) ?? null)) continue;
+        if (value === null || same(value, defaultOf(f) ?? null)) continue;
         out[f.name] = value;
       }
       return out;

@@ -10,6 +10,19 @@ const labelled = (id, text, name) => el("label", { for: id }, text, el("span", {
 
 /** errors: FieldErrors; signal aborts uploads and listings when the page goes away. */
 export function dataFieldset({ errors, signal }) {
+  const parts = dataNodes(errors);
+  const load = fileLister(parts, { errors, signal });
+  parts.upload.addEventListener("change", () => uploadChosenFile(parts, { errors, signal, load }));
+  return {
+    node: parts.node,
+    load,
+    trainingFile: () => parts.trainingFile.value,
+    validationFile: () => parts.validationFile.value,
+  };
+}
+
+/** The fieldset: the upload box with its progress, and the two file selects. */
+function dataNodes(errors) {
   const trainingFile = el("select", { id: "training_file", name: "training_file", "aria-describedby": "err-training_file" },
     el("option", { value: "" }, "— choose an uploaded file —"));
   const validationFile = el("select", { id: "validation_file", name: "validation_file", "aria-describedby": "err-validation_file" },
@@ -26,12 +39,15 @@ export function dataFieldset({ errors, signal }) {
       trainingFile, errors.slot("training_file", trainingFile)),
     el("div", { class: "field" }, labelled("validation_file", "Validation file", "validation_file"),
       validationFile, errors.slot("validation_file", validationFile)));
+  return { node, trainingFile, validationFile, upload, bar, text, progress };
+}
 
-  /** Fill both selects with the uploaded files, newest first; then select `selectId` if given.
-   *  Listings can overlap (the one on mount, the one after an upload): only the newest one asked
-   *  for is applied, so a slow older answer never puts back a list without the new file. */
+/** load(selectId): fill both selects with the uploaded files, newest first; then select
+ *  `selectId` if given. Listings can overlap (the one on mount, the one after an upload): only the
+ *  newest one asked for is applied, so a slow older answer never puts back a list without the new file. */
+function fileLister({ trainingFile, validationFile }, { errors, signal }) {
   let listing = 0;
-  async function load(selectId) {
+  return async function load(selectId) {
     const mine = ++listing;
     try {
       const page = await api("/files", { signal });
@@ -50,46 +66,40 @@ export function dataFieldset({ errors, signal }) {
     } catch (e) {
       if (e.name !== "AbortError") errors.show("training_file", `Could not list files: ${e.message}`);
     }
-  }
-
-  upload.addEventListener("change", async () => {
-    const file = upload.files && upload.files[0];
-    if (!file) return;
-    errors.set("training_file", "");
-    progress.hidden = false;
-    progress.classList.remove("done");
-    setProgress(bar, 0, file.size);
-    text.textContent = `Uploading ${file.name}: 0 of ${fmtBytes(file.size)}`;
-    try {
-      const obj = await uploadFile(file, {
-        signal,
-        onProgress: (loaded, total) => {
-          setProgress(bar, loaded, total);
-          text.textContent = `Uploading ${file.name}: ${fmtBytes(loaded)} of ${fmtBytes(total)}`;
-        },
-      });
-      setProgress(bar, 1, 1);
-      await load(obj.id);
-      if (![...trainingFile.options].some((o) => o.value === obj.id)) {  // the listing failed
-        trainingFile.append(el("option", { value: obj.id }, `${obj.filename || file.name} (${obj.id})`));
-      }
-      trainingFile.value = obj.id;
-      // said once the file is selected: "Uploaded" means the form is ready to start with it
-      progress.classList.add("done");
-      text.textContent = `Uploaded ${obj.filename || file.name} (${fmtBytes(obj.bytes)}) as ${obj.id}`;
-    } catch (e) {
-      if (e.name === "AbortError") return;
-      text.textContent = "Upload failed.";
-      errors.show("training_file", e.message);
-    } finally {
-      upload.value = "";
-    }
-  });
-
-  return {
-    node,
-    load,
-    trainingFile: () => trainingFile.value,
-    validationFile: () => validationFile.value,
   };
+}
+
+/** Upload the file chosen in the upload box, showing its progress, then select it. */
+async function uploadChosenFile({ upload, trainingFile, bar, text, progress }, { errors, signal, load }) {
+  const file = upload.files && upload.files[0];
+  if (!file) return;
+  errors.set("training_file", "");
+  progress.hidden = false;
+  progress.classList.remove("done");
+  setProgress(bar, 0, file.size);
+  text.textContent = `Uploading ${file.name}: 0 of ${fmtBytes(file.size)}`;
+  try {
+    const obj = await uploadFile(file, {
+      signal,
+      onProgress: (loaded, total) => {
+        setProgress(bar, loaded, total);
+        text.textContent = `Uploading ${file.name}: ${fmtBytes(loaded)} of ${fmtBytes(total)}`;
+      },
+    });
+    setProgress(bar, 1, 1);
+    await load(obj.id);
+    if (![...trainingFile.options].some((o) => o.value === obj.id)) {  // the listing failed
+      trainingFile.append(el("option", { value: obj.id }, `${obj.filename || file.name} (${obj.id})`));
+    }
+    trainingFile.value = obj.id;
+    // said once the file is selected: "Uploaded" means the form is ready to start with it
+    progress.classList.add("done");
+    text.textContent = `Uploaded ${obj.filename || file.name} (${fmtBytes(obj.bytes)}) as ${obj.id}`;
+  } catch (e) {
+    if (e.name === "AbortError") return;
+    text.textContent = "Upload failed.";
+    errors.show("training_file", e.message);
+  } finally {
+    upload.value = "";
+  }
 }

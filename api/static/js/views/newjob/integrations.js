@@ -21,29 +21,46 @@ const SERVICES = [
 
 const slotName = (type, field) => `integrations.${type}.${field}`;
 
+/** One service's fieldset: its fields, enabled by ticking the service in the legend. */
+function serviceFieldset(service, errors) {
+  const on = el("input", { type: "checkbox", id: `int-${service.type}` });
+  const inputs = new Map();
+  const fields = service.fields.map((f) => {
+    const name = slotName(service.type, f.name);
+    const input = el("input", { type: "text", id: `int-${service.type}-${f.name}`, name, placeholder: f.hint,
+      autocomplete: "off", spellcheck: "false", "aria-describedby": `err-${name}` });
+    inputs.set(f.name, input);
+    return el("div", { class: "field", dataset: { integration: service.type, param: f.name } },
+      el("label", { for: input.id }, f.label, el("span", { class: "param-name" }, f.name)),
+      input, errors.slot(name, input));
+  });
+  const set = el("fieldset", { class: "grid integration", id: `int-${service.type}-fields`, disabled: true },
+    el("legend", {}, el("label", { class: "toggle", for: on.id }, on, ` ${service.title}`)), fields);
+  on.addEventListener("change", () => {
+    set.disabled = !on.checked;
+    if (on.checked) inputs.values().next().value.focus();
+  });
+  return { service, on, inputs, node: set };
+}
+
+/** A ticked service's settings: the fields filled in (a list field split at commas). */
+function serviceSettings({ service, inputs }) {
+  const settings = {};
+  for (const f of service.fields) {
+    const text = inputs.get(f.name).value.trim();
+    if (!text) continue;
+    if (f.list) {
+      const items = text.split(",").map((t) => t.trim()).filter(Boolean);
+      if (items.length) settings[f.name] = items;
+    } else settings[f.name] = text;
+  }
+  return settings;
+}
+
 /** errors: FieldErrors. */
 export function integrationsSection({ errors }) {
   const summary = el("summary", {}, "Integrations (Weights & Biases, MLflow)");
-  const services = SERVICES.map((service) => {
-    const on = el("input", { type: "checkbox", id: `int-${service.type}` });
-    const inputs = new Map();
-    const fields = service.fields.map((f) => {
-      const name = slotName(service.type, f.name);
-      const input = el("input", { type: "text", id: `int-${service.type}-${f.name}`, name, placeholder: f.hint,
-        autocomplete: "off", spellcheck: "false", "aria-describedby": `err-${name}` });
-      inputs.set(f.name, input);
-      return el("div", { class: "field", dataset: { integration: service.type, param: f.name } },
-        el("label", { for: input.id }, f.label, el("span", { class: "param-name" }, f.name)),
-        input, errors.slot(name, input));
-    });
-    const set = el("fieldset", { class: "grid integration", id: `int-${service.type}-fields`, disabled: true },
-      el("legend", {}, el("label", { class: "toggle", for: on.id }, on, ` ${service.title}`)), fields);
-    on.addEventListener("change", () => {
-      set.disabled = !on.checked;
-      if (on.checked) inputs.values().next().value.focus();
-    });
-    return { service, on, inputs, node: set };
-  });
+  const services = SERVICES.map((service) => serviceFieldset(service, errors));
   const node = el("details", { class: "advanced", id: "integrations" }, summary,
     el("p", { class: "help" }, "Log the job's metrics to these services as it trains."),
     services.map((s) => s.node), errors.slot("integrations", summary));
@@ -54,20 +71,8 @@ export function integrationsSection({ errors }) {
     node,
     /** The `integrations` list for the request, or null when none is ticked. */
     body() {
-      const out = [];
-      for (const { service, on, inputs } of services) {
-        if (!on.checked) continue;
-        const settings = {};
-        for (const f of service.fields) {
-          const text = inputs.get(f.name).value.trim();
-          if (!text) continue;
-          if (f.list) {
-            const items = text.split(",").map((t) => t.trim()).filter(Boolean);
-            if (items.length) settings[f.name] = items;
-          } else settings[f.name] = text;
-        }
-        out.push({ type: service.type, [service.type]: settings });
-      }
+      const out = services.filter((s) => s.on.checked)
+        .map((s) => ({ type: s.service.type, [s.service.type]: serviceSettings(s) }));
       sent = out.map((i) => i.type);
       return out.length ? out : null;
     },

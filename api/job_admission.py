@@ -1,0 +1,156 @@
+"""Admission of a new job: every check a create request must pass before anything is written.
+
+`admit_job` turns a request whose types api.request_models has checked into an unsaved Job row, or
+raises a 400 naming the field (`error.param`): the files (the caller's, purpose fine-tune), the
+base model (a preset or a model the caller trained, with a checkpoint), the hyperparameters
+resolved into the trainer's configs and checked against the data, the limits of the service
+(api.job_limits: memory, steps, tokens, checkpoints, devices), and the experiment trackers' hosts.
+The quota and the insert come after it (api.job_insert).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from sqlalchemy.orm import Session
+
+from api.errors import APIError
+from api.hyperparams import HyperparameterError, Resolved, check_context, resolve
+from api.integration_models import disallowed_tracker
+from api.job_limits import JobTooLarge, check_job_limits
+from api.queries import ModelRef, find_model, live_files
+from api.request_models import MAX_SEED, JobCreate
+from core.device_queues import job_queue
+from core.models import File, Job
+from core.settings import Settings
+from core.status import JobStatus
+from trainer.config import PRESETS
+
+
+def _bad(message: str, param: str, code: str = "invalid_request") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def _owned_training_file(session: Session, owner_id: str, file_id: str, param: str) -> File:
+    f = session.scalar(live_files(owner_id).where(File.id == file_id))
+    if f is None:
+        raise _bad(
+            f"{param}: no such file {file_id!r} (upload it with POST /v1/files)", param, "file_not_found"
+        )
+    if f.purpose != "fine-tune":
+        raise _bad(f"{param}: file {file_id} has purpose {f.purpose!r}, not 'fine-tune'", param)
+    return f
+
+
+def _base_model(session: Session, owner_id: str, model: str) -> ModelRef | None:
+    """None for a preset; else the caller's model this job continues from (400 if there is none)."""
+    if model in PRESETS:
+        return None
+    parent = find_model(session, owner_id, model)
+    if parent is None:
+        raise _bad(
+            f"Unknown model {model!r}: use a preset ({', '.join(PRESETS)}) or the id of a model you "
+            "trained (GET /v1/models)",
+            "model",
+            "model_not_found",
+        )
+    if parent.checkpoint is None:
+        raise _bad(f"model {model!r} has no stored checkpoint to continue from", "model")
+    return parent
+
+
+def _resolve(
+    body: JobCreate, parent: ModelRef | None, seed: int, train_file: File, val_file: File | None
+) -> Resolved:
+    """The trainer configs of the request, checked against the data's size (400 naming the field)."""
+    hyperparameters = body.requested_hyperparameters()
+    try:
+        if parent is not None:
+            resolved = resolve(
+                hyperparameters,
+                parent_model_config=parent.job.model_config,
+                parent_train_config=parent.job.train_config,
+                seed=seed,
+            )
+        else:
+            resolved = resolve(hyperparameters, preset=body.model, seed=seed)
+        check_context(
+            resolved.model_config,
+            resolved.train_config,
+            train_file.bytes,
+            val_file is not None,
+            val_file.bytes if val_file is not None else None,
+        )
+    except HyperparameterError as e:
+        raise _bad(e.message, e.param, "invalid_hyperparameter") from e
+    return resolved
+
+
+def _check_limits(
+    body: JobCreate,
+    resolved: Resolved,
+    queue: str,
+    train_file: File,
+    has_validation_file: bool,
+    continuing: bool,
+    settings: Settings,
+) -> None:
+    """400 `job_too_large` naming the field to lower when the job exceeds a limit of the service."""
+    try:
+        check_job_limits(
+            resolved.model_config,
+            resolved.train_config,
+            queue=queue,
+            training_bytes=train_file.bytes,
+            has_validation_file=has_validation_file,
+            given=set(body.requested_hyperparameters() or {}),
+            continuing=continuing,
+            settings=settings,
+        )
+    except JobTooLarge as e:
+        raise _bad(e.message, e.param, JobTooLarge.code) from e
+
+
+def _queue_for(device: str, default: str) -> str:
+    if device == "cuda":
+        return "gpu"
+    if device == "cpu":
+        return "cpu"
+    return default
+
+
+def admit_job(session: Session, owner_id: str, body: JobCreate, settings: Settings) -> Job:
+    """The job row for a request whose types the model has checked; here what needs the database
+    and the limits of settings (api.job_limits: memory, steps, tokens, checkpoints kept)."""
+    train_file = _owned_training_file(session, owner_id, body.training_file, "training_file")
+    val_file = None
+    if body.validation_file is not None:
+        val_file = _owned_training_file(session, owner_id, body.validation_file, "validation_file")
+    parent = _base_model(session, owner_id, body.model)
+    seed = body.seed if body.seed is not None else secrets.randbelow(MAX_SEED)
+    resolved = _resolve(body, parent, seed, train_file, val_file)
+    queue = _queue_for(resolved.train_config.device, settings.default_queue)
+    _check_limits(body, resolved, queue, train_file, val_file is not None, parent is not None, settings)
+    if (param := disallowed_tracker(body.integrations, settings.tracker_hosts)) is not None:
+        raise _bad(
+            f"{param}: this host is not one the service may send runs to (allowed_tracker_hosts="
+            f"{settings.allowed_tracker_hosts!r})",
+            param,
+            "tracker_host_not_allowed",
+        )
+    return Job(
+        owner_id=owner_id,
+        model=body.model,
+        base_model_id=parent.id if parent else None,
+        training_file=train_file.id,
+        validation_file=val_file.id if val_file else None,
+        status=JobStatus.VALIDATING_FILES,
+        hyperparameters=resolved.hyperparameters,
+        model_config=resolved.model_config.to_dict(),
+        train_config=resolved.train_config.to_dict(),
+        seed=seed,
+        suffix=body.suffix,
+        user_metadata=body.metadata,
+        integrations=[i.stored() for i in body.integrations] if body.integrations else None,
+        queue=job_queue(queue, resolved.train_config.devices),  # `gpu.4` for 4 devices (core/device_queues)
+    )

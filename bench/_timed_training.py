@@ -1,0 +1,258 @@
+"""One timed training run for bench/trainer_throughput.py: real steps of `trainer.run.loop.train`,
+each timed and given the fp32 and bf16 matmul peaks measured right beside it (`PeakMeter`), and the
+run's peak memory.
+
+`clock` times steps and peaks alike: wall clock by default; `use_thread_clock()` switches to the
+CPU time of the one training thread (torch at 1 thread), which does not count time the OS gave to
+other processes and so keeps ratios steady on a shared machine (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import gc
+import os
+import re
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from trainer.config import ModelConfig, TrainConfig
+from trainer.config.metrics import StepMetrics
+from trainer.data.prepare import TokenData
+from trainer.data.tokenizers import ByteTokenizer
+from trainer.model import cpu_kernels
+from trainer.run.loop import Callbacks, train
+from trainer.run.state import StartInfo
+
+Precision = Literal["fp32", "bf16"]
+DTYPE_NAME: dict[str, Literal["float32", "bfloat16"]] = {"fp32": "float32", "bf16": "bfloat16"}
+TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# "wall" (perf_counter) is what a user sees; "thread" is steady on a busy machine (see above)
+clock: Callable[[], float] = time.perf_counter
+
+
+def use_thread_clock() -> None:
+    global clock
+    clock = time.thread_time
+
+
+def clock_name() -> str:
+    return "thread CPU time" if clock is time.thread_time else "wall clock"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str  # configuration label
+    model: ModelConfig
+    batch_size: int
+    precision: Precision
+    compile: bool = False
+    kernels: bool = True  # the fused C kernels of trainer.model.cpu_kernels where a run can use them
+
+    @property
+    def label(self) -> tuple[str, str, str, str]:
+        return self.name, self.precision, "on" if self.compile else "off", "C" if self.kernels else "torch"
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.model.ctx
+
+
+# ---------------------------------------------------------------- memory
+_LIBC: Any = None
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        m = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def reset_rss_peak() -> int | None:
+    """Give freed heap back to the OS, reset the kernel's peak-RSS mark (VmHWM) to the current RSS,
+    and return that RSS in KiB (None where /proc is unavailable)."""
+    global _LIBC
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        _LIBC = _LIBC or ctypes.CDLL("libc.so.6")
+        _LIBC.malloc_trim(0)
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return None
+    return _status_kib("VmRSS")
+
+
+# ---------------------------------------------------------------- matmul peak
+class PeakMeter:
+    """Square-matmul FLOP/s in fp32 and bf16, at the size that does best here (chosen once among a
+    few sizes like the model's matmuls), measured in short bursts between training steps."""
+
+    def __init__(self, device: torch.device, sizes: tuple[int, ...], seconds: float):
+        self.device, self.seconds = device, seconds
+        self.history: dict[str, list[float]] = {"fp32": [], "bf16": []}
+        self.size: dict[str, int] = {}
+        self._mats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for prec in ("fp32", "bf16"):
+            trials: dict[int, list[float]] = {n: [] for n in sizes}
+            for _ in range(3):  # interleaved, so a burst of load elsewhere hits every size alike
+                for n in sizes:
+                    trials[n].append(self._flops(self._make(prec, n), seconds))
+            self.size[prec] = max(sizes, key=lambda n: statistics.median(trials[n]))
+            self._mats[prec] = self._make(prec, self.size[prec])
+
+    def _make(self, prec: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = TORCH_DTYPE[prec]
+        return (
+            torch.randn(n, n, device=self.device).to(dtype),
+            torch.randn(n, n, device=self.device).to(dtype),
+        )
+
+    def _flops(self, mats: tuple[torch.Tensor, torch.Tensor], seconds: float) -> float:
+        a, b = mats
+        n = a.shape[0]
+        cuda = self.device.type == "cuda"
+        a @ b  # warm (kernel selection, caches)
+        if cuda:
+            torch.cuda.synchronize()
+        iters, batch, t0 = 0, 1, clock()
+        while True:
+            for _ in range(batch):
+                a @ b
+            if cuda:
+                torch.cuda.synchronize()
+            iters += batch
+            elapsed = clock() - t0
+            if elapsed >= seconds:
+                return 2 * n**3 * iters / elapsed
+            if cuda:
+                batch = min(batch * 2, 64)
+
+    def __call__(self) -> dict[str, float]:
+        out = {}
+        for prec, mats in self._mats.items():
+            out[prec] = self._flops(mats, self.seconds)
+            self.history[prec].append(out[prec])
+        return out
+
+
+# ---------------------------------------------------------------- one timed training run
+class StepTimer(Callbacks):
+    """Times each step (from the end of the previous on_step to this one: the loop's own per-step
+    work included) and, between steps, measures the fp32 and bf16 matmul peaks, so every step has
+    a peak measured right beside it (the mean of the measurements before and after it)."""
+
+    def __init__(
+        self,
+        warmup: int,
+        min_steps: int,
+        seconds: float,
+        device: torch.device,
+        peak: Callable[[], dict[str, float]] | None = None,
+    ):
+        self.warmup, self.min_steps, self.seconds, self.device = warmup, min_steps, seconds, device
+        self.peak = peak
+        self.durations: list[float] = []
+        self.peaks: list[dict[str, float]] = []  # peaks[i] measured after step i
+        self.losses: list[float] = []
+        self.peak_kib: int | None = None
+        self._start: float | None = None
+
+    def on_start(self, info: StartInfo) -> None:
+        self._start = clock()
+
+    def on_step(self, metrics: StepMetrics) -> None:
+        now = clock()  # after loss.item(): the step is done on the device
+        assert self._start is not None
+        self.durations.append(now - self._start)
+        self.losses.append(metrics.train_loss)
+        if len(self.durations) >= self.warmup and self.peak is not None:
+            self.peaks.append(self.peak())
+        else:
+            self.peaks.append({})
+        self._start = clock()
+
+    def timed(self) -> list[tuple[float, dict[str, float]]]:
+        """(duration, peak beside it) of each step after the warmup."""
+        out = []
+        for i in range(self.warmup, len(self.durations)):
+            before, after = self.peaks[i - 1], self.peaks[i]
+            peak = {k: (before[k] + after[k]) / 2 for k in before} if before and after else {}
+            out.append((self.durations[i], peak))
+        return out
+
+    def should_stop(self) -> Literal["stop", "pause"] | None:
+        timed = self.timed()
+        if len(timed) >= self.min_steps and sum(d for d, _ in timed) >= self.seconds:
+            # peak memory of the training steps, read before the stop checkpoint is written
+            if self.device.type == "cuda":
+                self.peak_kib = torch.cuda.max_memory_allocated(self.device) // 1024
+            else:
+                self.peak_kib = _status_kib("VmHWM")
+            return "stop"
+        return None
+
+
+@dataclasses.dataclass
+class RunResult:
+    steps: list[tuple[float, dict[str, float]]]  # (seconds, {"fp32": FLOP/s, "bf16": FLOP/s})
+    mem_mib: float | None
+    losses: list[float]
+
+
+def run_training(
+    v: Variant,
+    data: TokenData,
+    device: torch.device,
+    warmup: int,
+    min_steps: int,
+    seconds: float,
+    threads: int | None,
+    peak: Callable[[], dict[str, float]],
+) -> RunResult:
+    cfg = TrainConfig(
+        max_steps=10**6,
+        batch_size=v.batch_size,
+        learning_rate=1e-3,
+        warmup_steps=10,
+        eval_every=0,
+        checkpoint_every=0,
+        keep_checkpoints=1,
+        device=device.type,  # type: ignore[arg-type]
+        dtype=DTYPE_NAME[v.precision],
+        compile=v.compile,
+        log_every=1,
+    )
+    timer = StepTimer(max(1, warmup), min_steps, seconds, device, peak)
+    out = Path(tempfile.mkdtemp(prefix="fs-bench-"))
+    try:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            base_kib: int | None = 0
+        else:
+            base_kib = reset_rss_peak()
+        if threads:
+            torch.set_num_threads(threads)
+        os.environ[cpu_kernels.DISABLE_ENV] = "1" if v.kernels else "0"
+        cpu_kernels._load.cache_clear()  # reads the switch anew
+        train(v.model, cfg, data, out, timer, tokenizer=ByteTokenizer())
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+        if v.compile:
+            torch._dynamo.reset()
+    mem = None
+    if timer.peak_kib is not None and base_kib is not None:
+        mem = (timer.peak_kib - base_kib) / 1024
+    return RunResult(timer.timed(), mem, timer.losses)
