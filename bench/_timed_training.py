@@ -30,7 +30,8 @@ from trainer.config.metrics import StepMetrics
 from trainer.data.prepare import TokenData
 from trainer.data.tokenizers import ByteTokenizer
 from trainer.model import cpu_kernels
-from trainer.run.loop import Callbacks, train
+from trainer.run.loop import train
+from trainer.run.report import Callbacks
 from trainer.run.state import StartInfo
 
 Precision = Literal["fp32", "bf16"]

@@ -127,7 +127,8 @@ def model_startup(batch_size: int, threads: int | None) -> float:
     from trainer.config.metrics import StepMetrics
     from trainer.data.prepare import prepare_data
     from trainer.data.tokenizers import ByteTokenizer
-    from trainer.run.loop import Callbacks, train
+    from trainer.run.loop import train
+    from trainer.run.report import Callbacks
 
     if threads:
         torch.set_num_threads(threads)

@@ -162,7 +162,7 @@ def _train_reporting_errors(
     """_train, with a bad input reported as a usage error naming the option; None when the run
     diverged (said on stderr)."""
     from trainer.data.formats import DataError
-    from trainer.run.loop import TrainingDiverged
+    from trainer.run.report import TrainingDiverged
 
     parser: argparse.ArgumentParser = args._parser
     try:

@@ -41,7 +41,7 @@ from trainer.config.metrics import (
     StepMetrics,
     values,
 )
-from trainer.run.loop import Callbacks
+from trainer.run.report import Callbacks
 from worker.checkpoint_store import store_checkpoint
 from worker.db_retry import DbRetry
 from worker.lease import LeaseLost

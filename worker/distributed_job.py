@@ -15,7 +15,8 @@ from pathlib import Path
 from trainer.config import TrainConfig
 from trainer.distributed.callback_relay import CallbackRelay
 from trainer.distributed.launch import launch_train
-from trainer.run.loop import Callbacks, TrainResult
+from trainer.run.loop import TrainResult
+from trainer.run.report import Callbacks
 from worker.job_inputs import TrainingInputs
 
 

@@ -21,7 +21,7 @@ class JobFailure(Exception):
 
 def classify_exception(exc: BaseException) -> JobFailure:
     """Map an exception from data preparation or training to the job's error."""
-    from trainer.run.loop import TrainingDiverged
+    from trainer.run.report import TrainingDiverged
 
     if isinstance(exc, TrainingDiverged):
         return JobFailure("training_diverged", str(exc))

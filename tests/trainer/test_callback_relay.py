@@ -21,7 +21,7 @@ from trainer.config import ModelConfig
 from trainer.config.metrics import StepMetrics
 from trainer.distributed.callback_relay import CallbackRelay, RelayedCallbackError
 from trainer.distributed.launch import RankLost, launch_train
-from trainer.run.loop import Callbacks
+from trainer.run.report import Callbacks
 from trainer.run.state import StartInfo
 
 

@@ -23,7 +23,8 @@ from trainer.config import ModelConfig, TrainConfig
 from trainer.export import export
 from trainer.model.llama import Llama
 from trainer.optim.optimizers import make_optimizer
-from trainer.run.loop import Callbacks, train
+from trainer.run.loop import train
+from trainer.run.report import Callbacks
 from trainer.run.state import StartInfo
 
 pytestmark = pytest.mark.cuda(devices=1)

@@ -20,7 +20,8 @@ from tests.trainer.conftest import SHAKESPEARE, read_metrics, train_losses
 from trainer.config import ConfigError, ModelConfig, TrainConfig
 from trainer.config.metrics import StepMetrics
 from trainer.distributed.launch import launch_train
-from trainer.run.loop import Callbacks, train
+from trainer.run.loop import train
+from trainer.run.report import Callbacks
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 30

@@ -16,7 +16,8 @@ from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
 from trainer.data.formats import DataError
 from trainer.data.prepare import TokenData
 from trainer.optim.optimizers import lr_at, make_optimizer
-from trainer.run.loop import Callbacks, TrainingDiverged, train
+from trainer.run.loop import train
+from trainer.run.report import Callbacks, TrainingDiverged
 
 
 class Recorder(Callbacks):

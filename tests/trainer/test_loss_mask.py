@@ -26,7 +26,8 @@ from trainer.data.formats import DataError
 from trainer.data.prepare import BatchSampler, TokenData, prepare_data
 from trainer.data.tokenizers import EOS_ID, ByteTokenizer, train_tokenizer
 from trainer.model.llama import IGNORE_INDEX
-from trainer.run.loop import Callbacks, train
+from trainer.run.loop import train
+from trainer.run.report import Callbacks
 from trainer.run.setup import start_run, train_sampler
 from trainer.run.step import OptimizerStep, count_targets, evaluate_batches
 

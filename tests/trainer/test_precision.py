@@ -63,7 +63,8 @@ def test_a_resumed_auto_run_keeps_the_dtype_auto_chose_for_it(
     """The probe is a timing: resumed on a busier machine it may come out the other way, and the run
     would change precision half-way. A resumed run takes the checkpoint's choice instead."""
     from trainer.run import setup
-    from trainer.run.loop import Callbacks, train
+    from trainer.run.loop import train
+    from trainer.run.report import Callbacks
 
     class StartRecorder(Callbacks):
         def on_start(self, info: dict) -> None:  # type: ignore[override]

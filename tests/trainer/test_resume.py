@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 from tests.trainer.conftest import read_metrics, train_losses
 from trainer.config.metrics import StepMetrics
-from trainer.run.loop import Callbacks, train
+from trainer.run.loop import train
+from trainer.run.report import Callbacks
 
 
 class StopAfter(Callbacks):

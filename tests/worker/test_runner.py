@@ -135,7 +135,7 @@ def test_exceptions_map_to_user_facing_error_codes() -> None:
 
     from trainer.config import ConfigError
     from trainer.data.formats import DataError
-    from trainer.run.loop import TrainingDiverged
+    from trainer.run.report import TrainingDiverged
     from worker.failures import classify_exception
 
     oom = classify_exception(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))

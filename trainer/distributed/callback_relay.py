@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
-from trainer.run.loop import Callbacks
+from trainer.run.report import Callbacks
 from trainer.run.state import StartInfo
 
 HOOKS = frozenset({"on_start", "on_step", "on_eval", "on_full_eval", "on_checkpoint", "should_stop"})

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from torch.distributed.launcher.api import LaunchConfig
 
     from trainer.data.tokenizers import Tokenizer
-    from trainer.run.loop import Callbacks, TrainResult
+    from trainer.run.loop import TrainResult
+    from trainer.run.report import Callbacks
 
 LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # The launcher handles at least one signal; with handle_signals=False it gets this one, which no part

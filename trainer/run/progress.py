@@ -13,7 +13,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeAlias
 
 from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
-from trainer.run.loop import Callbacks
+from trainer.run.report import Callbacks
 
 if TYPE_CHECKING:  # rich is imported only when a bar is shown
     from rich.progress import Progress, TaskID

@@ -39,6 +39,16 @@ def count_targets(y: torch.Tensor) -> int:
     return int((y != IGNORE_INDEX).sum())
 
 
+def next_batch(run: TrainRun) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """This rank's share of the step's global batch (all of it in one process) on the device, and
+    the global batch's target count (counted on the CPU: every rank draws the whole batch, so the
+    count needs no collective)."""
+    x, y = run.sampler.next_batch()
+    n_targets = count_targets(y)
+    x, y = run.local_batch(x, y)
+    return x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True), n_targets
+
+
 def _correct(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """How many covered targets the logits' argmax predicts (IGNORE_INDEX never equals an argmax)."""
     return (logits.detach().argmax(dim=-1) == y).sum()
