@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import resource
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from trainer.data.formats import DataError
 from trainer.data.prepare import TokenData
 from trainer.optim.optimizers import lr_at, make_optimizer
 from trainer.run.loop import train
+from trainer.run.memory import peak_memory_bytes
 from trainer.run.report import Callbacks, TrainingDiverged
 
 
@@ -126,6 +126,21 @@ def test_grad_accum_matches_one_big_batch(
 # ---------------------------------------------------------------- reporting
 
 
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+def test_peak_memory_is_the_runs_not_the_worker_process(
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
+):
+    """A training worker runs job after job in one process: a small job after a big one reports its
+    own peak, not the big one's."""
+    big = np.ones(400 * 2**20 // 8)  # 400 MiB, every page touched
+    process_peak = peak_memory_bytes(torch.device("cpu"))
+    assert process_peak is not None and process_peak > big.nbytes
+    del big
+    train(tiny_model(), tiny_train(max_steps=2), shakespeare_data, tmp_path, tokenizer=byte_tokenizer)
+    peaks = [m["peak_memory_bytes"] for m in read_metrics(tmp_path) if "train_loss" in m]
+    assert len(peaks) == 2 and max(peaks) < process_peak - 300 * 2**20
+
+
 def test_metrics_callbacks_and_outputs(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer):
     rec = Recorder()
     cfg = tiny_train(max_steps=6, log_every=2, eval_every=3, checkpoint_every=2, keep_checkpoints=5)
@@ -154,10 +169,10 @@ def test_metrics_callbacks_and_outputs(tmp_path, tiny_model, tiny_train, shakesp
     assert {"step", "train_loss", "lr", "grad_norm", "tokens_per_s", "tokens_seen", "time"} <= set(
         step_lines[0]
     )
-    # the process's peak memory so far (CPU: its peak RSS), so it never falls
+    # the run's peak memory so far (CPU: the process's peak RSS since the run started), so it never falls
     peaks = [m["peak_memory_bytes"] for m in step_lines]
     assert peaks == sorted(peaks) and peaks[0] > 2**20
-    assert peaks[-1] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    assert peaks[-1] <= peak_memory_bytes(torch.device("cpu"))  # read again now: a peak only grows
     eval_lines = [m for m in metrics if "val_loss" in m]
     assert [m["step"] for m in eval_lines] == [3, 6]
     assert eval_lines[-1]["val_ppl"] == pytest.approx(math.exp(eval_lines[-1]["val_loss"]))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
-from trainer.run.memory import peak_memory_bytes
+from trainer.run.memory import peak_memory_bytes, reset_peak_memory
 from trainer.run.metrics_file import MetricsFile, NoMetricsFile
 
 if TYPE_CHECKING:
@@ -85,6 +85,7 @@ class Report:
         else:
             self.metrics, self.callbacks = NoMetricsFile(), Callbacks()
         self.callbacks.on_start(run.start_info())
+        reset_peak_memory(run.device)  # the run's peak, not the worker process's
         self.clock = _Clock(run.tokens_seen)
         self.agreed: StopReason | None = self._agree_stop() if run.world > 1 else None
 
