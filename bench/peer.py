@@ -4,6 +4,8 @@
     .venv/bin/python bench/peer.py --nanogpt /somewhere/outside/the/repo/nanoGPT
     .venv/bin/python bench/peer.py --nanogpt PATH --speed-only --rounds 5
     .venv/bin/python bench/peer.py --nanogpt PATH --speed-only --clock cpu   # 1 thread, CPU time
+    .venv/bin/python bench/peer.py --nanogpt PATH --rounds 0 --recipe overfit
+    .venv/bin/python bench/peer.py --nanogpt PATH --rounds 0 --recipe shakespeare-gpu --device cuda
 
 Both programs run as they are (their own `train.py` and our `fromscratch train`), as subprocesses,
 on the same corpus (tinyshakespeare; nanoGPT's character ids, our byte tokenizer), fp32, eager, with
@@ -22,7 +24,8 @@ the same number of threads. Two figures, each a ratio taken in this run:
    2000 iterations of 12 sequences, dropout 0): nanoGPT's wall time and final validation loss,
    then the wall time from our process's start until our validation loss (same model size, same
    validation split: the last 10% of the text) first reaches that loss, with our defaults for the
-   rest. Printed as our time / nanoGPT's.
+   rest. Printed as our time / nanoGPT's. `--recipe overfit` and `--recipe shakespeare-gpu` instead
+   train where overfitting decides and compare best validation losses (bench/_peer_recipes.py).
 
 nanoGPT is never imported or committed: it runs from the path given, in a scratch folder that
 holds the data in its format (train.bin/val.bin of uint16 character ids, meta.pkl).
@@ -50,6 +53,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench._peer_recipes import RECIPES, gpu_env, run_recipe  # noqa: E402
 from bench.trainer_throughput import machine_description  # noqa: E402
 
 SPEED_SHAPE = dict(n_layer=4, n_head=4, n_embd=256, ctx=128, batch=16)
@@ -268,6 +272,17 @@ def main() -> None:
         help="speed rounds: wall clock at --threads, or CPU time at 1 thread (steady on a shared machine)",
     )
     p.add_argument("--ours", default="", help="extra `fromscratch train` options for the quality run")
+    p.add_argument(
+        "--recipe",
+        choices=("readme-cpu", *RECIPES),
+        default="readme-cpu",
+        help="the quality run: nanoGPT's README CPU recipe (time to its final loss), or one where "
+        "overfitting decides (time to its best loss; bench/_peer_recipes.py)",
+    )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="the quality run's device")
+    p.add_argument(
+        "--iters", type=int, default=None, help="overfit/shakespeare-gpu: fewer steps (a quick check)"
+    )
     args = p.parse_args()
     if not (args.nanogpt / "train.py").exists():
         raise SystemExit(f"{args.nanogpt} is not a nanoGPT checkout (no train.py)")
@@ -281,22 +296,35 @@ def main() -> None:
     print(f"# peer  {time.strftime('%Y-%m-%d %H:%M')}  {machine_description(torch.device('cpu'))}")
     with tempfile.TemporaryDirectory(prefix="fromscratch-peer-") as tmp:
         workdir = nanogpt_workdir(args.nanogpt, args.data, Path(tmp))
-        rounds = []
-        measure = cpu_speed_round if args.clock == "cpu" else speed_round
-        unit = "tok per CPU-second" if args.clock == "cpu" else "tok/s"
-        for i in range(args.rounds):
-            rnd = measure(args.nanogpt, workdir, args.data, args.steps, env)
-            rounds.append(rnd)
-            print(
-                f"speed round {i + 1}: nanoGPT {rnd.nano_tps:,.0f} {unit}, fromscratch {rnd.ours_tps:,.0f} {unit} "
-                f"= {rnd.ratio:.2f}x"
-            )
-        if rounds:
-            median = statistics.median(r.ratio for r in rounds)
-            clock = "1 thread, CPU time" if args.clock == "cpu" else f"{args.threads} threads, wall clock"
-            print(f"step speed at nanoGPT's shape (fp32, eager, {clock}): {median:.2f}x")
-        if not args.speed_only:
+        speed_rounds(args, workdir, env)
+        if args.speed_only:
+            return
+        if args.recipe == "readme-cpu":
             time_to_quality(args.nanogpt, workdir, args.data, env, args.ours.split())
+        else:
+            quality_env = gpu_env(env, args.device)
+            ours = args.ours.split()
+            run_recipe(
+                args.recipe, args.nanogpt, Path(tmp), args.data, args.device, quality_env, ours, args.iters
+            )
+
+
+def speed_rounds(args: argparse.Namespace, workdir: Path, env: dict[str, str]) -> None:
+    """--rounds interleaved speed rounds at nanoGPT's shape, and their median ratio."""
+    rounds = []
+    measure = cpu_speed_round if args.clock == "cpu" else speed_round
+    unit = "tok per CPU-second" if args.clock == "cpu" else "tok/s"
+    for i in range(args.rounds):
+        rnd = measure(args.nanogpt, workdir, args.data, args.steps, env)
+        rounds.append(rnd)
+        print(
+            f"speed round {i + 1}: nanoGPT {rnd.nano_tps:,.0f} {unit}, fromscratch {rnd.ours_tps:,.0f} {unit} "
+            f"= {rnd.ratio:.2f}x"
+        )
+    if rounds:
+        median = statistics.median(r.ratio for r in rounds)
+        clock = "1 thread, CPU time" if args.clock == "cpu" else f"{args.threads} threads, wall clock"
+        print(f"step speed at nanoGPT's shape (fp32, eager, {clock}): {median:.2f}x")
 
 
 if __name__ == "__main__":

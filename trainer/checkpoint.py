@@ -4,7 +4,8 @@
     optimizer.safetensors   optimizer tensors, keys "state.<param_name>.<key>" (list items: ".<i>")
     config.json             {"model": ModelConfig.to_dict(), "train": TrainConfig.to_dict()}
     tokenizer.json          Tokenizer.to_json()
-    state.json              step, tokens_seen, best_val_loss, RNG states, sampler state,
+    state.json              step, tokens_seen, best_val_loss (best_step, evals_since_best: early
+                            stopping's count), RNG states, sampler state,
                             optimizer_meta (the non-tensor optimizer state), total_steps
 
 Tensors go through safetensors and everything else through JSON, so loading never unpickles.
@@ -230,19 +231,63 @@ def save_checkpoint(
         _write_json(tmp / "tokenizer.json", tokenizer.to_json())
         _write_json(tmp / "state.json", full_state)  # last: its presence marks a complete folder
         _fsync_tree(tmp)
-        if path.exists():  # a directory cannot be renamed over a non-empty one: move the old aside
-            old = path.parent / f"{path.name}.old-{os.getpid()}"
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, path)
+        _move_into_place(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def _move_into_place(tmp: Path, path: Path) -> None:
+    """Rename the finished folder `tmp` to `path`, replacing a folder already there."""
+    if path.exists():  # a directory cannot be renamed over a non-empty one: move the old aside
+        old = path.parent / f"{path.name}.old-{os.getpid()}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
+
+
+def copy_checkpoint(src: Path, dst: Path) -> Path:
+    """A copy of the checkpoint folder `src` at `dst`, put in place like save_checkpoint's (atomically,
+    replacing one there). Files are hard links where the file system allows: no checkpoint file is
+    ever changed in place (a new save replaces the whole folder), so the copies cannot diverge."""
+    tmp = dst.parent / f"{dst.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        shutil.copytree(src, tmp, copy_function=_link_or_copy)
+        _fsync_tree(tmp)
+        _move_into_place(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dst
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # no hard links here (another device, a file system without them)
+        shutil.copy2(src, dst)
+
+
+def best_of_run(step_checkpoint: Path) -> tuple[int | None, Path | None]:
+    """The best evaluation of the run that wrote `step_checkpoint` (a folder of its checkpoints/), as
+    that checkpoint's state names it: (its step or None before any, the run's best/ when it holds it)."""
+    step = read_state(step_checkpoint).get("best_step")
+    return step, checkpoint_of_step(Path(step_checkpoint).parent.parent / "best", step)
+
+
+def checkpoint_of_step(path: Path, step: int | None) -> Path | None:
+    """`path` when it is a complete checkpoint of step `step`, else None (absent, incomplete, or of
+    another step: e.g. best/ left by an attempt that got further than the checkpoint resumed)."""
+    try:
+        return path if step is not None and read_state(path).get("step") == step else None
+    except (CheckpointError, ValueError):  # ValueError: a state.json cut short
+        return None
 
 
 def read_state(path: Path) -> dict[str, Any]:

@@ -47,8 +47,10 @@ def _add_train_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         allow_abbrev=False,
         usage="fromscratch train DATA --out DIR [options]  (see --help)",
         description="Train a LLaMA-architecture model from scratch. Writes OUT/metrics.jsonl, "
-        "OUT/checkpoints/step-XXXXXXXX/, OUT/best/, OUT/final/ and the --export-formats of the final "
-        f"model in OUT/exports/ ({_export_paths()}).",
+        "OUT/checkpoints/step-XXXXXXXX/, OUT/best/ (the lowest validation loss), OUT/final/ (the "
+        "model: the last step's weights, or best/'s when the run ended past its best, e.g. stopped "
+        "early; the last step's state then stays in OUT/checkpoints/ for --resume) and the "
+        f"--export-formats of the model in OUT/exports/ ({_export_paths()}).",
     )
     p.add_argument("data", metavar="DATA", type=Path, help="training data: a UTF-8 text file or JSONL")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder")
@@ -122,13 +124,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     val = f", best val_loss {result.best_val_loss:.4f}" if result.best_val_loss is not None else ""
     print(
         f"{result.stop_reason} at step {result.step} ({result.tokens_seen:,} tokens){val}; "
-        f"checkpoint: {result.final_checkpoint}"
+        f"{'model' if result.model_step is not None else 'checkpoint'}: {result.final_checkpoint}"
     )
-    if result.final_checkpoint is None:
+    if result.model_note is not None:
+        print(f"{result.model_note}.")
+    if result.final_checkpoint is None or result.model_step is None:
         return 0
-    if result.stop_reason in ("completed", "time_limit"):
-        _write_exports(result.final_checkpoint, train_cfg.export_formats, args.out / "exports")
-    if result.stop_reason == "completed" and args.samples > 0:
+    _write_exports(result.final_checkpoint, train_cfg.export_formats, args.out / "exports")
+    if result.stop_reason != "time_limit" and args.samples > 0:
         _print_samples(result.final_checkpoint, args.data, args.samples, train_cfg.seed)
     return 0
 
@@ -222,7 +225,7 @@ def _print_samples(ckpt: Path, data: Path, count: int, seed: int) -> None:
 
 
 def _write_exports(ckpt: Path, formats: typing.Sequence[str], out_dir: Path) -> None:
-    """--export-formats of the final checkpoint into OUT/exports/ (trainer.config.export_formats' paths).
+    """--export-formats of the model (final/) into OUT/exports/ (trainer.config.export_formats' paths).
     A format the model cannot be exported as is a warning: the trained model stands."""
     from trainer.export.final import export_final
 

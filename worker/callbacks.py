@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.jobstates import add_event
+from core.jobstates import EventLevel, add_event
 from core.models import Job
+from trainer.checkpoint import best_of_run
 from trainer.config.metrics import (
     BY_NAME,
     METRICS,
@@ -45,7 +46,7 @@ from trainer.run.report import Callbacks
 from worker.checkpoint_store import store_checkpoint
 from worker.db_retry import DbRetry
 from worker.lease import LeaseLost
-from worker.metric_rows import MetricValues, Requests, write_progress
+from worker.metric_rows import MetricValues, Requests, stored_metrics, write_progress
 
 if TYPE_CHECKING:
     from core.blobstore import BlobStore
@@ -106,7 +107,8 @@ class ServiceCallbacks(Callbacks):
         self.latest: dict[str, float | None] = {}  # the newest value of each stored metric
         self.full_valid: dict[str, float | None] = {}  # the final full validation pass
         self.full_valid_step: int | None = None
-        self.events: list[tuple[str, dict[str, Any]]] = []  # info events written with the next flush
+        self.events: list[tuple[str, dict[str, Any], EventLevel]] = []  # written with the next flush
+        self.latest_step = 0  # the step of the newest measurement (`latest`)
         self.stored_steps: list[int] = []
         self.first_step_written = False  # the first loss of a run is written at once (time to first loss)
         self.metrics_db = DbRetry("metrics writes", db_retry_seconds)
@@ -116,6 +118,7 @@ class ServiceCallbacks(Callbacks):
     # ------------------------------------------------------------------ trainer hooks
     def on_start(self, info: StartInfo) -> None:
         self.progress.update(total_steps=int(info["total_steps"]), step=int(info["start_step"]))
+        self.latest_step = int(info["start_step"])
         where = info["device"]
         if info["processes"] > 1:  # device: rank 0's
             where = f"{info['processes']} x {where.split(':')[0]}"
@@ -124,8 +127,10 @@ class ServiceCallbacks(Callbacks):
                 f"Training on {where} in {info['dtype']}: {info['n_params']:,} parameters, "
                 f"{info['tokens_per_step']:,} tokens per step",
                 dict(info),
+                "info",
             )
         )
+        self.events += [(note, {}, "warn") for note in info["notes"]]  # settings without effect
         self.flush()
 
     def on_step(self, metrics: StepMetrics) -> None:
@@ -144,6 +149,7 @@ class ServiceCallbacks(Callbacks):
         self.latest.update(row)
         self.progress.update({PROGRESS_COLUMNS[name]: row[name] for name in row if name in PROGRESS_COLUMNS})
         self.progress["step"] = max(measured.step, self.progress.get("step", 0))
+        self.latest_step = max(measured.step, self.latest_step)
         self.maybe_flush()
 
     def on_full_eval(self, metrics: FullEvalMetrics) -> None:
@@ -160,6 +166,7 @@ class ServiceCallbacks(Callbacks):
             (
                 f"Full validation at step {metrics.step}: {shown or 'no finite value'}",
                 {"step": metrics.step, **{OPENAI_NAMES[name]: v for name, v in self.full_valid.items()}},
+                "info",
             )
         )
         self.full_valid_step = metrics.step
@@ -173,24 +180,34 @@ class ServiceCallbacks(Callbacks):
             self.flush(wait=True)  # the rows up to this step first: a resume from it must find them all
             if self.lease_lost.is_set():
                 return
-            store_checkpoint(
-                self.session_factory,
-                self.store,
-                job_id=self.job_id,
-                worker_id=self.worker_id,
-                step=step,
-                folder=path,
-                model_id=self.checkpoint_model_id(step),
-                metrics=self.checkpoint_metrics(step),
-                is_final=False,
-                keep=self.keep_checkpoints,
-                scratch=self.scratch,
-                max_stored_bytes=self.max_stored_bytes,
-                retry=self.checkpoint_db,
-            )
-            self.stored_steps.append(step)
+            best_step, best = best_of_run(path)
+            self._store(step, path, best_step)
+            if best is not None and best_step is not None and best_step not in self.stored_steps:
+                # an attempt that resumes from `path` on another worker gets it back from the store
+                # (worker.checkpoint_restore.restore_best): the job's model when it ends past it
+                self._store(best_step, best, best_step)
         except LeaseLost:
             self._lose_lease()
+
+    def _store(self, step: int, folder: Path, best_step: int | None) -> None:
+        """A step checkpoint into the store; rotation keeps the run's best so far (`best_step`)."""
+        store_checkpoint(
+            self.session_factory,
+            self.store,
+            job_id=self.job_id,
+            worker_id=self.worker_id,
+            step=step,
+            folder=folder,
+            model_id=self.checkpoint_model_id(step),
+            metrics=self.checkpoint_metrics(step),
+            is_final=False,
+            keep=self.keep_checkpoints,
+            scratch=self.scratch,
+            max_stored_bytes=self.max_stored_bytes,
+            retry=self.checkpoint_db,
+            protect_step=best_step,
+        )
+        self.stored_steps.append(step)
 
     def should_stop(self) -> Literal["stop", "pause"] | None:
         if self.lease_lost.is_set():
@@ -212,9 +229,10 @@ class ServiceCallbacks(Callbacks):
     def checkpoint_metrics(self, step: int) -> dict[str, Any]:
         """A checkpoint's metrics, OpenAI's names: the newest value of each metric the registry puts
         in checkpoints (None when not measured yet), and for the final checkpoint (the step of the full
-        validation pass) the full validation metrics too."""
+        validation pass) the full validation metrics too. A step before the newest measurement (the
+        best evaluation's, when it is the model) has its stored metric row's values instead."""
         final = self.full_valid if self.full_valid_step == step else {}
-        measured = {**self.latest, **final}
+        measured = {**(self.latest if step >= self.latest_step else self._stored(step)), **final}
         return {
             "step": step,
             **{
@@ -223,6 +241,13 @@ class ServiceCallbacks(Callbacks):
                 if spec.checkpoint and (spec.phase != "full_eval" or final)
             },
         }
+
+    def _stored(self, step: int) -> MetricValues:
+        def read() -> MetricValues:
+            with self.session_factory() as session:
+                return stored_metrics(session, self.job_id, step)
+
+        return self.checkpoint_db.call(read)
 
     def maybe_flush(self) -> None:
         if (
@@ -256,8 +281,8 @@ class ServiceCallbacks(Callbacks):
             if requests is None:
                 session.rollback()
                 raise LeaseLost(self.job_id)
-            for message, data in self.events:
-                add_event(session, self.job_id, message, data=data)
+            for message, data, level in self.events:
+                add_event(session, self.job_id, message, level=level, data=data)
             session.commit()
         self.last_check = time.monotonic()  # this flush was a stop check too
         self._take_requests(requests)

@@ -1,8 +1,8 @@
 """Checkpoints under the owner's storage quota (`max_stored_bytes_per_key`): a running job is never
 failed for storing too much. When a stored checkpoint takes the owner past the quota, the job's
-oldest step checkpoints are dropped (never its newest, its final one, or one a download was
-exported from) until the owner is inside the quota again or nothing more can go, and the job gets
-one `warn` event saying so (once per job)."""
+oldest step checkpoints are dropped (never its newest, its final one, its best so far, or one a
+download was exported from) until the owner is inside the quota again or nothing more can go, and
+the job gets one `warn` event saying so (once per job)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 QUOTA = "max_stored_bytes_per_key"  # the `quota` of the warning event
 
 
-def prune_over_quota(session: Session, job_id: str, owner_id: str, limit: int) -> list[str]:
+def prune_over_quota(
+    session: Session, job_id: str, owner_id: str, limit: int, protect_step: int | None = None
+) -> list[str]:
     """Delete the job's oldest step checkpoint rows while the owner stores more than `limit` bytes
     (in the caller's transaction, its pending changes included). Returns the blob ids to delete
     once the transaction committed."""
@@ -35,7 +37,8 @@ def prune_over_quota(session: Session, job_id: str, owner_id: str, limit: int) -
         .order_by(Checkpoint.step)
     ).all()
     newest_step = max((c.step for c, _ in rows), default=None)
-    candidates = [(c, size) for c, size in rows if not c.is_final and c.step != newest_step]
+    kept = (newest_step, protect_step)
+    candidates = [(c, size) for c, size in rows if not c.is_final and c.step not in kept]
     exported = set(
         session.scalars(
             select(Export.model_id).where(Export.model_id.in_([c.model_id for c, _ in candidates]))

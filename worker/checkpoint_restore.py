@@ -1,6 +1,7 @@
 """Bring stored checkpoints (tars in the blob store) back onto the worker's disk: the job's own
-newest one to resume from (`latest_checkpoint`), or the final one of the model a job continues
-training from (`base_model_checkpoint`). Storing them is `worker.checkpoint_store.store_checkpoint`."""
+newest one to resume from (`latest_checkpoint`) and the best evaluation's its run keeps in best/
+(`restore_best`), or the final one of the model a job continues training from
+(`base_model_checkpoint`). Storing them is `worker.checkpoint_store.store_checkpoint`."""
 
 from __future__ import annotations
 
@@ -31,6 +32,32 @@ def latest_checkpoint(
             return None, 0
         blob_id, step = ckpt.blob_id, ckpt.step
     return extract_checkpoint(store, blob_id, dest), step
+
+
+def restore_best(
+    session_factory: sessionmaker[Session], store: BlobStore, job_id: str, resume_path: Path, run_dir: Path
+) -> None:
+    """Put the best evaluation's checkpoint of a resumed job back at `run_dir`/best, where its run
+    keeps it (trainer.run.loop; an attempt's scratch folder starts empty): the stored checkpoint of
+    the earlier step that the resume checkpoint names as best (worker.callbacks stores it with the
+    step checkpoints after it). Without it, a run that ends past its best has its last step as the
+    model, and says so."""
+    from trainer.checkpoint import read_state  # torch: only on the training worker's path
+
+    state = read_state(resume_path)
+    best_step = state.get("best_step")
+    if best_step is None or best_step >= state["step"]:
+        return
+    with session_factory() as session:
+        blob_id = session.scalar(
+            select(Checkpoint.blob_id).where(Checkpoint.job_id == job_id, Checkpoint.step == best_step)
+        )
+    if blob_id is None:
+        return
+    folder = extract_checkpoint(store, blob_id, run_dir / "best-restore")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    folder.rename(run_dir / "best")
+    shutil.rmtree(run_dir / "best-restore")
 
 
 def base_model_checkpoint(

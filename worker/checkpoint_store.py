@@ -2,7 +2,7 @@
 with a Checkpoint row each. Bringing them back is worker.checkpoint_restore.
 
 Stored checkpoints are rotated like the trainer's local ones: the newest `keep` step checkpoints of
-a job are kept (plus the final one); older rows and their blobs are deleted unless a download (an
+a job are kept (plus the final one, and the run's best evaluation's, `protect_step`); older rows and their blobs are deleted unless a download (an
 Export row) was made from them. When the owner then stores more than `max_stored_bytes`, older
 step checkpoints go too (worker/checkpoint_quota.py): the job goes on inside the quota. Every write
 first checks that this worker still holds the lease.
@@ -47,11 +47,13 @@ def store_checkpoint(
     extra: Callable[[Session, Job], None] | None = None,
     max_stored_bytes: int | None = None,
     retry: DbRetry | None = None,
+    protect_step: int | None = None,
 ) -> str:
     """Tar `folder`, put it into the blob store and record the Checkpoint row (replacing an earlier
     row for the same step), all in one transaction that first checks the lease. `extra(session, job)`
     runs in that transaction too (the runner finishes the job there). With `retry`, the upload and
-    that transaction are retried through a database outage (worker.db_retry). Returns the checkpoint id."""
+    that transaction are retried through a database outage (worker.db_retry). Rotation and the quota
+    never drop the checkpoint of `protect_step` (the run's best so far). Returns the checkpoint id."""
     tar_path = tar_folder(folder, scratch / f"{folder.name}-{step}.tar", arcname=folder.name)
 
     def upload_and_record() -> tuple[str, list[str]]:
@@ -70,9 +72,9 @@ def store_checkpoint(
             session.flush()
             doomed = [old_blob] if old_blob else []
             if keep:
-                doomed += _rotate(session, job_id, keep)
+                doomed += _rotate(session, job_id, keep, protect_step)
             if max_stored_bytes is not None:
-                doomed += prune_over_quota(session, job_id, job.owner_id, max_stored_bytes)
+                doomed += prune_over_quota(session, job_id, job.owner_id, max_stored_bytes, protect_step)
             if extra is not None:
                 extra(session, job)
             session.commit()
@@ -120,9 +122,10 @@ def _point_row_at(
     return ckpt, None
 
 
-def _rotate(session: Session, job_id: str, keep: int) -> list[str]:
+def _rotate(session: Session, job_id: str, keep: int, protect_step: int | None) -> list[str]:
     """Delete all but the newest `keep` non-final checkpoint rows of the job (never one a download
-    was exported from). Returns the blob ids to delete once the transaction committed."""
+    was exported from, nor that of `protect_step`). Returns the blob ids to delete once the
+    transaction committed."""
     rows = (
         session.execute(
             select(Checkpoint)
@@ -143,7 +146,7 @@ def _rotate(session: Session, job_id: str, keep: int) -> list[str]:
     )
     doomed = []
     for ckpt in rows[keep:]:
-        if ckpt.model_id in exported:
+        if ckpt.model_id in exported or ckpt.step == protect_step:
             continue
         doomed.append(ckpt.blob_id)
         session.delete(ckpt)

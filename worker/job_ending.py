@@ -2,8 +2,11 @@
 database, lease flag and scratch folder) and writes each final state; worker.job_run.JobRun adds
 the steps before it.
 
-- succeeded: the final exports and the final checkpoint are stored, and the job is marked succeeded
-  (with its results file) in the checkpoint's transaction;
+- succeeded: the final exports and the model's checkpoint (final/: the last step's weights, or the
+  best evaluation's when the run ended past it, e.g. stopped early; its step's row is then the final
+  one and the last step's stays a listed checkpoint) are stored, and the job is marked succeeded
+  (with its results file and, past the best, an event saying which checkpoint is the model) in the
+  checkpoint's transaction;
 - cancelled or paused: a stop asked for before or during training;
 - re-queued: the worker shuts down (`hand_back`, at the head of the queue, not counted), or a rank
   of a distributed run died (counted, like a lost worker: core.job_leases.after_lost_attempt);
@@ -30,6 +33,7 @@ from core.naming import checkpoint_model_id, final_model_id
 from core.settings import Settings
 from core.status import JobStatus
 from trainer.distributed.launch import RankLost
+from trainer.run.loop import TrainResult
 from worker.callbacks import ServiceCallbacks
 from worker.checkpoint_store import store_checkpoint
 from worker.db_retry import DatabaseUnavailable, DbRetry
@@ -73,17 +77,25 @@ class JobEnding:
             raise LeaseLost(self.job_id)
         return lock_held_job(session, self.job_id, self.worker_id)
 
-    def succeed(
-        self, snapshot: JobSnapshot, final: Path, step: int, tokens: int, callbacks: ServiceCallbacks
-    ) -> JobStatus:
-        """Store the final checkpoint and finish the job in the same transaction."""
+    def succeed(self, snapshot: JobSnapshot, result: TrainResult, callbacks: ServiceCallbacks) -> JobStatus:
+        """Store the model's checkpoint (final/, of step model_step) as the job's final one and finish
+        the job in the same transaction."""
         model_id = final_model_id(snapshot.naming_job)
+        final, step = result.final_checkpoint, result.model_step
+        assert final is not None and step is not None  # a run that ended as a model (JobRun._end)
 
         def mark_succeeded(session: Session, job: Job) -> None:
             transition(
-                session, job, JobStatus.SUCCEEDED, fine_tuned_model=model_id, step=step, trained_tokens=tokens
+                session,
+                job,
+                JobStatus.SUCCEEDED,
+                fine_tuned_model=model_id,
+                step=result.step,
+                trained_tokens=result.tokens_seen,
             )
             write_result_file(session, self.store, job)  # the results CSV commits with the success
+            if result.model_note is not None:
+                add_event(session, self.job_id, f"{result.model_note}.", data=model_data(result))
 
         store_final_exports(self, snapshot, final)  # export_formats, stored before the job succeeds
         store_checkpoint(
@@ -234,3 +246,15 @@ class JobEnding:
             enqueue_job(self.job_id, queue, front=front)
         except Exception as error:  # the reaper re-sends the messages the broker does not hold
             log.warning("could not re-send job %s (%s); the reaper will", self.job_id, describe(error))
+
+
+def model_data(result: TrainResult) -> dict[str, object]:
+    """The numbers of the event that says which checkpoint is the model (TrainResult.model_note)."""
+    return {
+        "stop_reason": result.stop_reason,
+        "step": result.step,
+        "model_step": result.model_step,
+        "best_step": result.best_step,
+        "best_val_loss": result.best_val_loss,
+        "evaluations_since_best": result.evals_since_best,
+    }

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.models import File, Job
 from trainer.config import ModelConfig, TrainConfig
-from worker.checkpoint_restore import base_model_checkpoint, latest_checkpoint
+from worker.checkpoint_restore import base_model_checkpoint, latest_checkpoint, restore_best
 from worker.data_cache import fetch_file, job_tokenizer, prepare_tokens, tokenizer_of
 
 if TYPE_CHECKING:
@@ -93,6 +93,8 @@ def prepare_inputs(
     model_cfg, train_cfg = job_configs(snapshot, device_setting)
 
     resume_path, resume_step = latest_checkpoint(session_factory, store, job_id, job_dir / "resume")
+    if resume_path is not None:  # the run's folder is job_dir/run (worker.job_run)
+        restore_best(session_factory, store, job_id, resume_path, job_dir / "run")
     init_from = None
     if resume_path is None and snapshot.base_model_id:
         init_from = base_model_checkpoint(

@@ -23,6 +23,7 @@ from core.settings import Settings
 from core.status import JobStatus
 from trainer.distributed.launch import RankLost
 from trainer.run.loop import TrainResult, train
+from trainer.run.report import ENDS_AS_MODEL
 from worker.callbacks import ServiceCallbacks
 from worker.db_retry import DatabaseUnavailable
 from worker.distributed_job import train_distributed
@@ -198,11 +199,10 @@ class JobRun(JobEnding):
 
     def _end(self, snapshot: JobSnapshot, result: TrainResult, callbacks: ServiceCallbacks) -> JobStatus:
         """The job's state after training returned: what stopped it decides."""
-        if result.stop_reason in ("completed", "time_limit"):
-            final = result.final_checkpoint
-            if final is None:
+        if result.stop_reason in ENDS_AS_MODEL:
+            if result.final_checkpoint is None or result.model_step is None:
                 raise JobFailure("internal_error", "Training ended without a final checkpoint.")
-            return self.succeed(snapshot, final, result.step, result.tokens_seen, callbacks)
+            return self.succeed(snapshot, result, callbacks)
         if callbacks.cause == "cancel":
             return self.finish(JobStatus.CANCELLED)
         if callbacks.cause == "pause":

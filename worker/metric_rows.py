@@ -70,6 +70,12 @@ def upsert_metrics(session: Session, job_id: str, rows: dict[int, MetricValues])
     session.execute(stmt)
 
 
+def stored_metrics(session: Session, job_id: str, step: int) -> MetricValues:
+    """The values stored for `step` by column ({} when no row was written for it)."""
+    row = session.get(Metric, (job_id, step))
+    return {} if row is None else {c: getattr(row, c) for c in METRIC_COLUMNS}
+
+
 def delete_metrics_after(session: Session, job_id: str, step: int) -> int:
     """Remove metric rows after `step` (a restart from checkpoint `step` will log them again)."""
     result = session.execute(delete(Metric).where(Metric.job_id == job_id, Metric.step > step))

@@ -23,7 +23,8 @@ replayed or duplicated message is harmless:
    and architecture, fresh optimizer).
 5. **Train** with `worker.callbacks.ServiceCallbacks` (metrics in batches, checkpoints to the blob
    store, cancel/pause between steps).
-6. **Finish.** Completed: the final checkpoint is stored as a Checkpoint row with `is_final`, the
+6. **Finish.** Completed (or at the time limit, or stopped early): the model's checkpoint (final/:
+   the best evaluation's when the run ended past it) is stored as a Checkpoint row with `is_final`, the
    job gets `fine_tuned_model` (`core.naming.final_model_id`) and becomes `succeeded`, in one
    transaction. Paused: `paused` (its checkpoint is already stored). Cancelled: `cancelled`.
    Worker shutting down (SIGTERM/Ctrl-C): the job checkpoints, goes back to `queued` and is

@@ -47,7 +47,7 @@ def _trained_model_and_optimizer(cfg, train_cfg):
     return model, opt
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "lbfgs"])
+@pytest.mark.parametrize("optimizer", ["adamw", "lbfgs", "muon"])
 def test_round_trip_is_exact(tmp_path, tiny_model, byte_tokenizer, optimizer):
     cfg = tiny_model(tie_embeddings=True)
     train_cfg = TrainConfig(optimizer=optimizer, learning_rate=0.1 if optimizer == "lbfgs" else 1e-3)

@@ -112,12 +112,17 @@ def test_two_processes_train_what_one_process_accumulating_twice_trains(runs: di
     assert two.full_valid_loss == pytest.approx(one.full_valid_loss, rel=1e-5)
 
 
-@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+@pytest.mark.parametrize(
+    ("sharding", "dropout"), [("ddp", 0.0), ("fsdp", 0.0), ("ddp", 0.3)], ids=["ddp", "fsdp", "ddp-dropout"]
+)
 def test_accumulation_inside_each_rank_keeps_the_single_process_order(
-    tmp_path: Path, sharding: Literal["ddp", "fsdp"]
+    tmp_path: Path, sharding: Literal["ddp", "fsdp"], dropout: float
 ) -> None:
-    """2 ranks x grad_accum 2 (gradient sync skipped in the first micro-batch) = 1 process x 4."""
-    model, short = ModelConfig(**MODEL), dict(batch_size=1, max_steps=6, eval_every=0, checkpoint_every=0)
+    """2 ranks x grad_accum 2 (gradient sync skipped in the first micro-batch) = 1 process x 4; with
+    dropout, each rank's micro-batches draw the masks of their place in the global batch
+    (trainer.run.step.DropoutSeeds), not the same masks on every rank."""
+    model = ModelConfig(**MODEL)
+    short = dict(batch_size=1, max_steps=6, eval_every=0, checkpoint_every=0, dropout=dropout)
     two = launch_train(
         model, two_ranks(grad_accum=2, sharding=sharding, **short), SHAKESPEARE, tmp_path / "2"
     )
@@ -215,7 +220,9 @@ def test_rank_zeros_time_limit_ends_every_rank(tmp_path: Path) -> None:
     out = tmp_path / "timed"
     result = launch_train(ModelConfig(**MODEL), two_ranks(max_steps=10_000, time_limit=0.5), SHAKESPEARE, out)
     assert result.stop_reason == "time_limit" and result.step < 10_000  # rank 0 decided, all left
-    assert result.final_checkpoint == out / "checkpoints" / f"step-{result.step:08d}"
+    # it ends as a model: final/, and its last step's checkpoint to resume from
+    assert result.final_checkpoint == out / "final" and result.model_step == result.step
+    assert (out / "checkpoints" / f"step-{result.step:08d}" / "state.json").exists()
     assert [m["step"] for m in read_metrics(out) if "train_loss" in m] == list(range(1, result.step + 1))
 
 

@@ -180,7 +180,7 @@ class SavedTensors:
 
 def saved_by_forward(model_cfg: ModelConfig, train_cfg: TrainConfig, checkpointing: bool) -> SavedTensors:
     torch.manual_seed(0)
-    model = Llama(model_cfg).train()
+    model = Llama(model_cfg, dropout=train_cfg.dropout).train()
     model.activation_checkpointing = checkpointing
     saved = SavedTensors(model)
     x, y = batch(model_cfg)
@@ -192,11 +192,14 @@ def saved_by_forward(model_cfg: ModelConfig, train_cfg: TrainConfig, checkpointi
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])  # on CPU, dropout saves the ctx x ctx attention
 def test_activation_estimate_bounds_the_saved_tensors(
-    name: str, dtype: Literal["float32", "bfloat16"], checkpointing: bool
+    name: str, dtype: Literal["float32", "bfloat16"], checkpointing: bool, dropout: float
 ) -> None:
     model_cfg = model_config(name)
-    train_cfg = TrainConfig(batch_size=BATCH, dtype=dtype, activation_checkpointing=checkpointing)
+    train_cfg = TrainConfig(
+        batch_size=BATCH, dtype=dtype, activation_checkpointing=checkpointing, dropout=dropout
+    )
     plain = saved_by_forward(model_cfg, train_cfg, checkpointing=False)
     if checkpointing:
         # the forward keeps each block's input; the backward recomputes one block at a time
@@ -212,10 +215,10 @@ def test_whole_step_peak_is_bounded() -> None:
     """torch's MemTracker follows every tensor of a real step (forward, backward, clip, AdamW)."""
     mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
     for name in CONFIGS:
-        for extra in ({}, {"activation_checkpointing": True}, {"dtype": "bfloat16"}):
+        for extra in ({}, {"activation_checkpointing": True}, {"dtype": "bfloat16"}, {"dropout": 0.1}):
             model_cfg, train_cfg = model_config(name), TrainConfig(batch_size=BATCH, **extra)
             torch.manual_seed(0)
-            model = Llama(model_cfg).train()
+            model = Llama(model_cfg, dropout=train_cfg.dropout).train()
             model.activation_checkpointing = train_cfg.activation_checkpointing
             optimizer = make_optimizer(model, train_cfg)
             x, y = batch(model_cfg)

@@ -157,6 +157,7 @@ def test_metrics_callbacks_and_outputs(tmp_path, tiny_model, tiny_train, shakesp
         "compile": False,  # auto: 6 tiny steps never pay back compiling
         "compile_reason": rec.started["compile_reason"],
         "kernels": rec.started["kernels"],
+        "notes": [],
     }
     assert rec.started["compile_reason"].startswith("auto: the run is estimated at ")
     assert rec.started["kernels"].startswith("fused C kernels (")  # tests/trainer/test_cpu_kernels.py

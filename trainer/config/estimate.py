@@ -9,6 +9,7 @@ Memory, in bytes, on the device that trains (host RAM for a CPU job, GPU memory 
 - weights: fp32 parameters (autocast keeps fp32 master weights) + the RoPE cos/sin buffers;
 - gradients: fp32, one per parameter;
 - optimizer: AdamW's exp_avg and exp_avg_sq (fp32) + a float32 step scalar per parameter tensor;
+  with muon, the blocks' matrices hold one momentum buffer (fp32) instead, the rest AdamW's state;
   L-BFGS's history (2 x LBFGS_HISTORY_SIZE flat vectors) and its working vectors;
 - activations: what autograd saves for the backward pass of one micro-batch of batch_size windows
   of ctx tokens, counted tensor by tensor from trainer/model/llama.py's forward (an upper bound of what
@@ -23,7 +24,8 @@ are freed; on a CPU job that phase can be the peak, so the total is the larger o
 
 The matmuls run in the compute dtype (2 bytes under bf16/fp16 autocast, 4 in float32); the residual
 stream, RMSNorm statistics and the loss stay in float32; on CPU attention runs in float32. The
-attention kernel is a fused one (flash / memory-efficient): no ctx x ctx score matrix is stored.
+attention kernel is a fused one (flash / memory-efficient): no ctx x ctx score matrix is stored,
+except on CPU with dropout, where SDPA falls back to its math path (`_dropout_activations`).
 """
 
 from __future__ import annotations
@@ -108,6 +110,11 @@ def optimizer_bytes(model_cfg: ModelConfig, cfg: TrainConfig) -> int:
         # history of steps and gradient differences, plus the direction, the previous flat gradient,
         # the current flat gradient, the line search's copy of the weights and its evaluations
         return FP32 * n * (2 * LBFGS_HISTORY_SIZE + 6)
+    if cfg.optimizer == "muon":  # trainer.optim.muon.is_hidden_matrix: 7 matrices per block
+        parts = parameter_breakdown(model_cfg)
+        matrices = parts.attention + parts.feed_forward
+        adamw_tensors = n_param_tensors(model_cfg) - 7 * model_cfg.n_layer
+        return FP32 * matrices + 2 * FP32 * (n - matrices) + FP32 * adamw_tensors
     return 2 * FP32 * n + FP32 * n_param_tensors(model_cfg)
 
 
@@ -140,6 +147,20 @@ def _block_activations(model_cfg: ModelConfig, tokens: int, c: int, a: int, auto
     return attention + residual + feed_forward
 
 
+def _dropout_activations(model_cfg: ModelConfig, tokens: int, c: int, a: int, device: Device) -> int:
+    """Bytes dropout (TrainConfig.dropout > 0) adds to one block's saved tensors: the masks of both
+    residual branches (in the compute dtype on CPU; CUDA's fused kernel keeps a byte per element).
+    On CPU, torch's flash kernel has no dropout, so SDPA runs its math path: the ctx x ctx attention
+    probabilities, their mask and the dropped probabilities, and q, k and v with every head (counted
+    on top of the fused kernel's tensors, an upper bound). CUDA's fused kernels regenerate their
+    attention mask in the backward pass."""
+    masks = 2 * c * tokens * model_cfg.n_embd
+    if device == "cuda":
+        return masks
+    heads = model_cfg.n_head
+    return masks + 3 * a * tokens * heads * (model_cfg.ctx + model_cfg.head_dim)
+
+
 def estimate_memory(
     model_cfg: ModelConfig, cfg: TrainConfig, device: Device, *, batch_size: int | None = None
 ) -> MemoryEstimate:
@@ -153,6 +174,10 @@ def estimate_memory(
     tokens = micro * model_cfg.ctx
     residual = FP32 * tokens * d  # a block's input (the fp32 residual stream)
     block = _block_activations(model_cfg, tokens, c, a, autocast)
+    embedding_mask = 0
+    if cfg.dropout > 0:
+        block += _dropout_activations(model_cfg, tokens, c, a, device)
+        embedding_mask = FP32 * tokens * d  # the float32 embedding output's
     head = (
         2 * INT64 * tokens  # token ids (the embedding) and targets (the loss)
         + residual  # the last block's output
@@ -161,6 +186,7 @@ def estimate_memory(
         + c * tokens * d  # final RMSNorm
         + (c * vocab * d if autocast else 0)  # output weight cast
         + FP32 * tokens * vocab  # log-softmax of the float32 logits
+        + embedding_mask
     )
     if cfg.activation_checkpointing:
         # block inputs, one block recomputed; autocast caches every block's weight casts in the forward

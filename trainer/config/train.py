@@ -16,7 +16,8 @@ MAX_STEPS = 10_000_000
 
 
 class InitFields(StrictConfig):
-    """How the model's weights start (the architecture itself is ModelConfig)."""
+    """How the model's weights start and how training regularizes it; the architecture itself, and so
+    the exports, is ModelConfig."""
 
     init_std: float | None = param(
         None,
@@ -25,6 +26,15 @@ class InitFields(StrictConfig):
         gt=0,
         le=1,
         null_means="0.02 x sqrt(768 / n_embd): GPT-2's 0.02 at its width, scaled as 1/sqrt(width)",
+    )
+    # in training only: evaluation, sampling and exports never drop (trainer.model.llama.drop)
+    dropout: float = param(
+        0.0,
+        "probability of zeroing an element of the embedding output, the attention probabilities and "
+        "both residual branches of every block while training (0 = off)",
+        title="Dropout",
+        ge=0,
+        le=0.9,
     )
 
 
@@ -87,12 +97,19 @@ class DataFields(StrictConfig):
 class OptimizerFields(StrictConfig):
     """The optimizer and its settings."""
 
-    optimizer: Literal["adamw", "lbfgs"] = param("adamw", "adamw or lbfgs", title="Optimizer")
+    optimizer: Literal["adamw", "lbfgs", "muon"] = param(
+        "adamw", "adamw, lbfgs or muon (Muon for the blocks' matrices, AdamW for the rest)", title="Optimizer"
+    )
     learning_rate: float = param(
         1e-3, "peak learning rate", title="Learning rate", gt=0, le=1e6, advanced=False
     )
     weight_decay: float = param(
-        0.1, "AdamW weight decay (2-D weights only)", title="Weight decay", ge=0, le=10
+        0.1,
+        "decoupled weight decay of the 2-D weights: each step shrinks them by the schedule's rate x "
+        "this (muon: its matrices by the same factor, whatever muon_learning_rate)",
+        title="Weight decay",
+        ge=0,
+        le=10,
     )
     # 0.8, not the usual 0.9: at the small batches this trains with, less momentum reaches a given
     # loss in fewer steps (bench/README.md, "time to quality")
@@ -106,6 +123,19 @@ class OptimizerFields(StrictConfig):
         title="Embedding LR scale",
         gt=0,
         le=1000,
+    )
+    # another scale than AdamW's: Muon's step is an orthogonalized matrix, entries of RMS ~1/sqrt(n_embd);
+    # 0.02 is the hidden weights' rate Muon's author recommends (github.com/KellerJordan/Muon)
+    muon_learning_rate: float = param(
+        0.02,
+        "muon: peak learning rate of the attention and feed-forward matrices (the schedule scales "
+        "it as it scales learning_rate, which the other weights keep)",
+        title="Muon learning rate",
+        gt=0,
+        le=1e6,
+    )
+    muon_momentum: float = param(
+        0.95, "muon: Nesterov momentum of the matrices' updates", title="Muon momentum", ge=0, lt=1
     )
     grad_clip: float = param(
         1.0, "clip the gradient norm to this (0 disables)", title="Gradient clip (0 = off)", ge=0, le=1e6
@@ -200,6 +230,29 @@ class EvaluationFields(StrictConfig):
         advanced=False,
     )
     eval_batches: Int = param(20, "batches per evaluation", title="Eval batches", ge=1, le=10_000)
+    # a new best is an evaluation that beats the best so far by more than min_delta: best/ holds it,
+    # and a run that ends past it (stopped early or not) has it as its model (trainer.run.loop)
+    early_stopping_patience: Int | None = param(
+        None,
+        "stop after this many evaluations without a new best validation loss; the model is then the "
+        "best checkpoint (0 = off)",
+        title="Early stopping patience",
+        ge=0,
+        le=10_000,
+        null_means="off for now: a data-aware rule is to come",
+        accepts_auto=True,
+    )
+    early_stopping_min_delta: float = param(
+        0.0,
+        "a new best must beat the best validation loss by more than this",
+        title="Early stopping min delta",
+        ge=0,
+        le=1e6,
+    )
+
+    @property
+    def resolved_early_stopping_patience(self) -> int:
+        return self.early_stopping_patience or 0  # auto (None): off until measurements pick a rule
 
 
 class CheckpointFields(StrictConfig):
@@ -312,8 +365,14 @@ class TrainConfig(
             )
         if self.devices > 1 and self.optimizer == "lbfgs":
             problems.append(("devices", "L-BFGS trains in one process; use devices 1 or optimizer adamw"))
+        if self.devices > 1 and self.sharding == "fsdp" and self.optimizer == "muon":
+            problems.append(("sharding", "optimizer muon needs whole matrices, which fsdp shards; use ddp"))
         if self.min_lr is not None and self.min_lr > self.learning_rate:
             problems.append(("min_lr", f"must be <= learning_rate ({self.learning_rate}), got {self.min_lr}"))
+        if self.early_stopping_patience and not self.eval_every:
+            problems.append(
+                ("early_stopping_patience", "counts evaluations: set eval_every > 0, or use 0 (off)")
+            )
         return problems
 
     @property

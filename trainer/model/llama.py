@@ -1,5 +1,6 @@
 """The LLaMA model: token embedding -> n_layer x [RMSNorm -> GQA attention with RoPE -> residual;
-RMSNorm -> SwiGLU -> residual] -> RMSNorm -> output projection.
+RMSNorm -> SwiGLU -> residual] -> RMSNorm -> output projection. Dropout (`drop`, training mode only)
+on the embedding output, the attention probabilities and both residual branches.
 
 Deltas from GPT-2 (nanoGPT) are marked `# llama:`. RoPE convention: the "rotate_half" (NeoX /
 Hugging Face) layout, where within the first `n_rot` dims of a head, dim i pairs with dim
@@ -55,6 +56,13 @@ def rope_cache(
     return emb.cos(), emb.sin()
 
 
+def drop(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """x with each element zeroed with probability p (the rest scaled by 1 / (1 - p)) while training;
+    otherwise x itself: at p = 0 and in eval mode no op enters the graph and nothing draws from the
+    RNG, so such a model computes exactly what a model without dropout does."""
+    return F.dropout(x, p) if training and p > 0 else x
+
+
 IGNORE_INDEX = -100  # a target the loss leaves out (F.cross_entropy's default ignore_index)
 
 CPU_FP32_ATTENTION_MIN_HEAD_DIM = 16  # see Attention.forward
@@ -71,8 +79,9 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, dropout: float = 0.0):
         super().__init__()
+        self.dropout = dropout  # on the attention probabilities, in training only
         self.n_head, self.n_kv_head, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
         # llama: separate q/k/v (GQA: k and v have n_kv_head heads), no biases.
         self.wq = nn.Linear(cfg.n_embd, cfg.n_head * cfg.head_dim, bias=False)
@@ -128,7 +137,11 @@ class Attention(nn.Module):
         ):  # autocast would cast a float32 attention back down
             # A whole sequence or a prefill is causal; one new query (decoding) sees every key.
             causal = cache is None or T > 1
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+            # SDPA drops the probabilities inside the fused kernel (CUDA's flash and memory-efficient
+            # kernels do; torch's CPU flash kernel does not, so on CPU SDPA falls back to its math
+            # path while dropout_p > 0: docs/HYPERPARAMETERS.md, "dropout")
+            p = self.dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa, dropout_p=p)
         # (B, H, T, hd) -> (B, T, H*hd) in the matmul dtype: transpose and cast in one copy
         y = torch.empty(B, T, H, hd, dtype=cdt, device=y.device).copy_(y.transpose(1, 2)).view(B, T, H * hd)
         return self.wo(y)
@@ -148,10 +161,11 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, dropout: float = 0.0):
         super().__init__()
+        self.dropout = dropout  # on both residual branches, in training only
         self.attention_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
-        self.attention = Attention(cfg)
+        self.attention = Attention(cfg, dropout)
         self.ffn_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
@@ -163,19 +177,27 @@ class Block(nn.Module):
         cache: KVCache | None = None,
         layer: int = 0,
     ) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer)
-        return x + self.feed_forward(self.ffn_norm(x))
+        h = self.attention(self.attention_norm(x), cos, sin, cache, layer)
+        x = x + drop(h, self.dropout, self.training)
+        return x + drop(self.feed_forward(self.ffn_norm(x)), self.dropout, self.training)
 
 
 class Llama(nn.Module):
     rope_cos: torch.Tensor  # (ctx, n_rot) buffers from rope_cache, registered in __init__
     rope_sin: torch.Tensor
 
-    def __init__(self, cfg: ModelConfig, init_std: float | None = None):
+    def __init__(self, cfg: ModelConfig, init_std: float | None = None, dropout: float = 0.0):
+        """dropout (TrainConfig.dropout): the probability of dropping an element of the embedding
+        output, the attention probabilities and both residual branches of every block, in training
+        mode only. It is no part of the architecture (weights and exports are the same whatever it
+        is), so it is no ModelConfig field."""
         super().__init__()
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.cfg = cfg
+        self.dropout = dropout
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.layers = nn.ModuleList(Block(cfg, dropout) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.output = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -219,7 +241,7 @@ class Llama(nn.Module):
         if start + T > self.cfg.ctx:
             raise ValueError(f"sequence of {start + T} tokens exceeds the context length ctx={self.cfg.ctx}")
         cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
-        x = self.tok_embeddings(idx)
+        x = drop(self.tok_embeddings(idx), self.dropout, self.training)
         for i, layer in enumerate(self.layers):
             if self.activation_checkpointing and self.training and cache is None:
                 x = checkpoint(layer, x, cos, sin, use_reentrant=False)

@@ -67,40 +67,45 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            # the fused kernel takes tensors of one device and dtype at a time
-            buckets: dict[tuple[torch.device, torch.dtype], list[list[torch.Tensor]]] = {}
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                lists = buckets.setdefault((p.device, p.dtype), [[], [], [], [], []])
-                for i, t in enumerate((p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])):
-                    lists[i].append(t)
-            beta1, beta2 = group["betas"]
-            for params, grads, exp_avgs, exp_avg_sqs, steps in buckets.values():
-                torch._foreach_add_(steps, 1)
-                torch._fused_adamw_(
-                    params,
-                    grads,
-                    exp_avgs,
-                    exp_avg_sqs,
-                    [],
-                    steps,
-                    lr=group["lr"],
-                    beta1=beta1,
-                    beta2=beta2,
-                    weight_decay=group["weight_decay"],
-                    eps=group["eps"],
-                    amsgrad=False,
-                    maximize=False,
-                    grad_scale=None,
-                    found_inf=None,
-                )
+            self._update_group(group)
         return loss
+
+    def _update_group(self, group: dict[str, Any]) -> None:
+        """The AdamW update of one parameter group (trainer.optim.muon.MuonAdamW gives its Muon
+        groups another)."""
+        # the fused kernel takes tensors of one device and dtype at a time
+        buckets: dict[tuple[torch.device, torch.dtype], list[list[torch.Tensor]]] = {}
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            lists = buckets.setdefault((p.device, p.dtype), [[], [], [], [], []])
+            for i, t in enumerate((p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"])):
+                lists[i].append(t)
+        beta1, beta2 = group["betas"]
+        for params, grads, exp_avgs, exp_avg_sqs, steps in buckets.values():
+            torch._foreach_add_(steps, 1)
+            torch._fused_adamw_(
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                [],
+                steps,
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                amsgrad=False,
+                maximize=False,
+                grad_scale=None,
+                found_inf=None,
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """torch.optim's form: state by parameter index, groups with their parameters' indices."""

@@ -10,8 +10,9 @@ Rules the ranks keep (see docs/ARCHITECTURE.md, "Distributed training"):
   from the whole batch it drew, so no collective is needed) and multiplied by the world size, which
   cancels DDP's averaging: the gradient equals the single-process one;
 - rank 0 alone logs, evaluates, writes checkpoints and calls the callbacks; its stop/pause decision
-  reaches every rank in the all-reduce of the logged loss (the one sync per logged step).
-  With sharding fsdp (trainer.run.fsdp) every rank joins evaluations and saves, rank 0 still reports.
+  reaches every rank in the all-reduce of the logged loss (the one sync per logged step); with
+  early stopping on, its decision after each evaluation reaches them in a broadcast right away, so
+  the ranks stop at the step one process would. With sharding fsdp (trainer.run.fsdp) every rank joins evaluations and saves, rank 0 still reports.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch.distributed as dist
 
 from trainer.config import ConfigError, TrainConfig
 
-STOP_CODES: dict[str | None, int] = {None: 0, "stop": 1, "pause": 2, "time_limit": 3}
+STOP_CODES: dict[str | None, int] = {None: 0, "stop": 1, "pause": 2, "time_limit": 3, "early_stop": 4}
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -62,7 +63,8 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
 
 
 def agree_stop(code: int, device: torch.device) -> int:
-    """Rank 0's stop code, for every rank (a broadcast; used once before the first step)."""
+    """Rank 0's stop code, for every rank (a broadcast: once before the first step, and after each
+    evaluation when early stopping is on)."""
     t = torch.tensor([code], dtype=torch.int64, device=device)
     dist.broadcast(t, src=0)
     return int(t.item())

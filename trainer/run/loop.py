@@ -1,7 +1,11 @@
 """The training loop: `train(model_cfg, train_cfg, data, out_dir, callbacks)`, read top to bottom:
 set-up (trainer.run.setup), then per step the batch, the optimizer step (trainer.run.step), the
 report of its loss (trainer.run.report), evaluation and checkpoints; then the end: a full validation
-pass and final/, or a checkpoint to resume from.
+pass and final/, the run's model, or a checkpoint to resume from.
+
+The model is the last step's weights unless the run ended past its best evaluation (one after it was
+no new best: early stopping stopped it, or it trained on without improving): then it is best/'s.
+final/ holds the model; the last step's state is then also kept in checkpoints/, for --resume.
 
 Reproducibility rules these modules keep (they make a resumed run bitwise equal to an uninterrupted
 one on CPU):
@@ -23,10 +27,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trainer.checkpoint import checkpoint_of_step, copy_checkpoint, load_checkpoint, read_state
 from trainer.config import ModelConfig, TrainConfig
 from trainer.config.metrics import EvalMetrics, FullEvalMetrics
 from trainer.optim.optimizers import lr_at, set_lr
-from trainer.run.report import Callbacks, Report, StopReason
+from trainer.run.report import ENDS_AS_MODEL, Callbacks, Report, StopReason
 from trainer.run.setup import start_run
 from trainer.run.state import TrainRun
 from trainer.run.step import OptimizerStep, evaluate, evaluate_batches, next_batch
@@ -41,7 +46,9 @@ class TrainResult:
     step: int
     tokens_seen: int
     stop_reason: StopReason
-    final_checkpoint: Path | None  # final/ when completed; the step checkpoint written on stop/pause
+    # final/ (the run's model) when the run ends as one (ENDS_AS_MODEL); else the step checkpoint
+    # written on stop/pause
+    final_checkpoint: Path | None
     best_val_loss: float | None
     last_train_loss: float | None
     last_val_loss: float | None
@@ -49,6 +56,32 @@ class TrainResult:
     last_val_accuracy: float | None = None
     full_valid_loss: float | None = None  # the final full validation pass (None: none was made)
     full_valid_accuracy: float | None = None
+    best_step: int | None = None  # the step of best_val_loss (best/)
+    evals_since_best: int = 0  # evaluations after best_step that were no new best
+    model_step: int | None = None  # the step of final/'s weights (None: the run did not end as a model)
+
+    @property
+    def model_note(self) -> str | None:
+        """What the model is when it is not the last step's weights, in words (a job's event, a line
+        of `fromscratch train`); None when it is, or when the run did not end as a model."""
+        if self.model_step is None or self.evals_since_best == 0 or self.best_val_loss is None:
+            return None
+        best = f"step {self.best_step} ({self.best_val_loss:.3f})"
+        if self.model_step != self.best_step:
+            return (
+                f"Validation loss was lowest at {best}, but that checkpoint (best/) is gone; the model "
+                f"is the last step's ({self.step})"
+            )
+        model = f"the model is the step-{self.best_step} checkpoint"
+        if self.stop_reason == "early_stop":
+            return (
+                f"Validation loss has not improved for {self.evals_since_best} evaluations since {best}; "
+                f"stopping; {model}. To train longer, raise early_stopping_patience (0 = off)"
+            )
+        return (
+            f"Validation loss was lowest at {best} and did not improve in the {self.evals_since_best} "
+            f"evaluations after it; {model} (the last step's, {self.step}, stays a checkpoint)"
+        )
 
 
 def train(
@@ -92,13 +125,15 @@ def train(
             run.tokens_seen += run.tokens_per_step
             if due(run, cfg.log_every):
                 report.step(lr, result)  # the loss (a NaN ends the run), and the ranks' stop decision
-            if not run.is_main and not run.sharded:
-                continue  # DDP: rank 0 evaluates and saves alone; FSDP: every rank takes part
-            with report.not_training():
-                if run.make_val_sampler is not None and due(run, cfg.eval_every):
-                    evaluate_and_keep_best(run, report)
-                if checkpoint_due(run):
-                    report.checkpoint(run.save_step_checkpoint())
+            evaluating = run.make_val_sampler is not None and due(run, cfg.eval_every)
+            if run.is_main or run.sharded:  # DDP: rank 0 evaluates and saves alone; FSDP: every rank
+                with report.not_training():
+                    if evaluating:
+                        evaluate_and_keep_best(run, report)
+                    if checkpoint_due(run):
+                        report.checkpoint(run.save_step_checkpoint())
+            if evaluating and run.world > 1 and cfg.resolved_early_stopping_patience > 0:
+                report.agree_early_stop()  # every rank leaves after this step, as one process would
         # the end: final/ (after a full validation pass), or a checkpoint a stopped run resumes from
         stop_reason: StopReason = stop or "completed"
         final = final_checkpoint(run, stop_reason, report)
@@ -120,7 +155,17 @@ def _result(run: TrainRun, stop_reason: StopReason, final: Path | None) -> Train
         last_val_accuracy=run.last_val_accuracy,
         full_valid_loss=run.full_valid[0] if run.full_valid else None,
         full_valid_accuracy=run.full_valid[1] if run.full_valid else None,
+        best_step=run.best_step,
+        evals_since_best=run.evals_since_best,
+        model_step=_model_step(run, stop_reason, final),
     )
+
+
+def _model_step(run: TrainRun, stop_reason: StopReason, final: Path | None) -> int | None:
+    """The step of final/'s weights, on rank 0 (which wrote final/; the others return no result)."""
+    if final is None or not run.is_main or stop_reason not in ENDS_AS_MODEL:
+        return None
+    return int(read_state(final)["step"])
 
 
 def due(run: TrainRun, every: int) -> bool:
@@ -135,16 +180,15 @@ def checkpoint_due(run: TrainRun) -> bool:
 
 
 def evaluate_and_keep_best(run: TrainRun, report: Report) -> None:
-    """Validation loss and accuracy of this step (eval_batches batches); a new best loss is saved
-    to best/."""
+    """Validation loss and accuracy of this step (eval_batches batches); a new best loss (by more
+    than early_stopping_min_delta) is saved to best/, other losses count toward early stopping."""
     assert run.make_val_sampler is not None
     val_loss, val_accuracy = evaluate(
         _eval_fwd(run), run.make_val_sampler, run.cfg.eval_batches, run.device, run.autocast
     )
     run.last_val_loss, run.last_val_accuracy = val_loss, val_accuracy
     report.evaluation(EvalMetrics(step=run.step, val_loss=val_loss, val_accuracy=val_accuracy))
-    if val_loss < run.best_val:
-        run.best_val = val_loss
+    if run.record_evaluation(val_loss):
         run.save(run.out_dir / "best")
 
 
@@ -153,9 +197,9 @@ def _eval_fwd(run: TrainRun) -> torch.nn.Module:
     return run.model if run.ddp is not None else run.fwd
 
 
-def full_evaluation(run: TrainRun, report: Report) -> None:
-    """The final full validation pass (trainer.data.batches.full_pass), reported before the final
-    checkpoint is written so the service stores it with that checkpoint."""
+def full_evaluation(run: TrainRun, report: Report, step: int) -> None:
+    """The final full validation pass (trainer.data.batches.full_pass) of the model's weights now,
+    which are step `step`'s, reported before final/ is written so the service stores it with it."""
     if run.make_full_pass is None:
         return
     result = evaluate_batches(_eval_fwd(run), run.make_full_pass(), run.device, run.autocast)
@@ -164,22 +208,44 @@ def full_evaluation(run: TrainRun, report: Report) -> None:
     run.full_valid = result
     loss, accuracy = result
     report.full_evaluation(
-        FullEvalMetrics(step=run.step, full_valid_loss=loss, full_valid_mean_token_accuracy=accuracy)
+        FullEvalMetrics(step=step, full_valid_loss=loss, full_valid_mean_token_accuracy=accuracy)
     )
 
 
 def final_checkpoint(run: TrainRun, stop_reason: StopReason, report: Report) -> Path | None:
-    """final/ when completed; otherwise a step checkpoint of the current step (written now unless
-    one is already on disk), so a stopped or paused run can resume from where it ended. A run that
-    ends as a model (completed, or at the time limit) gets its full validation pass first. Only
-    rank 0 writes (the other ranks of a distributed run return None; sharded, they take part in the
-    full pass and the save, which are collective)."""
+    """The end. A run that ends as a model (ENDS_AS_MODEL) gets a full validation pass of the model
+    and final/: the last step's weights, or a copy of best/ when the run ended past its best (then
+    the last step's state is kept as a step checkpoint too, which --resume continues from). A run
+    stopped or paused gets a step checkpoint of its last step. Only rank 0 writes (the other ranks
+    of a distributed run return None; sharded, they take part in the full pass and the saves, which
+    are collective, and the full pass measures the last step: they hold shards, not best/)."""
     if not run.is_main and not run.sharded:
         return None
-    if stop_reason in ("completed", "time_limit"):
-        full_evaluation(run, report)
-    if stop_reason == "completed":
+    if stop_reason not in ENDS_AS_MODEL:
+        return last_step_checkpoint(run, report)
+    at_best = run.evals_since_best == 0  # the last evaluation is the best (or there is none)
+    if at_best or run.sharded:
+        full_evaluation(run, report, run.step)
+    if at_best and stop_reason == "completed":
         return run.save(run.out_dir / "final")
+    last = last_step_checkpoint(run, report)
+    if not run.is_main:
+        return None
+    assert last is not None  # rank 0 always has the last step's checkpoint
+    best = None if at_best else checkpoint_of_step(run.out_dir / "best", run.best_step)
+    if not at_best and not run.sharded:
+        step = run.step  # best/ gone (a resumed run's folder without it): the last step is the model
+        if best is not None:  # the last step is saved: the weights can become the model's
+            model = load_checkpoint(best)
+            run.model.load_state_dict(model.model_state)
+            step = model.step
+        full_evaluation(run, report, step)
+    return copy_checkpoint(best or last, run.out_dir / "final")
+
+
+def last_step_checkpoint(run: TrainRun, report: Report) -> Path | None:
+    """A step checkpoint of the current step (written now unless one is already on disk), so a
+    stopped, paused or finished run can resume from where it ended; reported to the callbacks."""
     if run.last_checkpoint_step == run.step:
         if not run.is_main:
             return None  # rank 0 decides below without a collective

@@ -4,7 +4,7 @@ and what it hears back (stop and pause requests).
 Rank 0 writes metrics.jsonl (trainer.run.metrics_file) and calls the callbacks; the other ranks of a
 distributed run report nothing. The report also keeps the run's clock (tokens/s that leave out
 evaluation and checkpoints, and the time limit) and decides when to stop: a stop or pause asked for
-through the callbacks, or the time limit. With several processes rank 0's decision reaches every
+through the callbacks, early stopping (the run's evaluations), or the time limit. With several processes rank 0's decision reaches every
 rank in the all-reduce of each logged step (and one broadcast before the first step), so all ranks
 leave the loop after the same step.
 """
@@ -28,8 +28,17 @@ if TYPE_CHECKING:
     from trainer.run.state import StartInfo, TrainRun
     from trainer.run.step import StepResult
 
-StopReason = Literal["completed", "stop", "pause", "time_limit"]
-_STOP_BY_CODE: dict[int, StopReason | None] = {0: None, 1: "stop", 2: "pause", 3: "time_limit"}
+StopReason = Literal["completed", "stop", "pause", "time_limit", "early_stop"]
+_STOP_BY_CODE: dict[int, StopReason | None] = {
+    0: None,
+    1: "stop",
+    2: "pause",
+    3: "time_limit",
+    4: "early_stop",
+}
+# the runs that end as a model (final/, exports, a job's fine-tuned model); the others end with a
+# checkpoint to resume from
+ENDS_AS_MODEL: frozenset[StopReason] = frozenset({"completed", "time_limit", "early_stop"})
 
 
 class Callbacks:
@@ -46,13 +55,14 @@ class Callbacks:
         """The validation loss and token accuracy (eval_batches batches), every `eval_every` steps."""
 
     def on_full_eval(self, metrics: FullEvalMetrics) -> None:
-        """The final full validation pass (every validation window once), before the run's final
-        checkpoint is written; only for runs that end completed or at the time limit and have
-        validation data."""
+        """The final full validation pass (every validation window once) of the run's model, at its
+        step (best/'s when the run ended past its best; a sharded run's last step), before final/
+        is written; only for runs that end as a model (ENDS_AS_MODEL) and have validation data."""
 
     def on_checkpoint(self, step: int, path: Path) -> None:
-        """A complete `checkpoints/step-XXXXXXXX` folder (periodic, or written on stop/pause/time
-        limit). final/ and best/ are reported through TrainResult and the folder layout instead."""
+        """A complete `checkpoints/step-XXXXXXXX` folder (periodic, or of the last step: written on
+        stop/pause/time limit/early stop, or when final/ is best/'s). final/ and best/ are reported
+        through TrainResult and the folder layout instead."""
 
     def should_stop(self) -> Literal["stop", "pause"] | None:
         return None
@@ -145,13 +155,25 @@ class Report:
         return self.clock.not_training()
 
     def _asked_to_stop(self) -> StopReason | None:
-        """A stop/pause asked for through the callbacks, or the time limit reached."""
+        """A stop/pause asked for through the callbacks (it wins: the owner's word), early stopping's
+        patience used up (trainer.run.state.TrainRun.patience_exhausted), or the time limit reached."""
         request = self.callbacks.should_stop()
         if request == "stop" or request == "pause":
             return request
+        if self.run.patience_exhausted():
+            return "early_stop"
         if self.run.cfg.time_limit is not None and self.clock.elapsed() >= self.run.cfg.time_limit:
             return "time_limit"
         return None
+
+    def agree_early_stop(self) -> None:
+        """Several processes, after an evaluation (rank 0's, or every rank's when sharded): rank 0's
+        early-stopping decision, for every rank at once (a broadcast), not at the next logged step."""
+        from trainer.run.collectives import STOP_CODES, agree_stop
+
+        code = STOP_CODES["early_stop"] if self.run.is_main and self.run.patience_exhausted() else 0
+        if agree_stop(code, self.run.device) == STOP_CODES["early_stop"]:
+            self.agreed = "early_stop"
 
     def _agree_stop(self) -> StopReason | None:
         """Rank 0's stop request, broadcast to every rank (once, before the first step)."""

@@ -63,6 +63,7 @@ def start_run(
 
     resume_path = resume_checkpoint_path(out_dir, resume)
     resumed = load_checkpoint(resume_path) if resume_path is not None else None
+    check_same_optimizer(cfg, resumed)
     dtype_choice = resumed_dtype(cfg, resumed, device) or choose_dtype(cfg, device)
     source = resumed or (load_checkpoint(init_from) if init_from is not None else None)
     if source is not None:  # the checkpoint's model and tokenizer win over the arguments
@@ -107,6 +108,15 @@ def resumed_dtype(cfg: TrainConfig, resumed: Checkpoint | None, device: torch.de
     if cfg.dtype != "auto" or saved.get("dtype") not in DTYPES or saved.get("device") != device.type:
         return None
     return Choice(saved["dtype"], f"auto: as the run this resumes ({saved.get('dtype_reason', '')})")
+
+
+def check_same_optimizer(cfg: TrainConfig, resumed: Checkpoint | None) -> None:
+    """A resumed run continues its optimizer's state: another optimizer has none to continue."""
+    saved = resumed.train_config.optimizer if resumed is not None else cfg.optimizer
+    if saved != cfg.optimizer:
+        raise ConfigError(
+            [("optimizer", f"the run being resumed trains with {saved}; resume it with optimizer {saved}")]
+        )
 
 
 def check_process_group(cfg: TrainConfig) -> tuple[int, int]:
@@ -316,7 +326,7 @@ def build_model(
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
     torch.manual_seed(cfg.seed)
-    model = Llama(model_cfg, init_std=cfg.init_std)
+    model = Llama(model_cfg, init_std=cfg.init_std, dropout=cfg.dropout)
     if source is not None:
         model.load_state_dict(source.model_state, strict=True)
     if device.type == "cuda":
@@ -327,12 +337,14 @@ def build_model(
 
 
 def restore_progress(run: TrainRun, resumed: Checkpoint) -> None:
-    """Continue where `resumed` stopped: step, tokens, best val loss, optimizer and scaler state,
-    sampler position and the RNG states."""
+    """Continue where `resumed` stopped: step, tokens, the best evaluation (loss, step, evaluations
+    since: early stopping counts on), optimizer and scaler state, sampler position and the RNG states."""
     st = resumed.state
     run.step, run.tokens_seen = int(st["step"]), int(st["tokens_seen"])
     best_val_loss = st.get("best_val_loss")
     run.best_val = float(best_val_loss) if best_val_loss is not None else math.inf
+    # checkpoints written before early stopping existed hold neither: the count starts afresh
+    run.best_step, run.evals_since_best = st.get("best_step"), int(st.get("evals_since_best", 0))
     run.last_checkpoint_step = run.step
     if st.get("optimizer_meta"):
         load_optimizer_state(run.optimizer, run.model, resumed.path, st["optimizer_meta"])

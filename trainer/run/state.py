@@ -1,8 +1,9 @@
 """`TrainRun`: one training run's parts and progress, and how it writes its checkpoints.
 
 `trainer.run.setup.start_run` builds it; `trainer.run.loop.train` advances it step by step. The
-progress fields (step, tokens_seen, best_val) are what a checkpoint's state.json records, so a
-resumed run continues exactly where the checkpoint was taken.
+progress fields (step, tokens_seen, and the best evaluation: its loss, its step and the evaluations
+since) are what a checkpoint's state.json records, so a resumed run continues exactly where the
+checkpoint was taken, early stopping included.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class StartInfo(TypedDict):
     compile: bool
     compile_reason: str
     kernels: str  # what the element-wise ops run on (trainer.model.cpu_kernels.for_run)
+    notes: list[str]  # settings that do nothing in this run, and why (shown, never an error)
 
 
 @dataclass
@@ -72,6 +74,8 @@ class TrainRun:
     step: int = 0
     tokens_seen: int = 0
     best_val: float = math.inf
+    best_step: int | None = None  # the step of best_val (best/), None before the first evaluation
+    evals_since_best: int = 0  # evaluations after best_step without a new best (early stopping)
     # progress, reported in the TrainResult
     last_train_loss: float | None = None
     last_val_loss: float | None = None
@@ -103,6 +107,20 @@ class TrainRun:
     def best_val_loss(self) -> float | None:
         return None if math.isinf(self.best_val) else self.best_val
 
+    def record_evaluation(self, val_loss: float) -> bool:
+        """Count an evaluation; True when it is a new best: lower than the best so far by more than
+        early_stopping_min_delta (the first finite one always is: inf - delta is inf)."""
+        if val_loss < self.best_val - self.cfg.early_stopping_min_delta:
+            self.best_val, self.best_step, self.evals_since_best = val_loss, self.step, 0
+            return True
+        self.evals_since_best += 1
+        return False
+
+    def patience_exhausted(self) -> bool:
+        """Early stopping is on and the last `patience` evaluations brought no new best."""
+        patience = self.cfg.resolved_early_stopping_patience
+        return patience > 0 and self.evals_since_best >= patience
+
     @property
     def checkpoint_dir(self) -> Path:
         return self.out_dir / "checkpoints"
@@ -130,7 +148,18 @@ class TrainRun:
             "compile": bool(self.precision.get("compile", False)),
             "compile_reason": str(self.precision.get("compile_reason", "")),
             "kernels": str(self.precision.get("kernels", "")),
+            "notes": self.notes(),
         }
+
+    def notes(self) -> list[str]:
+        """What start_info tells about settings this run cannot act on."""
+        patience = self.cfg.resolved_early_stopping_patience
+        if patience > 0 and self.make_val_sampler is None:
+            return [
+                f"early_stopping_patience {patience} does nothing in this run: it has no validation "
+                "data. Set val_fraction above 0 or give a validation file to stop at the best."
+            ]
+        return []
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: Path) -> Path:
@@ -155,6 +184,8 @@ class TrainRun:
                 "step": self.step,
                 "tokens_seen": self.tokens_seen,
                 "best_val_loss": self.best_val_loss,
+                "best_step": self.best_step,
+                "evals_since_best": self.evals_since_best,
                 "sampler": self.sampler.state_dict(),
                 "total_steps": self.total_steps,
                 "precision": self.precision,

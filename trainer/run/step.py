@@ -1,5 +1,5 @@
 """What one training step computes: `OptimizerStep` (forward/backward over grad_accum micro-batches,
-then an AdamW or L-BFGS update) and `evaluate` / `evaluate_batches` (validation loss and accuracy).
+then an AdamW, Muon or L-BFGS update) and `evaluate` / `evaluate_batches` (validation loss and accuracy).
 
 The loss of a step is the mean cross-entropy over the step's targets that the loss covers (y is
 IGNORE_INDEX elsewhere: trainer.data.batches), whatever the micro-batch split: each micro-batch adds the
@@ -7,15 +7,25 @@ IGNORE_INDEX elsewhere: trainer.data.batches), whatever the micro-batch split: e
 targets weighs little and one with none adds exactly nothing (no mean over zero tokens, no NaN).
 Token accuracy (argmax of the logits == target, over the same targets) is counted beside it on the
 device; both are read when the loop logs, so it costs no extra device sync per step.
+
+Dropout (TrainConfig.dropout > 0) draws its masks from the device's default generator, seeded afresh
+for every micro-batch from (seed, step, the micro-batch's index in the step's global batch) and put
+back as it was after the step (`DropoutSeeds`). So the masks, like the data, do not depend on how the
+batch is split over processes (rank r's i-th micro-batch is global micro-batch r * grad_accum + i:
+every rank draws its own masks, and identical seeds on every rank would give every rank the same
+masks), a resumed run draws exactly the masks the uninterrupted run drew whatever RNG state was
+checkpointed, and L-BFGS's line search sees the same masks at every evaluation of a step. At
+dropout 0 nothing is seeded or drawn.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 
 from trainer.model.llama import IGNORE_INDEX
@@ -54,6 +64,51 @@ def _correct(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (logits.detach().argmax(dim=-1) == y).sum()
 
 
+def dropout_seed(seed: int, step: int, micro_batch: int) -> int:
+    """The seed of one micro-batch's dropout masks (see the module docstring): a 64-bit hash of the
+    three, so neighbouring steps and micro-batches get unrelated streams."""
+    return int(np.random.SeedSequence([seed, step, micro_batch]).generate_state(1, np.uint64)[0])
+
+
+def device_generator(device: torch.device) -> torch.Generator:
+    """The default generator that random ops on `device` draw from (dropout, SDPA's dropout_p and
+    inductor's compiled dropout alike)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+    return torch.default_generator
+
+
+class DropoutSeeds:
+    """Seeds the device generator for each micro-batch of a step with dropout (see the module
+    docstring); does nothing at dropout 0."""
+
+    def __init__(self, run: TrainRun):
+        self.run = run
+        self.generator = device_generator(run.device) if run.cfg.dropout > 0 else None
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """The generator's state put back afterwards: the run's own RNG stream (checkpointed) does
+        not depend on dropout."""
+        if self.generator is None:
+            yield
+            return
+        state = self.generator.get_state()
+        try:
+            yield
+        finally:
+            self.generator.set_state(state)
+
+    def micro_batch(self, i: int) -> None:
+        """Seed the masks of this rank's i-th micro-batch of the current step."""
+        if self.generator is not None:
+            run = self.run
+            self.generator.manual_seed(
+                dropout_seed(run.cfg.seed, run.step, run.rank * run.cfg.grad_accum + i)
+            )
+
+
 class OptimizerStep:
     """`step(x, y, n_targets) -> StepResult` for a batch of batch_size * grad_accum windows; n_targets
     is count_targets(y), counted on the CPU before y moved to the device. With several processes
@@ -65,6 +120,7 @@ class OptimizerStep:
         self.params = [p for p in run.model.parameters() if p.requires_grad]  # after sharding: the shards
         self.max_norm = run.cfg.grad_clip if run.cfg.grad_clip > 0 else math.inf  # inf: measure only
         self.lbfgs = run.cfg.optimizer == "lbfgs"
+        self.dropout = DropoutSeeds(run)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, n_targets: int) -> StepResult:
         return self._lbfgs_step(x, y, n_targets) if self.lbfgs else self._adamw_step(x, y, n_targets)
@@ -79,24 +135,36 @@ class OptimizerStep:
         denominator = max(n_targets, 1)  # no target at all: every term is 0, so the loss is 0
         loss_sum = torch.zeros((), device=run.device)
         correct = torch.zeros((), device=run.device, dtype=torch.int64)
-        for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):
-            # DDP all-reduces the gradients in the last micro-batch's backward only
-            sync = run.ddp.no_sync() if run.ddp is not None and i < k - 1 else contextlib.nullcontext()
-            if run.sharded:
-                from trainer.run.fsdp import set_gradient_sync
-
-                set_gradient_sync(run.model, i == k - 1)
-            with sync:
-                with run.autocast():
-                    logits, loss = run.fwd(xm, ym, reduction="sum")
-                correct += _correct(logits, ym)
-                del logits  # not kept alive through the backward pass
-                loss = loss / denominator
-                # n_targets counts the global batch; DDP averages over the ranks, x world makes it the sum
-                scaled = loss * run.world if run.world > 1 else loss
-                run.scaler.scale(scaled).backward()
-            loss_sum += loss.detach()
+        with self.dropout.step():
+            for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):
+                self.dropout.micro_batch(i)
+                loss, hits = self._micro_batch(xm, ym, i, denominator)
+                loss_sum += loss
+                correct += hits
         return loss_sum, correct / denominator
+
+    def _micro_batch(
+        self, xm: torch.Tensor, ym: torch.Tensor, i: int, denominator: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward of the i-th micro-batch: its share of the step's loss (detached) and
+        its count of correct predictions."""
+        run, k = self.run, self.run.cfg.grad_accum
+        # DDP all-reduces the gradients in the last micro-batch's backward only
+        sync = run.ddp.no_sync() if run.ddp is not None and i < k - 1 else contextlib.nullcontext()
+        if run.sharded:
+            from trainer.run.fsdp import set_gradient_sync
+
+            set_gradient_sync(run.model, i == k - 1)
+        with sync:
+            with run.autocast():
+                logits, loss = run.fwd(xm, ym, reduction="sum")
+            hits = _correct(logits, ym)
+            del logits  # not kept alive through the backward pass
+            loss = loss / denominator
+            # n_targets counts the global batch; DDP averages over the ranks, x world makes it the sum
+            scaled = loss * run.world if run.world > 1 else loss
+            run.scaler.scale(scaled).backward()
+        return loss.detach(), hits
 
     def _adamw_step(self, x: torch.Tensor, y: torch.Tensor, n_targets: int) -> StepResult:
         optimizer, scaler = self.run.optimizer, self.run.scaler
