@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.jobstates import EventLevel, add_event
+from core.jobstates import add_event
 from core.models import Job
 from trainer.checkpoint import best_of_run
 from trainer.config.metrics import (
@@ -107,7 +107,8 @@ class ServiceCallbacks(Callbacks):
         self.latest: dict[str, float | None] = {}  # the newest value of each stored metric
         self.full_valid: dict[str, float | None] = {}  # the final full validation pass
         self.full_valid_step: int | None = None
-        self.events: list[tuple[str, dict[str, Any], EventLevel]] = []  # written with the next flush
+        self.events: list[tuple[str, dict[str, Any]]] = []  # info events written with the next flush
+        self.warnings: list[str] = []  # warn events (settings without effect), with the next flush
         self.latest_step = 0  # the step of the newest measurement (`latest`)
         self.stored_steps: list[int] = []
         self.first_step_written = False  # the first loss of a run is written at once (time to first loss)
@@ -127,10 +128,9 @@ class ServiceCallbacks(Callbacks):
                 f"Training on {where} in {info['dtype']}: {info['n_params']:,} parameters, "
                 f"{info['tokens_per_step']:,} tokens per step",
                 dict(info),
-                "info",
             )
         )
-        self.events += [(note, {}, "warn") for note in info["notes"]]  # settings without effect
+        self.warnings += info["notes"]
         self.flush()
 
     def on_step(self, metrics: StepMetrics) -> None:
@@ -166,7 +166,6 @@ class ServiceCallbacks(Callbacks):
             (
                 f"Full validation at step {metrics.step}: {shown or 'no finite value'}",
                 {"step": metrics.step, **{OPENAI_NAMES[name]: v for name, v in self.full_valid.items()}},
-                "info",
             )
         )
         self.full_valid_step = metrics.step
@@ -263,7 +262,7 @@ class ServiceCallbacks(Callbacks):
         While the database is unreachable the rows stay buffered for the next flush; `wait`
         retries until they are written (DatabaseUnavailable past db_retry_seconds)."""
         self.last_flush = time.monotonic()
-        if self.lease_lost.is_set() or (not self.buffer and not self.progress and not self.events):
+        if self.lease_lost.is_set() or not (self.buffer or self.progress or self.events or self.warnings):
             return
         try:
             if wait:
@@ -273,7 +272,7 @@ class ServiceCallbacks(Callbacks):
         except LeaseLost:
             self._lose_lease()
             return
-        self.buffer, self.progress, self.events = {}, {}, []
+        self.buffer, self.progress, self.events, self.warnings = {}, {}, [], []
 
     def _write_buffer(self) -> None:
         with self.session_factory() as session:
@@ -281,8 +280,10 @@ class ServiceCallbacks(Callbacks):
             if requests is None:
                 session.rollback()
                 raise LeaseLost(self.job_id)
-            for message, data, level in self.events:
-                add_event(session, self.job_id, message, level=level, data=data)
+            for message, data in self.events:
+                add_event(session, self.job_id, message, data=data)
+            for message in self.warnings:
+                add_event(session, self.job_id, message, level="warn")
             session.commit()
         self.last_check = time.monotonic()  # this flush was a stop check too
         self._take_requests(requests)

@@ -304,8 +304,13 @@ def test_presets_answer_the_defaults_a_job_gets(client: TestClient, tenant: Tena
     job = create(client, tenant, {"model": "llama-tiny", "training_file": file_id}).json()
     train = job["config"]["train"]
     assert train["n_epochs"] is None  # "auto": unset, so max_steps decides the length
+    # every field whose default is unset and that takes "auto" answers "auto" and is stored unset
+    unset_autos = {h.name for h in schema.job_hyperparameters() if h.accepts_auto and h.default is None}
+    assert "n_epochs" in unset_autos
     for name, value in defaults.items():
-        if name not in ("n_epochs", schema.LEARNING_RATE_MULTIPLIER):  # the multiplier is no train field
+        if name in unset_autos:
+            assert value == "auto" and train[name] is None, name
+        elif name != schema.LEARNING_RATE_MULTIPLIER:  # the multiplier is no train field
             assert train[name] == value, name
     for preset in body["data"]:
         architecture = model_config_from_preset(preset["id"]).to_dict()

@@ -21,6 +21,7 @@ SCRIPTS = {
     "api_load.py": "requests/s ",
     "transfer.py": "backend ",
     "devices.py": "run ",
+    "regularization.py": "model ",
 }
 
 
