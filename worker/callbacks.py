@@ -30,7 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.jobstates import add_event
-from core.models import Job
+from core.models import Checkpoint, Job
 from trainer.checkpoint import best_of_run
 from trainer.config.metrics import (
     BY_NAME,
@@ -181,12 +181,28 @@ class ServiceCallbacks(Callbacks):
                 return
             best_step, best = best_of_run(path)
             self._store(step, path, best_step)
-            if best is not None and best_step is not None and best_step not in self.stored_steps:
+            if best is not None and best_step is not None and not self._is_stored(best_step):
                 # an attempt that resumes from `path` on another worker gets it back from the store
                 # (worker.checkpoint_restore.restore_best): the job's model when it ends past it
                 self._store(best_step, best, best_step)
         except LeaseLost:
             self._lose_lease()
+
+    def _is_stored(self, step: int) -> bool:
+        """Stored by this attempt, or by an earlier attempt of the job (a resumed attempt does not
+        upload the best checkpoint a second time)."""
+        if step in self.stored_steps:
+            return True
+
+        def read() -> bool:
+            with self.session_factory() as session:
+                found = select(Checkpoint.id).where(Checkpoint.job_id == self.job_id, Checkpoint.step == step)
+                return session.scalar(found) is not None
+
+        if self.checkpoint_db.call(read):
+            self.stored_steps.append(step)
+            return True
+        return False
 
     def _store(self, step: int, folder: Path, best_step: int | None) -> None:
         """A step checkpoint into the store; rotation keeps the run's best so far (`best_step`)."""

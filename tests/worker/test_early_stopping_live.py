@@ -169,7 +169,23 @@ def test_a_resumed_attempt_gets_its_best_checkpoint_back(
     resume, step = latest_checkpoint(session_factory, store, job_id, tmp_path / "second" / "resume")
     assert resume is not None and step == 12
     restore_best(session_factory, store, job_id, resume, tmp_path / "second" / "run")
-    second = train(model_cfg, cfg, data, tmp_path / "second" / "run", resume=resume)
+    best_blob = next(c.blob_id for c in checkpoint_rows(session_factory, job_id) if c.step == 10)
+    resumed_callbacks = PauseAfter(
+        10**6,  # never: the run ends by early stopping, storing its step checkpoints on the way
+        session_factory,
+        store,
+        job_id=job_id,
+        worker_id=worker,
+        checkpoint_model_id=lambda step: f"ft:test:{job_id}:ckpt-step-{step}",
+        scratch=tmp_path / "second",
+        keep_checkpoints=1,
+        db_retry_seconds=5.0,
+    )
+    second = train(model_cfg, cfg, data, tmp_path / "second" / "run", resumed_callbacks, resume=resume)
+    resumed_callbacks.flush(wait=True)
     assert (second.stop_reason, second.step, second.model_step) == ("early_stop", 16, 10)
+    # the best the first attempt stored is kept as it was, not uploaded a second time
+    assert [c.step for c in checkpoint_rows(session_factory, job_id)] == [10, 16]
+    assert next(c.blob_id for c in checkpoint_rows(session_factory, job_id) if c.step == 10) == best_blob
     assert second.model_note == ref.model_note
     assert_same_tensors(tmp_path / "second" / "run" / "final", tmp_path / "ref" / "best")
