@@ -16,11 +16,12 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 
 from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
+from trainer.run.collectives import STOP_CODES, agree_stop, all_reduce_sum
 from trainer.run.memory import peak_memory_bytes, reset_peak_memory
 from trainer.run.metrics_file import MetricsFile, NoMetricsFile
 
@@ -29,12 +30,9 @@ if TYPE_CHECKING:
     from trainer.run.step import StepResult
 
 StopReason = Literal["completed", "stop", "pause", "time_limit", "early_stop"]
+# the number that stands for each in the ranks' collectives, read back
 _STOP_BY_CODE: dict[int, StopReason | None] = {
-    0: None,
-    1: "stop",
-    2: "pause",
-    3: "time_limit",
-    4: "early_stop",
+    code: cast("StopReason | None", r) for r, code in STOP_CODES.items()
 }
 # the runs that end as a model (final/, exports, a job's fine-tuned model); the others end with a
 # checkpoint to resume from
@@ -115,8 +113,6 @@ class Report:
         loss, accuracy = result.loss.detach().float(), result.accuracy.float()
         stop = torch.zeros((), device=loss.device)
         if run.world > 1:
-            from trainer.run.collectives import STOP_CODES, all_reduce_sum
-
             if run.is_main:
                 stop += STOP_CODES[self._asked_to_stop()]
             loss, accuracy, stop = all_reduce_sum(torch.stack([loss, accuracy, stop])).unbind()
@@ -169,17 +165,16 @@ class Report:
     def agree_early_stop(self) -> None:
         """Several processes, after an evaluation (rank 0's, or every rank's when sharded): rank 0's
         early-stopping decision, for every rank at once (a broadcast), not at the next logged step."""
-        from trainer.run.collectives import STOP_CODES, agree_stop
-
         code = STOP_CODES["early_stop"] if self.run.is_main and self.run.patience_exhausted() else 0
-        if agree_stop(code, self.run.device) == STOP_CODES["early_stop"]:
-            self.agreed = "early_stop"
+        if (agreed := self._rank0_decides(code)) is not None:
+            self.agreed = agreed
 
     def _agree_stop(self) -> StopReason | None:
         """Rank 0's stop request, broadcast to every rank (once, before the first step)."""
-        from trainer.run.collectives import STOP_CODES, agree_stop
+        return self._rank0_decides(STOP_CODES[self._asked_to_stop()] if self.run.is_main else 0)
 
-        code = STOP_CODES[self._asked_to_stop()] if self.run.is_main else 0
+    def _rank0_decides(self, code: int) -> StopReason | None:
+        """Rank 0's stop code (the others pass 0), broadcast to every rank, as a stop reason."""
         return _STOP_BY_CODE[agree_stop(code, self.run.device)]
 
 
