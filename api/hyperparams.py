@@ -184,7 +184,7 @@ def check_context(
             f"Use ctx <= {max(train_tokens - 1, 1)} or upload more data.",
             "ctx",
         )
-    if train_cfg.eval_every > 0:
+    if train_cfg.eval_every != 0:  # auto (None) evaluates
         val_tokens = max_file_tokens(validation_bytes or 0) if has_validation_file else n_val
         if 0 < val_tokens < need or (has_validation_file and val_tokens < need):
             where = (

@@ -35,6 +35,7 @@ class Recipe:
     eval_batches: int
     target: Literal["final", "best"]  # the nanoGPT loss ours must reach
     corpus_chars: int | None = None  # the first N characters of the corpus (None: all)
+    stop_at: int | None = None  # cut both runs here; nanoGPT's schedule stays `iters` long
     nanogpt: dict[str, object] = field(default_factory=dict)  # its settings beyond shape and cadence
 
 
@@ -102,7 +103,7 @@ def nanogpt_args(recipe: Recipe, device: str) -> list[str]:
         "n_embd": s["n_embd"],
         "block_size": s["ctx"],
         "batch_size": s["batch"],
-        "max_iters": recipe.iters,
+        "max_iters": recipe.stop_at or recipe.iters,
         "lr_decay_iters": recipe.iters,
         "eval_interval": recipe.eval_every,
         "eval_iters": recipe.eval_batches,
@@ -119,7 +120,7 @@ def our_args(recipe: Recipe, device: str) -> list[str]:
     return [
         *("--n-layer", str(s["n_layer"]), "--n-head", str(s["n_head"])),
         *("--n-embd", str(s["n_embd"]), "--ctx", str(s["ctx"]), "--batch-size", str(s["batch"])),
-        *("--max-steps", str(recipe.iters), "--eval-every", str(recipe.eval_every)),
+        *("--max-steps", str(recipe.stop_at or recipe.iters), "--eval-every", str(recipe.eval_every)),
         *("--eval-batches", str(recipe.eval_batches), "--val-fraction", "0.1"),
         *("--export-formats", "none", "--samples", "0", "--device", device),
     ]
@@ -181,22 +182,26 @@ def our_curve(corpus: Path, out: Path, args: list[str], repo: Path, env: dict[st
     return Curve(evaluations, wall)
 
 
+def describe(name: str, curve: Curve) -> None:
+    best, last = curve.best, curve.last
+    print(
+        f"{name}: {curve.wall:.1f} s in all; best val loss {best.val_loss:.4f} at step {best.step} "
+        f"({best.seconds:.1f} s), last {last.val_loss:.4f} at step {last.step}"
+    )
+
+
 def report(recipe_name: str, recipe: Recipe, nano: Curve, ours: Curve, ours_extra: list[str]) -> None:
-    """Each program's best (and last) validation loss with when, then the time-to-quality ratio."""
-    for name, curve in (("nanoGPT", nano), (f"fromscratch ({' '.join(ours_extra) or 'defaults'})", ours)):
-        best, last = curve.best, curve.last
-        print(
-            f"{name}: {curve.wall:.1f} s in all; best val loss {best.val_loss:.4f} at step {best.step} "
-            f"({best.seconds:.1f} s), last {last.val_loss:.4f} at step {last.step}"
-        )
+    """Our run's best (and last) validation loss with when, then its time-to-quality ratio against
+    nanoGPT's curve (described once, before)."""
+    describe(f"fromscratch ({' '.join(ours_extra) or 'defaults'})", ours)
     target = nano.best if recipe.target == "best" else nano.last
     target_seconds = target.seconds if recipe.target == "best" else nano.wall
     reached = ours.first_reaching(target.val_loss)
     if reached is None:
-        print(f"fromscratch did not reach nanoGPT's {recipe.target} validation loss {target.val_loss:.4f}")
+        print(f"  did not reach nanoGPT's {recipe.target} validation loss {target.val_loss:.4f}")
         return
     print(
-        f"fromscratch reached val {reached.val_loss:.4f} <= {target.val_loss:.4f} at step {reached.step}, "
+        f"  reached val {reached.val_loss:.4f} <= {target.val_loss:.4f} at step {reached.step}, "
         f"{reached.seconds:.1f} s after its start: time to quality {reached.seconds / target_seconds:.2f}x "
         f"nanoGPT's ({recipe_name})"
     )
@@ -209,21 +214,25 @@ def run_recipe(
     corpus: Path,
     device: str,
     env: dict[str, str],
-    ours_extra: list[str],
-    iters: int | None = None,
+    variants: list[list[str]],
+    stop_at: int | None = None,
 ) -> None:
-    """Both programs on the recipe (`iters`: fewer steps, for a quick check), then the report."""
+    """nanoGPT on the recipe, then ours once per variant (extra options; `stop_at`: fewer steps),
+    each reported against nanoGPT's curve."""
     from bench.peer import REPO, nanogpt_workdir
 
-    recipe = RECIPES[name] if iters is None else replace(RECIPES[name], iters=iters)
+    recipe = replace(RECIPES[name], stop_at=stop_at)
     text = corpus_slice(corpus, recipe.corpus_chars, workdir)
     nano_dir = nanogpt_workdir(nanogpt, text, workdir / f"nanogpt-{name}")
     print(
-        f"recipe {name}: {recipe.shape}, {recipe.iters} steps, {text.stat().st_size:,} bytes of text, {device}"
+        f"recipe {name}: {recipe.shape}, {recipe.stop_at or recipe.iters} of its {recipe.iters} steps, "
+        f"{text.stat().st_size:,} bytes of text, {device}"
     )
     nano = nanogpt_curve(nanogpt, nano_dir, recipe, device, env)
-    ours = our_curve(text, workdir / f"ours-{name}", our_args(recipe, device) + ours_extra, REPO, env)
-    report(name, recipe, nano, ours, ours_extra)
+    describe("nanoGPT", nano)
+    for i, extra in enumerate(variants):
+        ours = our_curve(text, workdir / f"ours-{name}-{i}", our_args(recipe, device) + extra, REPO, env)
+        report(name, recipe, nano, ours, extra)
 
 
 def gpu_env(env: dict[str, str], device: str) -> dict[str, str]:

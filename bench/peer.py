@@ -271,7 +271,13 @@ def main() -> None:
         default="wall",
         help="speed rounds: wall clock at --threads, or CPU time at 1 thread (steady on a shared machine)",
     )
-    p.add_argument("--ours", default="", help="extra `fromscratch train` options for the quality run")
+    p.add_argument(
+        "--ours",
+        action="append",
+        default=None,
+        help="extra `fromscratch train` options for the quality run; overfit/shakespeare-gpu take it "
+        "again for more runs of ours against the one nanoGPT run",
+    )
     p.add_argument(
         "--recipe",
         choices=("readme-cpu", *RECIPES),
@@ -281,13 +287,18 @@ def main() -> None:
     )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="the quality run's device")
     p.add_argument(
-        "--iters", type=int, default=None, help="overfit/shakespeare-gpu: fewer steps (a quick check)"
+        "--iters",
+        type=int,
+        default=None,
+        help="overfit/shakespeare-gpu: stop both programs after this many steps (nanoGPT keeps its "
+        "recipe's schedule, so its curve is the full run's up to there; ours schedules over these)",
     )
     args = p.parse_args()
     if not (args.nanogpt / "train.py").exists():
         raise SystemExit(f"{args.nanogpt} is not a nanoGPT checkout (no train.py)")
     if args.clock == "cpu":
         args.threads = 1
+    variants = [extra.split() for extra in args.ours or [""]]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
 
     import torch
@@ -300,12 +311,18 @@ def main() -> None:
         if args.speed_only:
             return
         if args.recipe == "readme-cpu":
-            time_to_quality(args.nanogpt, workdir, args.data, env, args.ours.split())
+            time_to_quality(args.nanogpt, workdir, args.data, env, variants[0])
         else:
             quality_env = gpu_env(env, args.device)
-            ours = args.ours.split()
             run_recipe(
-                args.recipe, args.nanogpt, Path(tmp), args.data, args.device, quality_env, ours, args.iters
+                args.recipe,
+                args.nanogpt,
+                Path(tmp),
+                args.data,
+                args.device,
+                quality_env,
+                variants,
+                args.iters,
             )
 
 

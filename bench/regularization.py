@@ -3,6 +3,7 @@ measurements a data-aware `dropout: auto` rule is to be derived from.
 
     .venv/bin/python bench/regularization.py              # 3 data sizes x 2 models x 3 dropouts
     .venv/bin/python bench/regularization.py --smoke      # seconds: one tiny case
+    .venv/bin/python bench/regularization.py --models 4x128 --sizes 200000 --seed 2 --max-steps 10000
 
 Each case trains in this process (trainer.run.loop.train: fp32, eager, the CPU) on the first N
 characters of tinyshakespeare (the last 10% held out), evaluating every --eval-every steps, and stops
@@ -69,6 +70,7 @@ def run_case(case: Case, corpus: Path, work: Path, args: argparse.Namespace) -> 
         eval_batches=20,
         early_stopping_patience=args.patience,
         dropout=case.dropout,
+        seed=args.seed,
         checkpoint_every=0,
         export_formats=[],
         device="cpu",
@@ -90,14 +92,27 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=12)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--patience", type=int, default=4, help="evaluations without a new best before stopping")
+    p.add_argument("--seed", type=int, default=1337, help="weights and data order")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    p.add_argument(
+        "--sizes", default=",".join(map(str, DATA_CHARS)), help="characters of text, comma-separated"
+    )
+    p.add_argument("--dropouts", default=",".join(map(str, DROPOUTS)), help="comma-separated")
     p.add_argument("--smoke", action="store_true", help="one tiny case in seconds (the test suite runs it)")
     args = p.parse_args()
-    models, sizes, dropouts = list(MODELS), DATA_CHARS, DROPOUTS
+    models = args.models.split(",")
+    if unknown := set(models) - set(MODELS):
+        raise SystemExit(f"--models: unknown {sorted(unknown)}; choose from {', '.join(MODELS)}")
+    sizes = tuple(int(n) for n in args.sizes.split(","))
+    dropouts = tuple(float(d) for d in args.dropouts.split(","))
     if args.smoke:
         args.data = REPO / "tests" / "data" / "tiny_shakespeare_100k.txt"
         args.max_steps, args.eval_every, args.patience = 20, 10, 1
         models, sizes, dropouts = ["2x64"], (20_000,), (0.0, 0.2)
-    print(f"# regularization  {time.strftime('%Y-%m-%d %H:%M')}  {machine_description(torch.device('cpu'))}")
+    print(
+        f"# regularization  {time.strftime('%Y-%m-%d %H:%M')}  {machine_description(torch.device('cpu'))}"
+        f"; seed {args.seed}, at most {args.max_steps} steps, patience {args.patience}"
+    )
     rows: list[str] = []
     with tempfile.TemporaryDirectory(prefix="fromscratch-regularization-") as tmp:
         for model in models:

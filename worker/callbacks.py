@@ -130,6 +130,7 @@ class ServiceCallbacks(Callbacks):
                 dict(info),
             )
         )
+        self.events += [(f"Hyperparameter {decided}", {}) for decided in info["auto"]]
         self.warnings += info["notes"]
         self.flush()
 

@@ -73,6 +73,10 @@ def tiny_train() -> Callable[..., TrainConfig]:
             # exact numerics: float32 whatever dtype auto would pick here (bfloat16 on a CPU with
             # native bf16 that a timing probe finds faster; tests/trainer/test_precision.py tests auto)
             dtype="float32",
+            # the data-aware `auto` settings pinned: the tests of other things stay exact and
+            # independent of trainer.config.data_aware's rules (tests/trainer/test_data_aware.py)
+            dropout=0.0,
+            early_stopping_patience=0,
         )
         values.update(kw)
         return TrainConfig(**values)

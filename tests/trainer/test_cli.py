@@ -234,6 +234,7 @@ def test_progress_display(rich_bar):
             "compile": False,
             "compile_reason": "auto: the run is estimated at 3 s",
             "kernels": "fused C kernels (cpu_kernels-0123.so)",
+            "auto": ["dropout 0.1: auto: 900 training tokens for 1,234 parameters"],
             "notes": ["early_stopping_patience 3 does nothing in this run: it has no validation data."],
         }
     )
@@ -255,5 +256,6 @@ def test_progress_display(rich_bar):
     assert "dtype float32: auto: this CPU has no native bfloat16" in text
     assert "torch.compile off: auto: the run is estimated at 3 s" in text
     assert "note: early_stopping_patience 3 does nothing in this run" in text
+    assert "dropout 0.1: auto: 900 training tokens for 1,234 parameters" in text
     assert "4/4" in text and "2.1000" in text
     assert progress.should_stop() is None

@@ -34,8 +34,9 @@ MODEL = dict(n_layer=2, n_head=2, n_embd=128, ctx=128)
 
 
 # the CPU tests' tiny_train, on CUDA, with more steps, larger batches and evaluations
+# (dtype auto: the CPU fixture pins float32, and auto on CUDA is what the first test checks)
 CUDA_RUN: dict[str, Any] = dict(
-    device="cuda", max_steps=40, batch_size=8, warmup_steps=4, eval_every=20, eval_batches=4
+    device="cuda", max_steps=40, batch_size=8, warmup_steps=4, eval_every=20, eval_batches=4, dtype="auto"
 )
 
 
@@ -144,37 +145,49 @@ def cpu_logits(ckpt: Path, ids: list[list[int]]) -> np.ndarray:
     return model.eval()(torch.tensor(ids))[0].numpy()
 
 
-def test_exports_of_a_cuda_trained_checkpoint_load_in_their_consumers(
-    tmp_path, shakespeare_data, byte_tokenizer, cuda_train
-):
-    import llama_cpp  # the real consumers, never skipped
-    import onnxruntime
+TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east"
+
+
+@pytest.fixture(scope="module")
+def cuda_checkpoint(
+    tmp_path_factory, shakespeare_data, byte_tokenizer
+) -> tuple[Path, list[list[int]], np.ndarray]:
+    """A bf16 CUDA-trained checkpoint (trained once for the consumer tests), the test text's ids and
+    our float32 CPU logits of them."""
+    run = tmp_path_factory.mktemp("cuda-export") / "run"
+    overrides = dict(max_steps=60, learning_rate=3e-3, checkpoint_every=0, dtype="bfloat16")
+    config = TrainConfig(**{**CUDA_RUN, **overrides})
+    result = train(ModelConfig(**MODEL), config, shakespeare_data, run, tokenizer=byte_tokenizer)
+    assert result.final_checkpoint is not None
+    ids = [byte_tokenizer.encode(TEXT)]
+    return result.final_checkpoint, ids, cpu_logits(result.final_checkpoint, ids)
+
+
+def test_the_hf_export_of_a_cuda_checkpoint_gives_our_logits_in_transformers(tmp_path, cuda_checkpoint):
     from transformers import AutoModelForCausalLM
 
-    result = train(
-        ModelConfig(**MODEL),
-        cuda_train(max_steps=60, dtype="bfloat16"),
-        shakespeare_data,
-        tmp_path / "run",
-        tokenizer=byte_tokenizer,
-    )
-    ckpt = result.final_checkpoint
-    assert ckpt is not None
-    text = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east"
-    ids = [byte_tokenizer.encode(text)]
-    ours = cpu_logits(ckpt, ids)
-
+    ckpt, ids, ours = cuda_checkpoint
     hf = AutoModelForCausalLM.from_pretrained(export(ckpt, "hf", tmp_path / "hf"), dtype=torch.float32)
     with torch.no_grad():
         theirs = hf.eval()(torch.tensor(ids)).logits.numpy()
     assert np.abs(theirs - ours).max() <= 1e-3
 
+
+def test_the_onnx_export_of_a_cuda_checkpoint_gives_our_logits_in_onnxruntime(tmp_path, cuda_checkpoint):
+    import onnxruntime
+
+    ckpt, ids, ours = cuda_checkpoint
     session = onnxruntime.InferenceSession(
         str(export(ckpt, "onnx", tmp_path / "model.onnx")), providers=["CPUExecutionProvider"]
     )
     (theirs,) = session.run(["logits"], {"input_ids": np.array(ids, dtype=np.int64)})
     assert np.abs(theirs - ours).max() <= 1e-3
 
+
+def test_the_gguf_export_of_a_cuda_checkpoint_gives_our_logits_in_llama_cpp(tmp_path, cuda_checkpoint):
+    import llama_cpp  # the real consumer, never skipped
+
+    ckpt, ids, ours = cuda_checkpoint
     llm = llama_cpp.Llama(
         str(export(ckpt, "gguf", tmp_path / "model.gguf")),
         n_ctx=MODEL["ctx"],
@@ -184,6 +197,6 @@ def test_exports_of_a_cuda_trained_checkpoint_load_in_their_consumers(
         type_k=0,  # f32 KV cache: the f16 default alone moves logits by ~1e-2
         type_v=0,
     )
-    assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids[0]
+    assert llm.tokenize(TEXT.encode(), add_bos=False, special=False) == ids[0]
     llm.eval(ids[0])
     assert np.abs(np.array(llm.scores[: len(ids[0])]) - ours[0]).max() <= 1e-3

@@ -180,7 +180,7 @@ class SavedTensors:
 
 def saved_by_forward(model_cfg: ModelConfig, train_cfg: TrainConfig, checkpointing: bool) -> SavedTensors:
     torch.manual_seed(0)
-    model = Llama(model_cfg, dropout=train_cfg.dropout).train()
+    model = Llama(model_cfg, dropout=train_cfg.dropout or 0.0).train()
     model.activation_checkpointing = checkpointing
     saved = SavedTensors(model)
     x, y = batch(model_cfg)
@@ -218,7 +218,7 @@ def test_whole_step_peak_is_bounded() -> None:
         for extra in ({}, {"activation_checkpointing": True}, {"dtype": "bfloat16"}, {"dropout": 0.1}):
             model_cfg, train_cfg = model_config(name), TrainConfig(batch_size=BATCH, **extra)
             torch.manual_seed(0)
-            model = Llama(model_cfg, dropout=train_cfg.dropout).train()
+            model = Llama(model_cfg, dropout=train_cfg.dropout or 0.0).train()
             model.activation_checkpointing = train_cfg.activation_checkpointing
             optimizer = make_optimizer(model, train_cfg)
             x, y = batch(model_cfg)

@@ -175,7 +175,7 @@ def estimate_memory(
     residual = FP32 * tokens * d  # a block's input (the fp32 residual stream)
     block = _block_activations(model_cfg, tokens, c, a, autocast)
     embedding_mask = 0
-    if cfg.dropout > 0:
+    if cfg.dropout != 0:  # auto (None) may turn it on: its masks are counted
         block += _dropout_activations(model_cfg, tokens, c, a, device)
         embedding_mask = FP32 * tokens * d  # the float32 embedding output's
     head = (

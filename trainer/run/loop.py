@@ -125,7 +125,7 @@ def train(
             run.tokens_seen += run.tokens_per_step
             if due(run, cfg.log_every):
                 report.step(lr, result)  # the loss (a NaN ends the run), and the ranks' stop decision
-            evaluating = run.make_val_sampler is not None and due(run, cfg.eval_every)
+            evaluating = run.make_val_sampler is not None and due(run, cfg.resolved_eval_every)
             if run.is_main or run.sharded:  # DDP: rank 0 evaluates and saves alone; FSDP: every rank
                 with report.not_training():
                     if evaluating:

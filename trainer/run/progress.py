@@ -78,6 +78,8 @@ class ProgressCallbacks(Callbacks):
         self._print(f"dtype {info['dtype']}: {info['dtype_reason']}")
         self._print(f"torch.compile {'on' if info['compile'] else 'off'}: {info['compile_reason']}")
         self._print(f"element-wise ops: {info['kernels']}")
+        for decided in info["auto"]:
+            self._print(decided)
         for note in info["notes"]:
             self._print(f"note: {note}")
         if self.rich_bar:

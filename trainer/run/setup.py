@@ -26,7 +26,8 @@ from trainer.checkpoint import (
     set_rng_state,
 )
 from trainer.config import ConfigError, ModelConfig, TrainConfig
-from trainer.config.estimate import global_batch, total_steps
+from trainer.config.data_aware import resolve_auto
+from trainer.config.estimate import global_batch, tokens_per_step, total_steps
 from trainer.model import cpu_kernels
 from trainer.model.llama import Llama
 from trainer.optim.optimizers import make_optimizer
@@ -73,6 +74,15 @@ def start_run(
         model_cfg = model_cfg.model_copy(update={"vocab_size": tokenizer.vocab_size})
 
     sampler = train_sampler(cfg, model_cfg.ctx, data)
+    steps = total_steps_for(cfg, sampler)
+    cfg, auto = resolve_auto(
+        cfg,
+        train_tokens=len(data.train),
+        val_tokens=0 if data.val is None else len(data.val),
+        params=model_cfg.num_params(),
+        total_steps=steps,
+        tokens_per_step=tokens_per_step(cfg, model_cfg.ctx),
+    )
     make_val_sampler = val_sampler_factory(cfg, model_cfg.ctx, data)
     model = build_model(cfg, model_cfg, source, device)  # seeds the global RNGs, then initializes
     run = TrainRun(
@@ -89,10 +99,11 @@ def start_run(
         sampler=sampler,
         make_val_sampler=make_val_sampler,
         make_full_pass=full_pass_factory(cfg, model_cfg.ctx, data) if make_val_sampler is not None else None,
-        total_steps=total_steps_for(cfg, sampler),
+        total_steps=steps,
         resume_path=resume_path,
         rank=rank,
         world=world,
+        auto=[f"{c.field} {c.value}: {c.reason}" for c in auto],
     )
     if resumed is not None:
         restore_progress(run, resumed)
@@ -291,7 +302,7 @@ def val_sampler_factory(cfg: TrainConfig, ctx: int, data: TokenData) -> Callable
     from trainer.data.prepare import BatchSampler
 
     val = data.val
-    if val is None or len(val) == 0 or cfg.eval_every <= 0:
+    if val is None or len(val) == 0 or cfg.resolved_eval_every <= 0:
         return None
     spans = loss_spans(cfg, data.val_spans)
 
@@ -326,7 +337,7 @@ def build_model(
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
     torch.manual_seed(cfg.seed)
-    model = Llama(model_cfg, init_std=cfg.init_std, dropout=cfg.dropout)
+    model = Llama(model_cfg, init_std=cfg.init_std, dropout=cfg.resolved_dropout)
     if source is not None:
         model.load_state_dict(source.model_state, strict=True)
     if device.type == "cuda":

@@ -42,6 +42,7 @@ class StartInfo(TypedDict):
     compile: bool
     compile_reason: str
     kernels: str  # what the element-wise ops run on (trainer.model.cpu_kernels.for_run)
+    auto: list[str]  # what each data-aware `auto` setting became, and why (trainer.config.data_aware)
     notes: list[str]  # settings that do nothing in this run, and why (shown, never an error)
 
 
@@ -70,6 +71,8 @@ class TrainRun:
     sharded: bool = False  # sharding fsdp (trainer.run.fsdp): every rank joins evaluation and saving
     # what dtype auto / compile auto decided and why (trainer.run.precision); saved in checkpoints
     precision: dict[str, str | bool] = field(default_factory=dict)
+    # what the data-aware `auto` settings became and why, "field value: reason" (trainer.config.data_aware)
+    auto: list[str] = field(default_factory=list)
     # progress, saved in every checkpoint
     step: int = 0
     tokens_seen: int = 0
@@ -148,6 +151,7 @@ class TrainRun:
             "compile": bool(self.precision.get("compile", False)),
             "compile_reason": str(self.precision.get("compile_reason", "")),
             "kernels": str(self.precision.get("kernels", "")),
+            "auto": list(self.auto),
             "notes": self.notes(),
         }
 

@@ -85,7 +85,7 @@ class DropoutSeeds:
 
     def __init__(self, run: TrainRun):
         self.run = run
-        self.generator = device_generator(run.device) if run.cfg.dropout > 0 else None
+        self.generator = device_generator(run.device) if run.cfg.resolved_dropout > 0 else None
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
