@@ -26,6 +26,7 @@ import math
 from api.hyperparams import HyperparameterError
 from core.settings import Settings
 from trainer.config import ModelConfig, TrainConfig
+from trainer.config.data_aware import admission_dropout
 from trainer.config.estimate import (
     Device,
     MemoryEstimate,
@@ -73,17 +74,17 @@ def check_job_limits(
     continues a model, so its architecture cannot change."""
     _check_devices(train_cfg.devices, queue, settings)
     _check_checkpoints(train_cfg, settings.max_checkpoints_per_job)
-    windows = max_windows_per_epoch(
-        max_train_tokens(train_cfg, training_bytes, has_validation_file),
-        model_cfg.ctx,
-        train_cfg.samples_after_nl,
-    )
+    train_tokens = max_train_tokens(train_cfg, training_bytes, has_validation_file)
+    windows = max_windows_per_epoch(train_tokens, model_cfg.ctx, train_cfg.samples_after_nl)
     steps = total_steps(train_cfg, windows)
     _check_steps(train_cfg, steps, windows, settings.max_job_steps)
     _check_tokens(model_cfg, train_cfg, steps, settings.max_job_tokens)
     device: Device = "cuda" if queue == "gpu" else "cpu"
     limit = settings.gpu_worker_memory_bytes if queue == "gpu" else settings.cpu_worker_memory_bytes
-    _check_memory(model_cfg, train_cfg, device, queue, limit, given, continuing)
+    dropout = admission_dropout(train_cfg, train_tokens, model_cfg.num_params())
+    _check_memory(
+        model_cfg, train_cfg.model_copy(update={"dropout": dropout}), device, queue, limit, given, continuing
+    )
 
 
 def worker_devices_limit(queue: str, settings: Settings) -> int:
@@ -174,12 +175,21 @@ def _check_memory(
         f"The job needs about {gib(est.total)} of memory ({gib(est.weights)} weights, {gib(est.gradients)} "
         f"gradients, {gib(est.optimizer)} optimizer state (optimizer={train_cfg.optimizer}), "
         f"{gib(est.activations)} activations "
-        f"for a micro-batch of batch_size={train_cfg.batch_size} x ctx={model_cfg.ctx} tokens in {dtype}), "
+        f"for a micro-batch of batch_size={train_cfg.batch_size} x ctx={model_cfg.ctx} tokens in {dtype}"
+        f"{_with_dropout(train_cfg, device)}), "
         f"more than the largest {queue} worker has ({gib(limit)}, "
         f"FROMSCRATCH_{queue.upper()}_WORKER_MEMORY_BYTES)."
     )
     param, fix = _memory_fix(model_cfg, train_cfg, device, limit, est, given, continuing)
     raise JobTooLarge(f"{needs} {fix}", param)
+
+
+def _with_dropout(train_cfg: TrainConfig, device: Device) -> str:
+    """Dropout's part in the activations, said where it is large (the CPU keeps attention's
+    probabilities for it) and where the job did not choose it."""
+    if not train_cfg.dropout or device != "cpu":
+        return ""
+    return f" with dropout {train_cfg.dropout:g}, which keeps attention's probabilities on the CPU"
 
 
 def _memory_fix(

@@ -2,9 +2,9 @@
 text, side by side in one run, each program's validation curve read with the time since its start.
 
 (`readme-cpu`, nanoGPT's README CPU recipe, is peer.py's own `time_to_quality`.)
-- `overfit`: where overfitting decides the outcome: nanoGPT's shakespeare_char GPU model scaled down
-  to what 2 cores train in minutes (4 layers, 4 heads, 192 wide, ctx 128, batch 32, dropout 0.2 as
-  its config has it), on the first 200 KB of tinyshakespeare. Figures: each program's *best*
+- `overfit`: where overfitting decides the outcome: nanoGPT's README CPU model (4 layers, 4 heads,
+  128 wide, ctx 64, batch 12; 0.8M parameters) on the first 200 KB of tinyshakespeare (0.2 training
+  tokens per parameter), 3000 iterations, nanoGPT with the dropout 0.2 of its shakespeare_char config. Figures: each program's *best*
   validation loss, and the time our loss takes to reach nanoGPT's best over nanoGPT's time to reach it.
 - `shakespeare-gpu`: nanoGPT's config/train_shakespeare_char.py as it is (6 layers, 6 heads, 384 wide,
   ctx 256, batch 64, dropout 0.2, 5000 iterations, evaluating every 250 on 200 batches) and ours at the
@@ -41,8 +41,8 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     "overfit": Recipe(
-        dict(n_layer=4, n_head=4, n_embd=192, ctx=128, batch=32),
-        2500,
+        dict(n_layer=4, n_head=4, n_embd=128, ctx=64, batch=12),
+        3000,
         100,
         20,
         "best",

@@ -133,13 +133,14 @@ def check(
     given: set[str] | None = None,
     continuing: bool = False,
     queue: str = "cpu",
+    training_bytes: int = 10**6,
     **limits: Any,
 ) -> None:
     check_job_limits(
         model_cfg,
         train_cfg,
         queue=queue,
-        training_bytes=10**6,
+        training_bytes=training_bytes,
         has_validation_file=False,
         given=given or set(),
         continuing=continuing,
@@ -154,8 +155,21 @@ def refusal(*args: Any, **kwargs: Any) -> JobTooLarge:
 
 
 def test_the_presets_fit_with_their_defaults(tmp_path: Path) -> None:
+    # 1 GB of text: dropout auto is 0 for each (trainer.config.data_aware)
     for preset in ("llama-tiny", "llama-260k", "llama-15m", "llama-42m"):
-        check(model_config_from_preset(preset, vocab_size=4096), TrainConfig(), tmp_path)
+        check(
+            model_config_from_preset(preset, vocab_size=4096), TrainConfig(), tmp_path, training_bytes=10**9
+        )
+
+
+def test_admission_plans_for_the_dropout_auto_will_choose_on_small_data(tmp_path: Path) -> None:
+    model = model_config_from_preset("llama-42m", vocab_size=4096)
+    # 1 MB for ~25M parameters: auto decides dropout 0.2, and on the CPU attention then keeps its
+    # probabilities (ctx x ctx per head) for the backward pass
+    err = refusal(model, TrainConfig(), tmp_path)
+    assert "with dropout 0.2, which keeps attention's probabilities on the CPU" in err.message
+    assert err.param == "batch_size"
+    check(model, TrainConfig(dropout=0.0), tmp_path)  # the same job without dropout fits
 
 
 def test_the_field_named_follows_what_is_too_large(tmp_path: Path) -> None:

@@ -82,3 +82,13 @@ def test_a_run_decides_auto_from_its_data_reports_why_and_keeps_the_decision(tmp
     assert result.final_checkpoint is not None
     saved: dict[str, Any] = json.loads((result.final_checkpoint / "config.json").read_text())
     assert (saved["train"]["dropout"], saved["train"]["eval_every"]) == (0.1, 10)
+
+
+def test_admission_plans_for_the_most_dropout_the_file_can_get() -> None:
+    from trainer.config.data_aware import admission_dropout
+
+    # byte tokenizer: a file's tokens are its bytes; BPE: as few as bytes / 8
+    assert admission_dropout(TrainConfig(tokenizer="byte"), 2_000_000, 1_000_000) == 0.0
+    assert admission_dropout(TrainConfig(tokenizer="bpe"), 2_000_000, 1_000_000) == 0.1
+    assert admission_dropout(TrainConfig(tokenizer="bpe"), 700_000, 1_000_000) == 0.2
+    assert admission_dropout(TrainConfig(tokenizer="bpe", dropout=0.0), 700_000, 1_000_000) == 0.0

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 NO_DROPOUT_FROM = 1.0  # training tokens per parameter
 HIGH_DROPOUT_BELOW = 0.1
 LOW_DROPOUT, HIGH_DROPOUT = 0.1, 0.2
+# admission (the API, before any tokenizing) takes a file's fewest tokens as its bytes / this for
+# BPE (the vocabularies trained here average well under 8 bytes a token), so it never expects less
+# dropout, and so less memory, than the run will decide on its real tokens
+BPE_MAX_BYTES_PER_TOKEN = 8
 AUTO_PATIENCE = 4
 EVALUATIONS_PER_RUN = 20
 MIN_EVAL_EVERY = 10
@@ -53,6 +57,15 @@ def auto_dropout(train_tokens: int, params: int) -> AutoChoice:
         value,
         f"auto: {train_tokens:,} training tokens for {params:,} parameters, {ratio:.2g} per parameter ({why})",
     )
+
+
+def admission_dropout(cfg: TrainConfig, max_train_tokens: int, params: int) -> float:
+    """The dropout to plan a job's memory for: its own, or the most `auto` can decide for a file of
+    at most `max_train_tokens` training tokens."""
+    if cfg.dropout is not None:
+        return cfg.dropout
+    fewest = max_train_tokens // (BPE_MAX_BYTES_PER_TOKEN if cfg.tokenizer == "bpe" else 1)
+    return float(auto_dropout(fewest, params).value)
 
 
 def auto_early_stopping_patience(train_tokens: int, planned_tokens: int, evaluates: bool) -> AutoChoice:
