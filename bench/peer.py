@@ -216,8 +216,10 @@ def speed_round(nanogpt: Path, workdir: Path, corpus: Path, steps: int, env: dic
 
 
 def time_to_quality(
-    nanogpt: Path, workdir: Path, corpus: Path, env: dict[str, str], ours_extra: list[str]
+    nanogpt: Path, workdir: Path, corpus: Path, env: dict[str, str], variants: list[list[str]]
 ) -> None:
+    """nanoGPT's README CPU recipe once, then ours once per variant (extra options), each timed to
+    nanoGPT's final validation loss."""
     r = RECIPE
     config = nanogpt / "config" / "train_shakespeare_char.py"
     nano_args = [str(config)] + nanogpt_shape_args(
@@ -230,14 +232,21 @@ def time_to_quality(
     evals = EVAL_LINE.findall(stdout)
     target = float(evals[-1][2])
     print(f"nanoGPT recipe: {nano_wall:.1f} s, final val loss {target:.4f} ({len(evals)} evaluations)")
+    for i, extra in enumerate(variants):
+        ours_to_target(corpus, workdir / f"ours-quality-{i}", env, extra, target, nano_wall)
 
+
+def ours_to_target(
+    corpus: Path, out: Path, env: dict[str, str], ours_extra: list[str], target: float, nano_wall: float
+) -> None:
+    r = RECIPE
     ours_args = [
         *("--n-layer", str(r["n_layer"]), "--n-head", str(r["n_head"])),
         *("--n-embd", str(r["n_embd"]), "--ctx", str(r["ctx"])),
         *("--export-formats", "none", "--samples", "0", "--device", "cpu", "--val-fraction", "0.1"),
         *ours_extra,
     ]
-    records, ours_wall, started = run_ours(corpus, workdir / "ours-quality", ours_args, env)
+    records, ours_wall, started = run_ours(corpus, out, ours_args, env)
     evals_ours = [
         (rec["step"], rec["val_loss"], rec["time"] - started) for rec in records if "val_loss" in rec
     ]
@@ -311,7 +320,7 @@ def main() -> None:
         if args.speed_only:
             return
         if args.recipe == "readme-cpu":
-            time_to_quality(args.nanogpt, workdir, args.data, env, variants[0])
+            time_to_quality(args.nanogpt, workdir, args.data, env, variants)
         else:
             quality_env = gpu_env(env, args.device)
             run_recipe(

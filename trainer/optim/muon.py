@@ -72,14 +72,20 @@ def muon_param_groups(model: Llama, cfg: TrainConfig) -> list[dict[str, Any]]:
     return groups
 
 
-def orthogonalize(matrix: torch.Tensor) -> torch.Tensor:
-    """A bfloat16 matrix with `matrix`'s singular vectors and singular values near 1.
+def newton_schulz_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 on CUDA, as torch.optim.Muon; float32 on a CPU, where bfloat16 matmuls without
+    native support run at ~1 GFLOP/s against fp32's ~160 (bench/README.md, trainer_throughput)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def orthogonalize(matrix: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """A matrix (of `dtype`) with `matrix`'s singular vectors and singular values near 1.
 
     Scaled to Frobenius norm 1 (so every singular value is <= 1), each iteration maps the singular
     values s to a s + b s^3 + c s^5: X <- a X + (b A + c A^2) X with A = X X^T, computed on the wide
     orientation so that A is the smaller Gram matrix."""
     a, b, c = NEWTON_SCHULZ
-    x = matrix.bfloat16()
+    x = matrix.to(dtype)
     tall = x.size(0) > x.size(1)
     if tall:
         x = x.T
@@ -108,7 +114,7 @@ class MuonAdamW(AdamW):
                 state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             average = state["momentum_buffer"]
             average.lerp_(p.grad, 1 - momentum)
-            step = orthogonalize(p.grad.lerp(average, momentum))
+            step = orthogonalize(p.grad.lerp(average, momentum), newton_schulz_dtype(p.device))
             p.mul_(1 - lr * group["weight_decay"])
             # x sqrt(fan_out / fan_in) for a matrix that widens its input (w1, w3; Muon's own rule),
             # so that its output moves per unit of input as much as a square matrix's
