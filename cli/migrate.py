@@ -1,14 +1,17 @@
-"""`fromscratch migrate`: bring the database to the latest schema (alembic upgrade head)."""
+"""`fromscratch migrate`: bring the database to the latest schema (alembic upgrade head) and, with
+the s3 blob backend, create the bucket unless it exists."""
 
 from __future__ import annotations
 
 import argparse
 
-from cli.server_settings import add_data_dir_option, load_settings, migrate_database
+from cli.server_settings import add_data_dir_option, load_settings, migrate_database, prepare_blob_store
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser("migrate", help="apply database migrations (alembic upgrade head)")
+    p = subparsers.add_parser(
+        "migrate", help="apply database migrations (alembic upgrade head); create the S3 bucket if needed"
+    )
     add_data_dir_option(p)
     p.set_defaults(func=run_migrate)
 
@@ -17,6 +20,9 @@ def run_migrate(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     migrate_database(settings)
     print(f"database is at the latest schema: {redact_url(settings.database_url)}")
+    blobs = prepare_blob_store(settings)
+    if blobs:
+        print(blobs)
     return 0
 
 

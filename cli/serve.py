@@ -10,7 +10,13 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from cli.server_settings import add_data_dir_option, load_settings, migrate_database, session_factory
+from cli.server_settings import (
+    add_data_dir_option,
+    load_settings,
+    migrate_database,
+    prepare_blob_store,
+    session_factory,
+)
 from cli.worker_supervisor import WorkerSupervisor
 
 if TYPE_CHECKING:
@@ -21,8 +27,9 @@ DESCRIPTION = """Server-side subcommands: `fromscratch serve`, `fromscratch migr
 All of them read the same settings (`FROMSCRATCH_*`; `--data-dir` sets `FROMSCRATCH_DATA_DIR`), so
 `FROMSCRATCH_DATA_DIR=d fromscratch keys create --name x` works beside `fromscratch serve --data-dir d`.
 
-`fromscratch serve` is the embedded install: SQLite database and kombu's `sqla+sqlite` broker in the
-data dir (unless FROMSCRATCH_DATABASE_URL / FROMSCRATCH_BROKER_URL say otherwise), migrations run at
+`fromscratch serve` is the embedded install: SQLite database, kombu's `sqla+sqlite` broker and the
+blobs (uploads, checkpoints, exports: files under `blobs/`, none in the database) in the data dir
+(unless FROMSCRATCH_DATABASE_URL / FROMSCRATCH_BROKER_URL / FROMSCRATCH_BLOB_BACKEND say otherwise), migrations run at
 start, an API key created and printed on the first start, two `fromscratch worker` subprocesses
 supervised (restarted with backoff if they die): one training worker (queues cpu,gpu) and one
 inference worker (queue inference: completions and on-demand exports, models kept loaded), and
@@ -68,6 +75,7 @@ def _ensure_first_key(settings: Settings) -> str | None:
 def run_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     migrate_database(settings)
+    prepare_blob_store(settings)
     print(_banner(args.host, args.port, settings, _ensure_first_key(settings)), flush=True)
     supervisors = [] if args.no_worker else _start_workers(args.log_level)
 

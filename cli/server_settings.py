@@ -54,3 +54,14 @@ def migrate_database(settings: Settings) -> None:
     from core.migrate import run_migrations
 
     run_migrations(settings.database_url)
+
+
+def prepare_blob_store(settings: Settings) -> str | None:
+    """With the s3 blob backend, create its bucket unless it exists; a line saying so, else None."""
+    if settings.blob_backend != "s3":
+        return None
+    from core.blob_backends.s3 import S3Backend
+
+    s3 = S3Backend(settings.s3_bucket, endpoint_url=settings.s3_endpoint_url or None)
+    made = s3.ensure_bucket()
+    return f"S3 bucket {settings.s3_bucket!r} {'created' if made else 'exists'}"

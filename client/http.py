@@ -143,10 +143,12 @@ class Client:
         self.close()
 
     # -- plumbing -------------------------------------------------------------------------
-    def _send(self, method: str, path: str, *, stream: bool = False, **kwargs: Any) -> httpx.Response:
+    def _send(
+        self, method: str, path: str, *, stream: bool = False, follow_redirects: bool = False, **kwargs: Any
+    ) -> httpx.Response:
         try:
             request = self._http.build_request(method, path, **kwargs)
-            response = self._http.send(request, stream=stream)
+            response = self._http.send(request, stream=stream, follow_redirects=follow_redirects)
         except httpx.TimeoutException as e:
             raise APIError(f"timed out talking to {self.server}: {e}") from e
         except httpx.HTTPError as e:
@@ -295,6 +297,9 @@ class Client:
                 f"/v1/models/{model_id}/content",
                 params=params,
                 stream=True,
+                # a server storing models in S3 may redirect to a presigned URL (httpx drops the
+                # Authorization header when the redirect leaves the API's origin)
+                follow_redirects=True,
                 timeout=httpx.Timeout(600.0, connect=10.0),
             )
             if response.status_code != 202:

@@ -1,88 +1,94 @@
 """Blob store: bytes for uploads, tokenized data, checkpoints and exports.
 
-Two backends behind one class:
-- "db" (default): chunks of `chunk_size` bytes in `blob_chunks`, so a worker on another machine
-  needs only the database URL. Streamed both ways: chunks are inserted as they arrive and
-  committed every few MiB; reads fetch one chunk per query. Never the whole blob in memory.
-- "fs": one file at `<blob_dir>/<xx>/<blob id>`, written to a temp file and renamed into place.
+One class over three backends (core/blob_backends/), chosen by `backend` for new blobs:
+- "db": chunks of `chunk_size` bytes in `blob_chunks`, so a worker on another machine needs only
+  the database URL. Streamed both ways, never the whole blob in memory.
+- "fs": one file at `<blob_dir>/<xx>/<blob id>`, written to a temp file and renamed into place
+  (the embedded `fromscratch serve`'s default: no model bytes in SQLite).
+- "s3": one object per blob in an S3 bucket (SeaweedFS, MinIO, AWS), written as a multipart
+  upload and read with ranged GETs.
 
 Visibility protocol ("write, then commit the row that points to it"):
 1. `put()` inserts the `blobs` row with complete=False and the bytes, committing in its *own*
    short transactions (so a 1 GiB upload never holds one giant transaction or, on SQLite, the
-   write lock for the whole upload);
+   write lock for the whole upload); for "fs" and "s3" the row (with its path or key) is
+   committed *before* the bytes are written, so a writer that dies leaves a row to find;
 2. at the end it sets size, sha256 and complete=True on the row in the *caller's* session and
    flushes; the caller commits that together with the row that points at the blob (File,
    Checkpoint, Export). If the caller rolls back or the process dies, the blob stays incomplete:
-   never readable, and removed by `gc_incomplete()`.
+   never readable, and removed by `gc_incomplete()` with whatever bytes it left (a temp file,
+   an object, an unfinished multipart upload).
 Exception: on SQLite, when the caller's session already holds the (single) write lock, put()
 writes through the caller's transaction instead (its own would wait for that lock forever).
+A write that fails removes its bytes and its row at once; should removing the bytes fail (the S3
+server unreachable), the row stays, incomplete, so `gc_incomplete()` tries again later.
 
-Reads dispatch on the row's `backend`, so blobs written before a backend switch stay readable.
-Every read checks size and sha256 at the end and raises BlobCorrupt on a mismatch.
+Reads dispatch on the row's `backend`, so blobs written before a backend switch stay readable
+(an "s3" row needs the bucket configured, an "fs" row the blob_dir). Every read checks size and
+sha256 at the end and raises BlobCorrupt on a mismatch. Deleting removes the rows in the caller's
+transaction and the bytes outside the database only once it commits.
 """
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import os
 import secrets
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from sqlalchemy import delete, event, insert, select
+from sqlalchemy import delete, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.blob_backends import ExternalBackend, Meter, recut
+from core.blob_backends.db import read_chunks, write_chunks
+from core.blob_backends.fs import FsBackend
+from core.blob_errors import BlobCorrupt, BlobError, BlobNotFound, BlobTooLarge
 from core.models import Blob, BlobChunk, new_id, utcnow
 
 if TYPE_CHECKING:
+    from core.blob_backends.s3 import S3Backend
     from core.settings import Settings
 
+__all__ = [
+    "BACKENDS",
+    "CHUNK_SIZE",
+    "BlobCorrupt",
+    "BlobError",
+    "BlobNotFound",
+    "BlobStore",
+    "BlobTooLarge",
+    "blobstore_from_settings",
+]
+
 CHUNK_SIZE = 1 << 20  # 1 MiB: small enough for any driver, few enough rows for big blobs
-COMMIT_EVERY = 4  # chunks per write transaction
-_UNLINK_KEY = "fromscratch.blob_unlinks"
+BACKENDS = ("db", "fs", "s3")
+_REMOVALS_KEY = "fromscratch.blob_removals"
+log = logging.getLogger(__name__)
 
 
-class BlobError(Exception):
-    pass
+@dataclass(frozen=True)
+class _Removal:
+    """Bytes outside the database to remove (and what an unfinished write left, if `partial`)."""
 
+    backend: ExternalBackend
+    location: str
+    partial: bool = False
 
-class BlobNotFound(BlobError, LookupError):
-    def __init__(self, blob_id: str) -> None:
-        super().__init__(f"blob {blob_id} does not exist or is not complete")
-        self.blob_id = blob_id
-
-
-class BlobTooLarge(BlobError):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"the data is larger than the limit of {limit} bytes")
-        self.limit = limit
-
-
-class BlobCorrupt(BlobError):
-    pass
-
-
-def _chunks(stream: Iterable[bytes] | BinaryIO, size: int) -> Iterator[bytes]:
-    """Re-cut any byte source into pieces of exactly `size` bytes (the last may be shorter)."""
-    source: Iterable[bytes]
-    if hasattr(stream, "read"):
-        reader = stream  # file-like: read() returns b"" at EOF
-        source = iter(lambda: reader.read(size), b"")
-    else:
-        source = stream
-    buf = bytearray()
-    for piece in source:
-        if not piece:
-            continue
-        buf += piece
-        while len(buf) >= size:
-            yield bytes(buf[:size])
-            del buf[:size]
-    if buf:
-        yield bytes(buf)
+    def run(self) -> bool:
+        """Remove them; False (logged) when the backend failed."""
+        try:
+            self.backend.remove(self.location)
+            if self.partial:
+                self.backend.remove_partial(self.location)
+        except Exception as exc:
+            log.warning("could not remove blob bytes at %s (%s): %s", self.location, self.backend.name, exc)
+            return False
+        return True
 
 
 def _holds_sqlite_write_lock(session: Session) -> bool:
@@ -92,16 +98,16 @@ def _holds_sqlite_write_lock(session: Session) -> bool:
     return bool(getattr(session.connection().connection.dbapi_connection, "in_transaction", False))
 
 
-# FS deletes happen only once the deleting transaction commits, so a rollback keeps the file.
+# Bytes outside the database go only once the deleting transaction commits: a rollback keeps them.
 @event.listens_for(Session, "after_commit")
-def _unlink_after_commit(session: Session) -> None:
-    for path in session.info.pop(_UNLINK_KEY, ()):
-        Path(path).unlink(missing_ok=True)
+def _remove_after_commit(session: Session) -> None:
+    for removal in session.info.pop(_REMOVALS_KEY, ()):
+        removal.run()
 
 
 @event.listens_for(Session, "after_rollback")
-def _forget_unlinks(session: Session) -> None:
-    session.info.pop(_UNLINK_KEY, None)
+def _forget_removals(session: Session) -> None:
+    session.info.pop(_REMOVALS_KEY, None)
 
 
 class BlobStore:
@@ -111,15 +117,32 @@ class BlobStore:
         backend: str = "db",
         blob_dir: Path | str | None = None,
         chunk_size: int = CHUNK_SIZE,
+        s3: S3Backend | None = None,
     ) -> None:
-        if backend not in ("db", "fs"):
-            raise ValueError(f"unknown blob backend {backend!r}: use 'db' or 'fs'")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown blob backend {backend!r}: use one of {', '.join(BACKENDS)}")
         if backend == "fs" and blob_dir is None:
             raise ValueError("the 'fs' blob backend needs blob_dir")
+        if backend == "s3" and s3 is None:
+            raise ValueError("the 's3' blob backend needs its bucket (FROMSCRATCH_S3_BUCKET)")
         self.session_factory = session_factory
         self.backend = backend
         self.blob_dir = Path(blob_dir) if blob_dir is not None else None
         self.chunk_size = chunk_size
+        self.s3 = s3
+        # the backends this store can read and remove (every one configured, not only `backend`)
+        self._external: dict[str, ExternalBackend] = {}
+        if self.blob_dir is not None:
+            self._external["fs"] = FsBackend(self.blob_dir, chunk_size)
+        if s3 is not None:
+            self._external["s3"] = s3
+
+    def _external_for(self, blob_id: str, backend: str) -> ExternalBackend:
+        found = self._external.get(backend)
+        if found is None:
+            setting = "FROMSCRATCH_S3_BUCKET" if backend == "s3" else "FROMSCRATCH_BLOB_DIR"
+            raise BlobError(f"blob {blob_id} is stored on the {backend!r} backend: set {setting}")
+        return found
 
     # ---- writing ---------------------------------------------------------------------------
     def put(self, stream: Iterable[bytes] | BinaryIO, session: Session, max_bytes: int | None = None) -> Blob:
@@ -129,18 +152,20 @@ class BlobStore:
         # On SQLite a caller that already wrote holds the one write lock: our own transactions
         # would wait for it forever, so write through the caller's transaction instead.
         shared = session if _holds_sqlite_write_lock(session) else None
+        meter = Meter(max_bytes)
+        chunks = meter.measure(recut(stream, self.chunk_size))
         try:
             if self.backend == "db":
-                size, digest = self._write_db(blob_id, stream, max_bytes, shared)
+                self._write_db(blob_id, chunks, shared)
             else:
-                size, digest = self._write_fs(blob_id, stream, max_bytes, shared)
+                self._write_external(self._external[self.backend], blob_id, chunks, shared)
         except BaseException:
             self._discard(blob_id, shared)
             raise
         blob = session.get(Blob, blob_id)
         if blob is None:  # a concurrent gc removed it: treat like a failed write
             raise BlobError(f"blob {blob_id} vanished while being written")
-        blob.size, blob.sha256, blob.complete = size, digest, True
+        blob.size, blob.sha256, blob.complete = meter.size, meter.sha256, True
         session.flush()
         return blob
 
@@ -157,59 +182,28 @@ class BlobStore:
         with self.session_factory() as own:
             yield own, True
 
-    def _write_db(
-        self, blob_id: str, stream: Iterable[bytes] | BinaryIO, max_bytes: int | None, shared: Session | None
-    ) -> tuple[int, str]:
-        h, size = hashlib.sha256(), 0
+    def _write_db(self, blob_id: str, chunks: Iterable[bytes], shared: Session | None) -> None:
         with self._writer(shared) as (s, owned):
             s.add(Blob(id=blob_id, backend="db", complete=False))
             s.flush()
-            for seq, chunk in enumerate(_chunks(stream, self.chunk_size)):
-                size += len(chunk)
-                if max_bytes is not None and size > max_bytes:
-                    raise BlobTooLarge(max_bytes)
-                h.update(chunk)
-                # Core-style insert: the chunk is not kept in the session's identity map
-                s.execute(insert(BlobChunk).values(blob_id=blob_id, seq=seq, data=chunk))
-                if owned and (seq + 1) % COMMIT_EVERY == 0:
-                    s.commit()
+            write_chunks(s, blob_id, chunks, owned)
             if owned:
                 s.commit()
-        return size, h.hexdigest()
 
-    def _fs_relpath(self, blob_id: str) -> str:
-        # fan out on the random part of the id (the "blob-" prefix is the same for all)
-        return f"{blob_id.rsplit('-', 1)[-1][:2]}/{blob_id}"
-
-    def _write_fs(
-        self, blob_id: str, stream: Iterable[bytes] | BinaryIO, max_bytes: int | None, shared: Session | None
-    ) -> tuple[int, str]:
-        assert self.blob_dir is not None
-        rel = self._fs_relpath(blob_id)
+    def _write_external(
+        self, backend: ExternalBackend, blob_id: str, chunks: Iterable[bytes], shared: Session | None
+    ) -> None:
+        location = backend.location(blob_id)
         with self._writer(shared) as (s, owned):  # the row first, so a crash leaves something gc can find
-            s.add(Blob(id=blob_id, backend="fs", path=rel, complete=False))
+            s.add(Blob(id=blob_id, backend=backend.name, path=location, complete=False))
             s.commit() if owned else s.flush()
-        final = self.blob_dir / rel
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f"{blob_id}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-        h, size = hashlib.sha256(), 0
-        try:
-            with open(tmp, "wb") as f:
-                for chunk in _chunks(stream, self.chunk_size):
-                    size += len(chunk)
-                    if max_bytes is not None and size > max_bytes:
-                        raise BlobTooLarge(max_bytes)
-                    h.update(chunk)
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return size, h.hexdigest()
+        backend.write(location, chunks)
 
     def _discard(self, blob_id: str, shared: Session | None) -> None:
-        """Remove a failed write: committed chunks, the row and any file."""
+        """Remove a failed write: its bytes, then its rows (kept for gc if the bytes stay)."""
+        external = self._external.get(self.backend)
+        if external is not None and not _Removal(external, external.location(blob_id)).run():
+            return  # the row stays incomplete: gc_incomplete removes both later
         with self._writer(shared) as (s, owned):
             if owned:
                 self._delete_rows(s, blob_id)
@@ -219,16 +213,6 @@ class BlobStore:
                     self._delete_rows(s, blob_id)
                 except Exception:  # the caller's transaction is broken: its rollback removes the rows
                     pass
-        if self.blob_dir is not None:
-            self._remove_files(blob_id)
-
-    def _remove_files(self, blob_id: str) -> None:
-        assert self.blob_dir is not None
-        final = self.blob_dir / self._fs_relpath(blob_id)
-        final.unlink(missing_ok=True)
-        if final.parent.exists():
-            for tmp in final.parent.glob(f"{blob_id}.tmp-*"):
-                tmp.unlink(missing_ok=True)
 
     # ---- reading ---------------------------------------------------------------------------
     def info(self, blob_id: str) -> Blob:
@@ -244,46 +228,20 @@ class BlobStore:
         """An iterator over the blob's bytes. Checks existence now (BlobNotFound), so callers can
         answer 404 before starting a response; the bytes are read lazily, chunk by chunk."""
         blob = self.info(blob_id)
-        if blob.backend == "fs":
-            if self.blob_dir is None or blob.path is None:
-                raise BlobError(f"blob {blob_id} is stored on a filesystem: set FROMSCRATCH_BLOB_DIR")
-            return self._verified(blob, self._iter_fs(self.blob_dir / blob.path))
-        return self._verified(blob, self._iter_db(blob_id))
-
-    def _iter_db(self, blob_id: str) -> Iterator[bytes]:
-        last = -1
-        while True:
-            # one short query per chunk: bounded memory, no long-lived read transaction
-            with self.session_factory() as s:
-                row = s.execute(
-                    select(BlobChunk.seq, BlobChunk.data)
-                    .where(BlobChunk.blob_id == blob_id, BlobChunk.seq > last)
-                    .order_by(BlobChunk.seq)
-                    .limit(1)
-                ).first()
-            if row is None:
-                return
-            last = row.seq
-            yield bytes(row.data)
-
-    def _iter_fs(self, path: Path) -> Iterator[bytes]:
-        try:
-            f = open(path, "rb")
-        except FileNotFoundError:
-            raise BlobCorrupt(f"blob file {path} is missing") from None
-        with f:
-            yield from iter(lambda: f.read(self.chunk_size), b"")
+        if blob.backend == "db":
+            return self._verified(blob, read_chunks(self.session_factory, blob_id))
+        backend = self._external_for(blob_id, blob.backend)
+        if blob.path is None:
+            raise BlobCorrupt(f"blob {blob_id} on the {blob.backend!r} backend has no path")
+        return self._verified(blob, backend.read(blob.path, blob.size))
 
     @staticmethod
     def _verified(blob: Blob, chunks: Iterator[bytes]) -> Iterator[bytes]:
-        h, size = hashlib.sha256(), 0
-        for chunk in chunks:
-            h.update(chunk)
-            size += len(chunk)
-            yield chunk
-        if size != blob.size or h.hexdigest() != blob.sha256:
+        meter = Meter(None)
+        yield from meter.measure(chunks)
+        if meter.size != blob.size or meter.sha256 != blob.sha256:
             raise BlobCorrupt(
-                f"blob {blob.id} read back {size} bytes with sha256 {h.hexdigest()}, "
+                f"blob {blob.id} read back {meter.size} bytes with sha256 {meter.sha256}, "
                 f"expected {blob.size} bytes with sha256 {blob.sha256}"
             )
 
@@ -302,35 +260,70 @@ class BlobStore:
             tmp.unlink(missing_ok=True)
         return path
 
+    def presigned_url(self, blob_id: str, content_disposition: str, media_type: str) -> str | None:
+        """A URL that downloads the blob straight from S3 without credentials (for a while), or
+        None when the blob is not an S3 object this store can sign for."""
+        blob = self.info(blob_id)
+        if blob.backend != "s3" or self.s3 is None or blob.path is None:
+            return None
+        return self.s3.presigned_url(blob.path, content_disposition, media_type)
+
     # ---- deleting --------------------------------------------------------------------------
-    def _delete_rows(self, session: Session, blob_id: str) -> str | None:
-        path = session.scalar(select(Blob.path).where(Blob.id == blob_id))
+    def _delete_rows(self, session: Session, blob_id: str) -> tuple[str, str | None] | None:
+        """Delete the blob's rows; its (backend, path) as they were, or None if there was none."""
+        row = session.execute(select(Blob.backend, Blob.path).where(Blob.id == blob_id)).first()
         session.execute(delete(BlobChunk).where(BlobChunk.blob_id == blob_id))
         session.execute(delete(Blob).where(Blob.id == blob_id))
-        return path
+        return (row.backend, row.path) if row is not None else None
 
     def delete(self, blob_id: str, session: Session) -> None:
-        """Delete in the caller's transaction (delete the rows pointing at it first). A file is
-        removed only once that transaction commits."""
-        path = self._delete_rows(session, blob_id)
-        if path is not None and self.blob_dir is not None:
-            pending = session.info.setdefault(_UNLINK_KEY, [])
-            pending.append(str(self.blob_dir / path))
+        """Delete in the caller's transaction (delete the rows pointing at it first). Bytes
+        outside the database are removed only once that transaction commits."""
+        backend, path = self._delete_rows(session, blob_id) or ("db", None)
+        if backend == "db" or path is None:
+            return
+        if backend not in self._external:
+            log.warning(
+                "blob %s: its %r bytes at %s stay (that backend is not configured)", blob_id, backend, path
+            )
+            return
+        session.info.setdefault(_REMOVALS_KEY, []).append(_Removal(self._external[backend], path))
 
     def gc_incomplete(self, session: Session, older_than: timedelta = timedelta(hours=6)) -> int:
         """Delete blobs left incomplete (crashed or rolled-back writes) created before
-        now - older_than; keep `older_than` above the longest upload. The caller commits."""
+        now - older_than; keep `older_than` above the longest upload. Their bytes outside the
+        database (and unfinished S3 uploads older than that) are removed now; a blob whose bytes
+        cannot be removed keeps its row for the next round. The caller commits."""
         cutoff = utcnow() - older_than
-        ids = session.scalars(select(Blob.id).where(Blob.complete.is_(False), Blob.created_at < cutoff)).all()
-        for blob_id in ids:
-            self.delete(blob_id, session)
-            if self.blob_dir is not None:  # temp files of a crashed fs write
-                folder = (self.blob_dir / self._fs_relpath(blob_id)).parent
-                if folder.exists():
-                    pending = session.info.setdefault(_UNLINK_KEY, [])
-                    pending.extend(str(p) for p in folder.glob(f"{blob_id}.tmp-*"))
-        return len(ids)
+        rows = session.execute(
+            select(Blob.id, Blob.backend, Blob.path).where(Blob.complete.is_(False), Blob.created_at < cutoff)
+        ).all()
+        deleted = 0
+        for blob_id, backend, path in rows:
+            if backend != "db" and path is not None:
+                external = self._external.get(backend)
+                if external is None or not _Removal(external, path, partial=True).run():
+                    continue
+            self._delete_rows(session, blob_id)
+            deleted += 1
+        if self.s3 is not None:
+            try:
+                self.s3.abort_stale_uploads(cutoff)
+            except Exception as exc:
+                log.warning("could not list the unfinished S3 uploads: %s", exc)
+        return deleted
 
 
 def blobstore_from_settings(settings: Settings, session_factory: sessionmaker[Session]) -> BlobStore:
-    return BlobStore(session_factory, backend=settings.blob_backend, blob_dir=settings.blob_dir)
+    assert settings.blob_backend is not None  # Settings derives it
+    s3 = None
+    if settings.s3_bucket:  # configured: s3 blobs are readable whatever backend new ones use
+        from core.blob_backends.s3 import S3Backend
+
+        s3 = S3Backend(
+            settings.s3_bucket,
+            prefix=settings.s3_prefix,
+            endpoint_url=settings.s3_endpoint_url or None,
+            public_endpoint_url=settings.s3_public_endpoint_url or None,
+        )
+    return BlobStore(session_factory, backend=settings.blob_backend, blob_dir=settings.blob_dir, s3=s3)

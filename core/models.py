@@ -92,10 +92,11 @@ class Blob(Base):
 
     __tablename__ = "blobs"
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("blob"))
-    backend: Mapped[str] = mapped_column(String(8))  # "db" | "fs"
+    backend: Mapped[str] = mapped_column(String(8))  # "db" | "fs" | "s3" (core/blob_backends/)
     size: Mapped[int] = mapped_column(BigInteger, default=0)
     sha256: Mapped[str | None] = mapped_column(String(64), default=None)
-    path: Mapped[str | None] = mapped_column(Text, default=None)  # fs backend: path under blob_dir
+    # fs: the path under blob_dir; s3: the object key (prefix included) in the bucket
+    path: Mapped[str | None] = mapped_column(Text, default=None)
     complete: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 

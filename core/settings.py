@@ -43,8 +43,23 @@ class Settings(BaseSettings):
         default="", description="SQLAlchemy URL (postgresql+psycopg://... or sqlite:///...)"
     )
     broker_url: str = Field(default="", description="Celery broker URL (redis://... or sqla+sqlite:///...)")
-    blob_backend: Literal["db", "fs"] = "db"
+    # None = derive: "fs" (files under blob_dir) with the embedded SQLite database, else "db"
+    blob_backend: Literal["db", "fs", "s3"] | None = Field(
+        default=None, description="where new blobs go: db (chunked rows), fs (blob_dir) or s3 (s3_bucket)"
+    )
     blob_dir: Path | None = None
+    # -- the s3 blob backend (credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_REGION) --
+    s3_endpoint_url: str = Field(
+        default="", description="an S3-compatible server (http://seaweedfs:8333); empty = AWS"
+    )
+    s3_bucket: str = Field(default="", description="the bucket blobs go to (needed by blob_backend s3)")
+    s3_prefix: str = Field(default="", description="key prefix of every blob object (a folder in the bucket)")
+    s3_presigned_downloads: bool = Field(
+        default=False, description="model downloads redirect to a presigned S3 URL instead of streaming"
+    )
+    s3_public_endpoint_url: str = Field(
+        default="", description="the endpoint clients reach, for presigned URLs; empty = s3_endpoint_url"
+    )
     max_upload_bytes: int = Field(default=GiB, gt=0)
     lease_seconds: float = Field(default=30.0, gt=0)
     heartbeat_seconds: float = Field(default=5.0, gt=0)
@@ -145,6 +160,10 @@ class Settings(BaseSettings):
         self.database_url = _absolute_sqlite_url(self.database_url, Path.cwd())
         self.broker_url = _absolute_sqlite_url(self.broker_url, Path.cwd())
         self.blob_dir = (self.blob_dir or self.data_dir / "blobs").expanduser().resolve()
+        if self.blob_backend is None:
+            self.blob_backend = "fs" if self.is_sqlite else "db"
+        if self.blob_backend == "s3" and not self.s3_bucket:
+            raise ValueError("blob_backend=s3 needs s3_bucket (FROMSCRATCH_S3_BUCKET)")
         self.work_dir = (self.work_dir or self.data_dir / "work").expanduser().resolve()
         unknown = [q for q in self.queues if q not in WORKER_QUEUES]
         if unknown or not self.queues:

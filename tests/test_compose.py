@@ -3,10 +3,12 @@ the way compose does (`${VAR:-default}` from the environment given, else the def
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -62,12 +64,60 @@ def _gpu_workers(services: dict[str, Any]) -> dict[str, Any]:
 
 def test_compose_has_the_production_services() -> None:
     services = _compose()["services"]
-    assert {"postgres", "redis", "migrate", "api", "worker", "inference-worker"} <= set(services)
+    assert {"postgres", "redis", "seaweedfs", "migrate", "api", "worker", "inference-worker"} <= set(services)
     assert services["migrate"]["command"] == ["fromscratch", "migrate"]
     assert services["worker"]["command"][:2] == ["fromscratch", "worker"]
     assert services["inference-worker"]["command"] == ["fromscratch", "worker", "--queues", "inference"]
-    for name in ("postgres", "redis", "api"):
+    for name in ("postgres", "redis", "seaweedfs", "api"):
         assert "healthcheck" in services[name], f"{name} has no healthcheck"
+
+
+def _flags(command: list[str]) -> dict[str, str]:
+    """`-name=value` arguments of a command (a bare `-name` is "true")."""
+    flags = [arg.lstrip("-").partition("=") for arg in command if arg.startswith("-")]
+    return {name: value if sep else "true" for name, sep, value in flags}
+
+
+@pytest.mark.parametrize("keys", [{}, {"S3_ACCESS_KEY": "ops", "S3_SECRET_KEY": "k3y"}])
+def test_the_services_keep_their_blobs_in_seaweedfs(
+    keys: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compose = _compose(keys)
+    services = compose["services"]
+    seaweedfs = services["seaweedfs"]
+    assert seaweedfs["command"][0] == "server" and seaweedfs["image"].startswith("chrislusf/seaweedfs:")
+    flags = _flags(seaweedfs["command"])
+    assert flags["s3"] == "true" and flags["filer"] == "true" and flags["master.telemetry"] == "false"
+    assert any(v.endswith(":/data") for v in seaweedfs["volumes"]) and flags["dir"] == "/data"
+    assert flags["s3.port"] in seaweedfs["healthcheck"]["test"][-1]
+    # its one S3 identity (the config file compose writes) is the credentials the services sign with
+    [config] = [c for c in seaweedfs["configs"] if c["target"] == flags["s3.config"]]
+    identity = json.loads(compose["configs"][config["source"]]["content"])["identities"][0]
+    assert {"Read", "Write", "List"} <= set(identity["actions"])
+    [credentials] = identity["credentials"]
+    assert credentials["accessKey"] == keys.get("S3_ACCESS_KEY", "fromscratch")
+    for name in ("migrate", "api", "worker", "inference-worker"):
+        service = services[name]
+        settings = _settings(service, monkeypatch)
+        assert settings.blob_backend == "s3" and settings.s3_bucket, name
+        endpoint = urlsplit(settings.s3_endpoint_url)
+        assert (endpoint.hostname, str(endpoint.port)) == ("seaweedfs", flags["s3.port"]), name
+        env = _env_vars(service)
+        assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == (
+            credentials["accessKey"],
+            credentials["secretKey"],
+        ), name
+        assert env.get("AWS_REGION"), name
+        # started once SeaweedFS answers (migrate creates the bucket before anything else runs)
+        assert service["depends_on"]["seaweedfs"]["condition"] == "service_healthy", name
+        if name != "migrate":
+            assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert not _settings(services["api"], monkeypatch).s3_presigned_downloads  # streams unless asked
+    opted_in = _compose(
+        {"S3_PRESIGNED_DOWNLOADS": "true", "S3_PUBLIC_ENDPOINT_URL": "https://s3.example.org"}
+    )
+    api = _settings(opted_in["services"]["api"], monkeypatch)
+    assert api.s3_presigned_downloads and api.s3_public_endpoint_url == "https://s3.example.org"
 
 
 @pytest.mark.parametrize("gpus", [None, "8"])

@@ -6,6 +6,9 @@ the `/content` route is registered before the bare one so its suffix is not swal
 the model for good (a `deleted_models` row: 404 everywhere afterwards, no longer a base for new
 jobs) and frees its exports (in any status: a worker still making one finds its row gone and drops
 the file); a checkpoint's bytes stay while its job still lists them.
+
+`/content` streams the file through the API, or, with `s3_presigned_downloads` on and the file
+stored on the s3 blob backend, answers 307 to a presigned S3 URL (the API sends no bytes).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Query, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from sqlalchemy import select
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
@@ -98,6 +101,11 @@ def list_models(session: SessionDep, key: CurrentKey) -> ListEnvelope[Model]:
                 "Retry-After": {"description": "seconds until asking again", "schema": {"type": "integer"}}
             },
         },
+        307: {
+            "description": "With FROMSCRATCH_S3_PRESIGNED_DOWNLOADS on, a model stored in S3: download it "
+            "from `Location`, a presigned URL valid for 15 minutes (send no Authorization header there)",
+            "headers": {"Location": {"description": "the presigned URL", "schema": {"type": "string"}}},
+        },
     },
 )
 def model_content(
@@ -119,13 +127,15 @@ def model_content(
         return JSONResponse(
             found.model_dump(), status_code=202, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
         )
+    disposition = content_disposition(found.filename)
+    if settings.s3_presigned_downloads:  # the bytes come from S3 itself, when they are there
+        url = store.presigned_url(found.blob_id, disposition, found.media_type)
+        if url is not None:
+            return RedirectResponse(url, status_code=307)
     return StreamingResponse(
         store.open(found.blob_id),
         media_type=found.media_type,
-        headers={
-            "Content-Length": str(found.size),
-            "Content-Disposition": content_disposition(found.filename),
-        },
+        headers={"Content-Length": str(found.size), "Content-Disposition": disposition},
     )
 
 

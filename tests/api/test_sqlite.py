@@ -1,14 +1,16 @@
-"""The same API on the embedded defaults (`fromscratch serve`): SQLite database + sqla broker."""
+"""The same API on the embedded defaults (`fromscratch serve`): SQLite database + sqla broker +
+blob files under the data dir."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi.testclient import TestClient
+from sqlalchemy import func, select
 
 from api.main import create_app
 from core.keys import create_key
-from core.models import Metric
+from core.models import Blob, BlobChunk, File, Metric
 from tests.api.conftest import SHAKESPEARE, Tenant, upload
 from tests.api.test_metrics_stream import parse_sse
 
@@ -22,6 +24,10 @@ def test_core_routes_on_sqlite(sqlite_settings: Any, sqlite_session_factory: Any
         assert c.get("/readyz").status_code == 200
         fid = upload(c, tenant, SHAKESPEARE.read_bytes(), "s.txt").json()["id"]
         assert c.get(f"/v1/files/{fid}/content", headers=tenant.headers).content == SHAKESPEARE.read_bytes()
+        with sqlite_session_factory() as s:  # the bytes are a file in the data dir, not rows in SQLite
+            blob = s.scalars(select(Blob).join(File, File.blob_id == Blob.id).where(File.id == fid)).one()
+            assert blob.backend == "fs" and not s.scalar(select(func.count()).select_from(BlobChunk))
+        assert (sqlite_settings.data_dir / "blobs" / str(blob.path)).read_bytes() == SHAKESPEARE.read_bytes()
         job = c.post(
             "/v1/fine_tuning/jobs",
             headers=tenant.headers,

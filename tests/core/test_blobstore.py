@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.blob_backends.s3 import S3Backend
 from core.blobstore import BlobCorrupt, BlobNotFound, BlobStore, BlobTooLarge, blobstore_from_settings
 from core.models import Blob, BlobChunk
 from core.settings import Settings
@@ -17,9 +18,14 @@ CHUNK = 1000  # small chunks: multi-chunk behaviour without megabytes of test da
 DATA = os.urandom(10 * CHUNK + 123)
 
 
-@pytest.fixture(params=["db", "fs"])
+@pytest.fixture(params=["db", "fs", "s3"])
 def store(request: pytest.FixtureRequest, any_factory: sessionmaker[Session], tmp_path: Path) -> BlobStore:
-    return BlobStore(any_factory, backend=request.param, blob_dir=tmp_path / "blobs", chunk_size=CHUNK)
+    s3 = None
+    if request.param == "s3":  # the real SeaweedFS of the session, under a prefix of this test's own
+        server = request.getfixturevalue("s3_env")
+        prefix = request.getfixturevalue("s3_prefix")
+        s3 = S3Backend(server.bucket, prefix=prefix, endpoint_url=server.endpoint_url, chunk_size=CHUNK)
+    return BlobStore(any_factory, backend=request.param, blob_dir=tmp_path / "blobs", chunk_size=CHUNK, s3=s3)
 
 
 def _pieces(data: bytes, sizes: tuple[int, ...] = (1, 999, 1500, 7, 4000)) -> Iterator[bytes]:
@@ -31,12 +37,22 @@ def _pieces(data: bytes, sizes: tuple[int, ...] = (1, 999, 1500, 7, 4000)) -> It
             i += n
 
 
+def _objects(store: BlobStore) -> list[str]:
+    """The keys under the store's S3 prefix, and those of its unfinished multipart uploads."""
+    if store.s3 is None:
+        return []
+    answer = store.s3.client.list_objects_v2(Bucket=store.s3.bucket, Prefix=store.s3.prefix)
+    uploads = store.s3.client.list_multipart_uploads(Bucket=store.s3.bucket, Prefix=store.s3.prefix)
+    return [o["Key"] for o in answer.get("Contents", [])] + [u["Key"] for u in uploads.get("Uploads", [])]
+
+
 def _counts(store: BlobStore) -> tuple[int, int, int]:
+    """Blob rows, chunk rows, and files or objects (with unfinished uploads)."""
     with store.session_factory() as s:
         blobs = s.scalar(select(func.count()).select_from(Blob))
         chunks = s.scalar(select(func.count()).select_from(BlobChunk))
     files = sum(1 for p in store.blob_dir.rglob("*") if p.is_file()) if store.blob_dir.exists() else 0
-    return blobs, chunks, files
+    return blobs, chunks, files + len(_objects(store))
 
 
 @pytest.mark.parametrize("source", ["iterable", "file"])
@@ -60,8 +76,11 @@ def test_round_trip(store: BlobStore, source: str, tmp_path: Path) -> None:
         n_chunks = s.scalar(select(func.count()).where(BlobChunk.blob_id == blob.id))
     if store.backend == "db":
         assert n_chunks == 11
-    else:
+    elif store.backend == "fs":
         assert n_chunks == 0 and (store.blob_dir / blob.path).read_bytes() == DATA
+    else:
+        assert store.s3 is not None and n_chunks == 0 and _objects(store) == [blob.path]
+        assert store.s3.client.get_object(Bucket=store.s3.bucket, Key=blob.path)["Body"].read() == DATA
 
 
 def test_put_file_and_empty_blob(store: BlobStore, tmp_path: Path) -> None:
@@ -156,8 +175,12 @@ def test_corruption_is_detected(store: BlobStore) -> None:
                 .values(data=b"x" * CHUNK)
             )
             s.commit()
-    else:
+    elif store.backend == "fs":
         (store.blob_dir / blob.path).write_bytes(DATA[:-1])
+    else:  # the same length, one byte changed: only the sha256 can tell
+        assert store.s3 is not None
+        changed = DATA[:500] + bytes([DATA[500] ^ 1]) + DATA[501:]
+        store.s3.client.put_object(Bucket=store.s3.bucket, Key=blob.path, Body=changed)
     with pytest.raises(BlobCorrupt):
         b"".join(store.open(blob.id))
 
@@ -182,4 +205,4 @@ def test_several_puts_in_one_transaction(store: BlobStore) -> None:
     assert b"".join(store.open(first.id)) == DATA
     assert b"".join(store.open(second.id)) == DATA[:1500]
     blobs, _, files = _counts(store)
-    assert blobs == before[0] + 2 and files == before[2] + (2 if store.backend == "fs" else 0)
+    assert blobs == before[0] + 2 and files == before[2] + (0 if store.backend == "db" else 2)

@@ -26,8 +26,45 @@ def test_defaults_derive_from_data_dir(clean_env: pytest.MonkeyPatch, tmp_path: 
     assert s.broker_url == f"sqla+sqlite:///{d}/broker.db"
     assert s.blob_dir == d / "blobs"
     assert s.work_dir == d / "work"
-    assert (s.blob_backend, s.max_upload_bytes, s.lease_seconds, s.max_attempts) == ("db", 1 << 30, 30, 3)
+    # the embedded install keeps blobs as files in the data dir, not in SQLite
+    assert (s.blob_backend, s.max_upload_bytes, s.lease_seconds, s.max_attempts) == ("fs", 1 << 30, 30, 3)
     assert s.queues == ["cpu"] and s.default_queue == "cpu"
+    assert (s.s3_bucket, s.s3_endpoint_url, s.s3_prefix, s.s3_presigned_downloads) == ("", "", "", False)
+
+
+def test_blob_backend_default_follows_the_database(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Files on SQLite (one machine); database rows on PostgreSQL, where workers may run on other
+    machines and share nothing but the database. An explicit choice always wins."""
+    assert Settings(data_dir=tmp_path).blob_backend == "fs"
+    postgres = "postgresql+psycopg://u@db:5432/x"
+    assert Settings(data_dir=tmp_path, database_url=postgres).blob_backend == "db"
+    assert Settings(data_dir=tmp_path, database_url=postgres, blob_backend="fs").blob_backend == "fs"
+    clean_env.setenv("FROMSCRATCH_BLOB_BACKEND", "db")
+    assert Settings(data_dir=tmp_path).blob_backend == "db"
+
+
+def test_s3_settings_from_the_environment(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    env = {
+        "BLOB_BACKEND": "s3",
+        "S3_ENDPOINT_URL": "http://seaweedfs:8333",
+        "S3_BUCKET": "models",
+        "S3_PREFIX": "prod/",
+        "S3_PRESIGNED_DOWNLOADS": "true",
+        "S3_PUBLIC_ENDPOINT_URL": "https://s3.example.org",
+    }
+    for k, v in env.items():
+        clean_env.setenv(f"FROMSCRATCH_{k}", v)
+    s = Settings(data_dir=tmp_path)
+    assert (s.blob_backend, s.s3_endpoint_url, s.s3_bucket, s.s3_prefix) == (
+        "s3",
+        "http://seaweedfs:8333",
+        "models",
+        "prod/",
+    )
+    assert s.s3_presigned_downloads is True and s.s3_public_endpoint_url == "https://s3.example.org"
+    clean_env.delenv("FROMSCRATCH_S3_BUCKET")
+    with pytest.raises(ValidationError, match="s3_bucket"):
+        Settings(data_dir=tmp_path)
 
 
 def test_env_vars_override_every_field(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -68,6 +105,8 @@ def test_invalid_values_are_rejected(clean_env: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValidationError, match="heartbeat_seconds"):
         Settings(lease_seconds=2, heartbeat_seconds=5)
     with pytest.raises(ValidationError):
+        Settings(blob_backend="nfs")
+    with pytest.raises(ValidationError, match="s3_bucket"):
         Settings(blob_backend="s3")
 
 

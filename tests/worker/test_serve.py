@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -126,6 +127,12 @@ def test_serve_embedded_end_to_end(serve) -> None:  # type: ignore[no-untyped-de
         # the formats the job exported (default gguf, hf) are there at once
         r = client.get(f"/v1/models/{job['fine_tuned_model']}/content", params={"format": "gguf"})
         assert r.status_code == 200 and r.content[:4] == b"GGUF", r.text[:200]
+        # upload, checkpoints and exports are files in the data dir: no model bytes in SQLite
+        with sqlite3.connect(data_dir / "fromscratch.db") as db:
+            backends = dict(db.execute("SELECT backend, count(*) FROM blobs GROUP BY backend").fetchall())
+            assert db.execute("SELECT count(*) FROM blob_chunks").fetchone() == (0,)
+        files = [p for p in (data_dir / "blobs").rglob("blob-*") if p.is_file()]
+        assert set(backends) == {"fs"} and len(files) == backends["fs"] >= 4, (backends, files)
 
         # a second key made beside the running server, through the same settings
         made = subprocess.run(
