@@ -266,7 +266,7 @@ def ours_to_target(
     )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout (outside this repo)")
     p.add_argument("--data", type=Path, default=default_corpus(), help="tinyshakespeare.txt")
@@ -302,7 +302,12 @@ def main() -> None:
         help="overfit/shakespeare-gpu: stop both programs after this many steps (nanoGPT keeps its "
         "recipe's schedule, so its curve is the full run's up to there; ours schedules over these)",
     )
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    args.nanogpt = args.nanogpt.resolve()  # nanoGPT runs from scratch folders elsewhere
     if not (args.nanogpt / "train.py").exists():
         raise SystemExit(f"{args.nanogpt} is not a nanoGPT checkout (no train.py)")
     if args.clock == "cpu":

@@ -75,14 +75,7 @@ def start_run(
 
     sampler = train_sampler(cfg, model_cfg.ctx, data)
     steps = total_steps_for(cfg, sampler)
-    cfg, auto = resolve_auto(
-        cfg,
-        train_tokens=len(data.train),
-        val_tokens=0 if data.val is None else len(data.val),
-        params=model_cfg.num_params(),
-        total_steps=steps,
-        tokens_per_step=tokens_per_step(cfg, model_cfg.ctx),
-    )
+    cfg, auto = decide_auto(cfg, model_cfg, data, steps)
     make_val_sampler = val_sampler_factory(cfg, model_cfg.ctx, data)
     model = build_model(cfg, model_cfg, source, device)  # seeds the global RNGs, then initializes
     run = TrainRun(
@@ -103,13 +96,29 @@ def start_run(
         resume_path=resume_path,
         rank=rank,
         world=world,
-        auto=[f"{c.field} {c.value}: {c.reason}" for c in auto],
+        auto=auto,
     )
     if resumed is not None:
         restore_progress(run, resumed)
     spread_over_ranks(run)
     choose_precision(run, dtype_choice)
     return run
+
+
+def decide_auto(
+    cfg: TrainConfig, model_cfg: ModelConfig, data: TokenData, steps: int
+) -> tuple[TrainConfig, list[str]]:
+    """The config with its data-aware `auto` settings decided (trainer.config.data_aware), and each
+    decision as "field value: reason"."""
+    decided, choices = resolve_auto(
+        cfg,
+        train_tokens=len(data.train),
+        val_tokens=0 if data.val is None else len(data.val),
+        params=model_cfg.num_params(),
+        total_steps=steps,
+        tokens_per_step=tokens_per_step(cfg, model_cfg.ctx),
+    )
+    return decided, [f"{c.field} {c.value}: {c.reason}" for c in choices]
 
 
 def resumed_dtype(cfg: TrainConfig, resumed: Checkpoint | None, device: torch.device) -> Choice | None:
