@@ -144,7 +144,7 @@ def streamed_run(
     assert proc.stdout is not None and proc.stderr is not None
     for line in proc.stdout:
         lines.append((time.perf_counter() - started, line.rstrip("\n")))
-        if EVAL_LINE.match(line):
+        if EVAL_LINE.match(line) or line.startswith("eval step "):  # nanoGPT's, ours
             print(f"  {name}: {line.strip()}", flush=True)
     stderr = proc.stderr.read()
     if proc.wait() != 0:

@@ -19,7 +19,7 @@ from core.exports import safe_name
 from core.models import Blob, Checkpoint
 from core.settings import Settings
 from tests.api.conftest import Factory, Tenant
-from tests.fixtures.seaweedfs import SeaweedS3
+from tests.fixtures.seaweedfs import SeaweedS3, on_s3
 
 CHECKPOINT = os.urandom(3 * (1 << 20) + 77)  # several store chunks
 
@@ -27,14 +27,7 @@ CHECKPOINT = os.urandom(3 * (1 << 20) + 77)  # several store chunks
 @pytest.fixture
 def settings(settings: Settings, s3_env: SeaweedS3, s3_prefix: str) -> Settings:
     """The API tests' settings, on the s3 backend (this test's own prefix in the session's bucket)."""
-    return settings.model_copy(
-        update={
-            "blob_backend": "s3",
-            "s3_endpoint_url": s3_env.endpoint_url,
-            "s3_bucket": s3_env.bucket,
-            "s3_prefix": s3_prefix,
-        }
-    )
+    return on_s3(settings, s3_env, s3_prefix)
 
 
 def _content(client: Any, tenant: Tenant, model_id: str) -> httpx.Response:

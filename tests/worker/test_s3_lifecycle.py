@@ -17,7 +17,7 @@ from sqlalchemy import select
 from client.http import Client
 from core.models import Blob, Checkpoint, Export, File
 from core.settings import Settings
-from tests.fixtures.seaweedfs import SeaweedS3
+from tests.fixtures.seaweedfs import SeaweedS3, on_s3
 from tests.fixtures.service import LiveServer, ServiceProcess, make_job, wait_for_status
 from tests.worker.test_final_exports import owner_of
 
@@ -27,15 +27,7 @@ RUN = dict(max_steps=6, batch_size=4, checkpoint_every=3, eval_every=0, warmup_s
 @pytest.fixture
 def settings(settings: Settings, s3_env: SeaweedS3, s3_prefix: str) -> Settings:
     """This test's settings (and so its worker's and API server's) on the s3 backend."""
-    return settings.model_copy(
-        update={
-            "blob_backend": "s3",
-            "s3_endpoint_url": s3_env.endpoint_url,
-            "s3_bucket": s3_env.bucket,
-            "s3_prefix": s3_prefix,
-            "s3_presigned_downloads": True,
-        }
-    )
+    return on_s3(settings, s3_env, s3_prefix, s3_presigned_downloads=True)
 
 
 def _keys_of(session_factory: Any, job_id: str, model_id: str) -> dict[str, list[str]]:
