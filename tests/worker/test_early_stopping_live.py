@@ -44,6 +44,7 @@ RUN = dict(
     checkpoint_every=4,
     keep_checkpoints=1,
     early_stopping_patience=3,
+    dropout=0.0,  # the curve the steps above were read from (auto would decide from the data)
     export_formats=["onnx"],
     dtype="float32",
 )
