@@ -185,8 +185,8 @@ def _check_memory(
 
 
 def _with_dropout(train_cfg: TrainConfig, device: Device) -> str:
-    """Dropout's part in the activations, said where it is large (the CPU keeps attention's
-    probabilities for it) and where the job did not choose it."""
+    """Dropout's part in the activations, said where it is large: on the CPU, which keeps
+    attention's probabilities for it (the job's own dropout, or what auto will decide)."""
     if not train_cfg.dropout or device != "cpu":
         return ""
     return f" with dropout {train_cfg.dropout:g}, which keeps attention's probabilities on the CPU"

@@ -107,10 +107,11 @@ def resolve_auto(
     choices: list[AutoChoice] = []
     if cfg.dropout is None:
         choices.append(auto_dropout(train_tokens, params))
-    if cfg.eval_every is None:
+    eval_every = cfg.eval_every
+    if eval_every is None:
         choices.append(auto_eval_every(total_steps))
-    decided = cfg.model_copy(update={c.field: c.value for c in choices})
+        eval_every = int(choices[-1].value)
     if cfg.early_stopping_patience is None:
-        evaluates = val_tokens > 0 and decided.resolved_eval_every > 0
+        evaluates = val_tokens > 0 and eval_every > 0
         choices.append(auto_early_stopping_patience(train_tokens, total_steps * tokens_per_step, evaluates))
     return cfg.model_copy(update={c.field: c.value for c in choices}), choices
