@@ -17,6 +17,9 @@ says whether all passed.
    tests/trainer's conftest loads (`--confcutdir`): the suite's root conftest starts PostgreSQL and
    Redis, which a GPU box need not have. A consumer package the box lacks fails its test, by name.
 4. `throughput`: bench/trainer_throughput.py on CUDA (llama-42m/110m, compile off/on; one round).
+5. `checkpoints`: `fromscratch train` of issue 22's H100 job (llama-110m, ctx 1024, batch 16, 300 steps,
+   a checkpoint every 60): its last lines say how long the 4 checkpoints took to write in the
+   background (pinned host copies) and how long training waited for them.
 
 `--smoke` runs each step as small as it goes (the tests collected, not run; 20 steps of the `overfit`
 recipe; throughput's own smoke run) so the script can be checked on a CPU before a GPU's minutes
@@ -30,6 +33,7 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -46,7 +50,7 @@ SMOKE_VARIANTS = [
     "--dropout 0.2 --eval-every 10 --eval-batches 2",
     "--dropout 0.2 --eval-every 10 --eval-batches 2 --optimizer muon",
 ]
-STEPS = ("machine", "peer", "tests", "throughput")
+STEPS = ("machine", "peer", "tests", "throughput", "checkpoints")
 
 
 def cuda_test_files() -> list[str]:
@@ -76,7 +80,15 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], int]]:
     throughput = [py, "bench/trainer_throughput.py", "--device", args.device, "--rounds", "1"]
     if args.smoke:
         throughput = [py, "bench/trainer_throughput.py", "--smoke"]
+    data = str((args.data or REPO / "tests" / "data" / "tiny_shakespeare_100k.txt").resolve())
+    run_dir = Path(tempfile.gettempdir()) / "fromscratch-gpu-check-checkpoints"  # GBs: not under --out
+    size = ["--max-steps", "4", "--checkpoint-every", "1"] if args.smoke else ["--max-steps", "300"]
+    checkpoints = [py, "-m", "cli.main", "train", data, "--out", str(run_dir)]
+    checkpoints += ["--preset", "llama-tiny" if args.smoke else "llama-110m", "--device", args.device]
+    checkpoints += [] if args.smoke else ["--ctx", "1024", "--batch-size", "16", "--checkpoint-every", "60"]
+    checkpoints += [*size, "--eval-every", "0", "--samples", "0"]
     return {
+        "checkpoints": (checkpoints, 300),
         "machine": ([py, "-c", machine], 60),
         "tests": (
             [*pytest, *(["-m", "cuda"] if not args.smoke else ["--co"]), *cuda_test_files()],

@@ -12,6 +12,7 @@ API, broker, claim, validation/tokenization, metric flush and the client's read.
 
     .venv/bin/python bench/service_overhead.py            # 3 rounds of 150 llama-tiny steps
     .venv/bin/python bench/service_overhead.py --smoke
+    .venv/bin/python bench/service_overhead.py --checkpoint-every 10 --batch-size 8   # issue 22's table
 """
 
 from __future__ import annotations
@@ -173,7 +174,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for trainer and worker")
     ap.add_argument("--no-postgres", action="store_true", help="embedded service only")
     ap.add_argument("--poll", type=float, default=0.05, help="client poll interval for the first loss (s)")
+    ap.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="instead: wall time of a llama-42m job checkpointing every N steps, direct vs service per "
+        "backend (bench/_checkpoint_wall.py; --steps default 50, --rounds default 1)",
+    )
+    ap.add_argument(
+        "--backend", action="append", choices=("fs", "s3", "db"), help="with --checkpoint-every (repeatable)"
+    )
     args = ap.parse_args(argv)
+    if args.checkpoint_every:
+        from bench import _checkpoint_wall
+
+        return _checkpoint_wall.main(args)
     rounds = args.rounds or 1 if args.smoke else args.rounds or 3
     steps = args.steps or (8 if args.smoke else 150)
     skip = args.skip if args.skip is not None else (2 if args.smoke else 5)

@@ -63,6 +63,7 @@ __all__ = [
     "BlobStore",
     "BlobTooLarge",
     "blobstore_from_settings",
+    "is_store_outage",
 ]
 
 CHUNK_SIZE = 1 << 20  # 1 MiB: small enough for any driver, few enough rows for big blobs
@@ -148,10 +149,40 @@ class BlobStore:
     def put(self, stream: Iterable[bytes] | BinaryIO, session: Session, max_bytes: int | None = None) -> Blob:
         """Store the bytes; return the Blob row (complete, flushed, not committed) in `session`.
         Raises BlobTooLarge (after removing everything written) past `max_bytes`."""
-        blob_id = new_id("blob")
+        shared = self._shared(session)
+        written = self._write(stream, shared, max_bytes)
+        return self._complete(session, *written)
+
+    def put_file(self, path: Path | str, session: Session, max_bytes: int | None = None) -> Blob:
+        with open(path, "rb") as f:
+            return self.put(f, session, max_bytes=max_bytes)
+
+    def put_files(self, paths: list[Path], session: Session) -> list[Blob]:
+        """Several files as blobs, completed together in `session` (put() twice would, on SQLite,
+        write the second one while holding the write lock that completing the first one took)."""
+        shared = self._shared(session)
+        written: list[tuple[str, Meter]] = []
+        try:
+            for path in paths:
+                with open(path, "rb") as f:
+                    written.append(self._write(f, shared, None))
+        except BaseException:
+            for blob_id, _ in written:
+                self._discard(blob_id, shared)
+            raise
+        return [self._complete(session, blob_id, meter) for blob_id, meter in written]
+
+    @staticmethod
+    def _shared(session: Session) -> Session | None:
         # On SQLite a caller that already wrote holds the one write lock: our own transactions
         # would wait for it forever, so write through the caller's transaction instead.
-        shared = session if _holds_sqlite_write_lock(session) else None
+        return session if _holds_sqlite_write_lock(session) else None
+
+    def _write(
+        self, stream: Iterable[bytes] | BinaryIO, shared: Session | None, max_bytes: int | None
+    ) -> tuple[str, Meter]:
+        """The bytes of a new blob, its row left incomplete: (blob id, what was measured)."""
+        blob_id = new_id("blob")
         meter = Meter(max_bytes)
         chunks = meter.measure(recut(stream, self.chunk_size))
         try:
@@ -162,16 +193,16 @@ class BlobStore:
         except BaseException:
             self._discard(blob_id, shared)
             raise
+        return blob_id, meter
+
+    @staticmethod
+    def _complete(session: Session, blob_id: str, meter: Meter) -> Blob:
         blob = session.get(Blob, blob_id)
         if blob is None:  # a concurrent gc removed it: treat like a failed write
             raise BlobError(f"blob {blob_id} vanished while being written")
         blob.size, blob.sha256, blob.complete = meter.size, meter.sha256, True
         session.flush()
         return blob
-
-    def put_file(self, path: Path | str, session: Session, max_bytes: int | None = None) -> Blob:
-        with open(path, "rb") as f:
-            return self.put(f, session, max_bytes=max_bytes)
 
     @contextmanager
     def _writer(self, shared: Session | None) -> Iterator[tuple[Session, bool]]:
@@ -312,6 +343,29 @@ class BlobStore:
             except Exception as exc:
                 log.warning("could not list the unfinished S3 uploads: %s", exc)
         return deleted
+
+
+def is_store_outage(error: BaseException) -> bool:
+    """The blob store's server (S3, or the database for "db" blobs) was unreachable or failing:
+    an outage to wait out, not a fault of the data. Looks through the chain of causes."""
+    from core.db_faults import is_connection_error
+
+    seen: BaseException | None = error
+    for _ in range(16):  # a chain is short; the bound guards against a cycle
+        if seen is None:
+            return False
+        if is_connection_error(seen) or _is_s3_outage(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _is_s3_outage(error: BaseException) -> bool:
+    if not type(error).__module__.startswith("botocore"):
+        return False  # not an S3 client's error (and botocore stays unimported without s3)
+    from core.blob_backends.s3_client import is_outage
+
+    return is_outage(error)
 
 
 def blobstore_from_settings(settings: Settings, session_factory: sessionmaker[Session]) -> BlobStore:

@@ -51,8 +51,10 @@ def describe(error: BaseException) -> str:
 class OutageLog:
     """A component's view of the database: up, or down since when. Thread-safe."""
 
-    def __init__(self, component: str, logger: logging.Logger, action: str = "retrying") -> None:
-        self.component, self.logger, self.action = component, logger, action
+    def __init__(
+        self, component: str, logger: logging.Logger, action: str = "retrying", what: str = "database"
+    ) -> None:
+        self.component, self.logger, self.action, self.what = component, logger, action, what
         self._lock = threading.Lock()
         self._down_since: float | None = None
         self._up_since = float("-inf")  # when it last came back (-inf: never went away)
@@ -75,7 +77,9 @@ class OutageLog:
             if self._down_since is not None:
                 return
             self._down_since = time.monotonic()
-        self.logger.warning("database unreachable: %s %s (%s)", self.component, self.action, describe(error))
+        self.logger.warning(
+            "%s unreachable: %s %s (%s)", self.what, self.component, self.action, describe(error)
+        )
 
     def reachable(self) -> None:
         with self._lock:
@@ -84,5 +88,5 @@ class OutageLog:
                 return
             self._down_since, self._up_since = None, time.monotonic()
         self.logger.warning(
-            "database reachable again after %.0f s: %s", self._up_since - since, self.component
+            "%s reachable again after %.0f s: %s", self.what, self._up_since - since, self.component
         )

@@ -210,7 +210,9 @@ class Event(Base):
 
 
 class Checkpoint(Base):
-    """A trainer checkpoint folder stored as one tar blob. `model_id` is the id users see."""
+    """A trainer checkpoint folder stored as a tar blob of its weights, tokenizer, config and state,
+    and (the job's newest only: what a resume needs) its optimizer.safetensors as a second blob.
+    `model_id` is the id users see."""
 
     __tablename__ = "checkpoints"
     __table_args__ = (UniqueConstraint("job_id", "step", name="uq_checkpoints_job_step"),)
@@ -220,6 +222,7 @@ class Checkpoint(Base):
     step: Mapped[int] = mapped_column(Integer)
     model_id: Mapped[str] = mapped_column(String(200), unique=True)
     blob_id: Mapped[str] = mapped_column(ForeignKey("blobs.id"))
+    optimizer_blob_id: Mapped[str | None] = mapped_column(ForeignKey("blobs.id"), default=None)
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     is_final: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -15,7 +15,7 @@ up front (`BEGIN IMMEDIATE`), since SQLite serialises writers anyway.
 
 from __future__ import annotations
 
-from sqlalchemy import CompoundSelect, func, select, text, union
+from sqlalchemy import CompoundSelect, func, or_, select, text, union
 from sqlalchemy.orm import Session
 
 from core.models import Blob, Checkpoint, Export, File, Job
@@ -68,10 +68,11 @@ def stored_bytes(session: Session, owner_id: str) -> int:
     files = select(func.coalesce(func.sum(File.bytes), 0)).where(
         File.owner_id == owner_id, File.blob_id.is_not(None)
     )
+    # a checkpoint's weights tar and, the newest only, its optimizer state
     checkpoints = (
         select(func.coalesce(func.sum(Blob.size), 0))
         .select_from(Checkpoint)
-        .join(Blob, Blob.id == Checkpoint.blob_id)
+        .join(Blob, or_(Blob.id == Checkpoint.blob_id, Blob.id == Checkpoint.optimizer_blob_id))
         .where(Checkpoint.owner_id == owner_id)
     )
     # an export's model id is a checkpoint's model id or a finished job's fine_tuned_model

@@ -27,8 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from trainer.checkpoint_snapshot import (
+    OPTIMIZER_FILE,
+    fsync_tree,
+    move_into_place,
+    take_snapshot,
+    write_snapshot,
+)
 from trainer.config import ModelConfig, TrainConfig
 
 if TYPE_CHECKING:  # both imported lazily below
@@ -102,7 +109,7 @@ def _param_names(model: torch.nn.Module) -> dict[int, str]:
 def _encode(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Tensors go to `tensors[key]`; lists recurse; plain numbers stay in the JSON descriptor."""
     if isinstance(value, torch.Tensor):
-        tensors[key] = value.detach().cpu().contiguous()
+        tensors[key] = value.detach()  # copied to host memory by the snapshot
         return {"kind": "tensor"}
     if isinstance(value, (list, tuple)):
         return {"kind": "list", "items": [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]}
@@ -122,7 +129,7 @@ def _decode(desc: dict[str, Any], key: str, tensors: dict[str, torch.Tensor]) ->
 def optimizer_to_tensors(
     optimizer: torch.optim.Optimizer, model: torch.nn.Module
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Flatten optimizer state to ({"state.<param>.<key>": tensor}, JSON meta)."""
+    """Flatten optimizer state to ({"state.<param>.<key>": tensor where it lives}, JSON meta)."""
     names = _param_names(model)
     tensors: dict[str, torch.Tensor] = {}
     state_meta: dict[str, dict[str, Any]] = {}
@@ -136,13 +143,6 @@ def optimizer_to_tensors(
                 state_meta[name] = {
                     k: _encode(v, f"state.{name}.{k}", tensors) for k, v in optimizer.state[p].items()
                 }
-    # safetensors refuses tensors sharing memory; copy the (rare) aliases.
-    seen: set[tuple[int, int]] = set()
-    for k, t in tensors.items():
-        ident = (t.untyped_storage().data_ptr(), int(t.storage_offset()))
-        if ident in seen or t.numel() == 0:
-            tensors[k] = t.clone()
-        seen.add(ident)
     meta = {"type": type(optimizer).__name__, "param_groups": groups, "state": state_meta}
     return tensors, meta
 
@@ -156,7 +156,7 @@ def load_optimizer_state(
         raise CheckpointError(
             f"{ckpt_path}: optimizer is {meta.get('type')}, this run uses {type(optimizer).__name__}"
         )
-    tensors = load_file(str(Path(ckpt_path) / "optimizer.safetensors"))
+    tensors = load_file(str(Path(ckpt_path) / OPTIMIZER_FILE))
     names = _param_names(model)
     sd = optimizer.state_dict()
     index = 0
@@ -176,23 +176,6 @@ def load_optimizer_state(
 # ---------------------------------------------------------------- folders
 
 
-def _model_tensors(model: torch.nn.Module, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    sd = model.state_dict()
-    if cfg.tie_embeddings:
-        sd.pop("output.weight", None)  # same tensor as tok_embeddings.weight; stored once
-    return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in sd.items()}
-
-
-def _fsync_tree(folder: Path) -> None:
-    for f in folder.iterdir():
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=1) + "\n")
-
-
 def save_checkpoint(
     path: Path,
     *,
@@ -204,51 +187,22 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     extra_meta: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a complete checkpoint folder at `path` atomically (replacing one already there).
+    """Write a complete checkpoint folder at `path` atomically (replacing one already there), now.
 
     `state` holds step, tokens_seen, best_val_loss, sampler, total_steps; RNG states and the
     optimizer's non-tensor state are added here. `extra_meta` (e.g. the GradScaler state) is
-    stored in state.json under optimizer_meta["extra"]."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        save_file(
-            _model_tensors(model, model_config), str(tmp / "model.safetensors"), metadata={"format": "pt"}
-        )
-        full_state = {"format_version": FORMAT_VERSION, **state, "rng": get_rng_state()}
-        if optimizer is not None:
-            tensors, meta = optimizer_to_tensors(optimizer, model)
-            meta["extra"] = extra_meta or {}
-            save_file(tensors, str(tmp / "optimizer.safetensors"), metadata={"format": "pt"})
-            full_state["optimizer_meta"] = meta
-        else:
-            full_state["optimizer_meta"] = None
-        _write_json(tmp / "config.json", {"model": model_config.to_dict(), "train": train_config.to_dict()})
-        _write_json(tmp / "tokenizer.json", tokenizer.to_json())
-        _write_json(tmp / "state.json", full_state)  # last: its presence marks a complete folder
-        _fsync_tree(tmp)
-        _move_into_place(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
-
-
-def _move_into_place(tmp: Path, path: Path) -> None:
-    """Rename the finished folder `tmp` to `path`, replacing a folder already there."""
-    if path.exists():  # a directory cannot be renamed over a non-empty one: move the old aside
-        old = path.parent / f"{path.name}.old-{os.getpid()}"
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, path)
+    stored in state.json under optimizer_meta["extra"]. A training run writes its checkpoints in
+    the background instead (trainer.checkpoint_snapshot, trainer.run.checkpoint_writer)."""
+    snapshot = take_snapshot(
+        model=model,
+        model_config=model_config,
+        train_config=train_config,
+        tokenizer=tokenizer,
+        state=state,
+        optimizer=optimizer,
+        extra_meta=extra_meta,
+    )
+    return write_snapshot(snapshot, path)
 
 
 def copy_checkpoint(src: Path, dst: Path) -> Path:
@@ -259,8 +213,8 @@ def copy_checkpoint(src: Path, dst: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         shutil.copytree(src, tmp, copy_function=_link_or_copy)
-        _fsync_tree(tmp)
-        _move_into_place(tmp, dst)
+        fsync_tree(tmp)
+        move_into_place(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -342,16 +296,27 @@ def list_step_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
 
 
 def rotate_checkpoints(ckpt_dir: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` step folders (and leftovers of interrupted writes)."""
+    """Delete all but the newest `keep` step folders (and leftovers of interrupted writes); the
+    kept ones older than the newest drop their optimizer state, which only a resume needs."""
     removed = []
-    for _, d in list_step_checkpoints(ckpt_dir)[:-keep] if keep > 0 else []:
+    found = list_step_checkpoints(ckpt_dir)
+    for _, d in found[:-keep] if keep > 0 else []:
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
+    for _, d in found[-keep:-1] if keep > 0 else found[:-1]:
+        drop_optimizer_state(d)
     if Path(ckpt_dir).is_dir():
         for d in Path(ckpt_dir).iterdir():
             if (".tmp-" in d.name or ".old-" in d.name) and not d.name.endswith(f"-{os.getpid()}"):
                 shutil.rmtree(d, ignore_errors=True)
     return removed
+
+
+def drop_optimizer_state(folder: Path) -> None:
+    """Make a checkpoint weights-only by unlinking its optimizer file. Nothing is rewritten in
+    place (copies of the folder share its files as hard links, and keep theirs); state.json still
+    describes the optimizer, so a resume checks `has_optimizer_state` first."""
+    (Path(folder) / OPTIMIZER_FILE).unlink(missing_ok=True)
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:

@@ -128,6 +128,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     if result.model_note is not None:
         print(f"{result.model_note}.")
+    if (checkpoints := result.checkpoint_times.summary()) is not None:
+        print(f"{checkpoints}.")
     if result.final_checkpoint is None or result.model_step is None:
         return 0
     _write_exports(result.final_checkpoint, train_cfg.export_formats, args.out / "exports")

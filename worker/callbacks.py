@@ -11,9 +11,10 @@ Metrics are buffered and written in one transaction every `metrics_flush_seconds
 costs a few hundred small transactions, not 10 000 (worker.metric_rows).
 
 While the database is unreachable training goes on: the rows stay buffered and are written when it
-comes back (worker.db_retry). A checkpoint waits until the rows up to its step and its upload are
-written, so a resume from it finds every earlier step; past `db_retry_seconds` the writes raise
-DatabaseUnavailable and the attempt is given up (worker.job_run).
+comes back (worker.db_retry). A checkpoint first waits until the rows up to its step are written,
+so a resume from it finds every earlier step; then it uploads in the background while training goes
+on (worker.checkpoint_uploads). Past `db_retry_seconds` the writes raise DatabaseUnavailable and the
+attempt is given up (worker.job_run).
 """
 
 from __future__ import annotations
@@ -44,12 +45,14 @@ from trainer.config.metrics import (
 )
 from trainer.run.report import Callbacks
 from worker.checkpoint_store import store_checkpoint
+from worker.checkpoint_uploads import CheckpointUploads
 from worker.db_retry import DbRetry
 from worker.lease import LeaseLost
 from worker.metric_rows import MetricValues, Requests, stored_metrics, write_progress
 
 if TYPE_CHECKING:
     from core.blobstore import BlobStore
+    from trainer.run.checkpoint_writer import CheckpointTimes
     from trainer.run.state import StartInfo
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,7 @@ StopCause = Literal["cancel", "pause", "shutdown", "lease_lost"]
 class ServiceCallbacks(Callbacks):
     """Callbacks for one claimed job. Thread-safety: the trainer calls everything on its thread;
     the heartbeat thread only sets `lease_lost` (an Event) and the worker's signal handler only sets
-    `shutdown`."""
+    `shutdown`; a checkpoint's upload thread touches none of the buffers here."""
 
     def __init__(
         self,
@@ -114,6 +117,7 @@ class ServiceCallbacks(Callbacks):
         self.first_step_written = False  # the first loss of a run is written at once (time to first loss)
         self.metrics_db = DbRetry("metrics writes", db_retry_seconds)
         self.checkpoint_db = DbRetry("checkpoint writes", db_retry_seconds)
+        self.uploads = CheckpointUploads(scratch / "uploading", db_retry_seconds)
         self.requests_db = DbRetry("cancel/pause checks", action="paused")  # metrics writes give up
 
     # ------------------------------------------------------------------ trainer hooks
@@ -173,6 +177,8 @@ class ServiceCallbacks(Callbacks):
         self.maybe_flush()
 
     def on_checkpoint(self, step: int, path: Path) -> None:
+        """A step checkpoint on disk: staged and stored in the background (worker.checkpoint_uploads),
+        with the best evaluation's checkpoint it names when that is not stored yet."""
         # A cancelled job needs no checkpoint; a worker without the lease must not write.
         if self.cause in ("cancel", "lease_lost") or self.lease_lost.is_set():
             return
@@ -181,17 +187,35 @@ class ServiceCallbacks(Callbacks):
             if self.lease_lost.is_set():
                 return
             best_step, best = best_of_run(path)
-            self._store(step, path, best_step)
+            folders = [(step, path)]
             if best is not None and best_step is not None and not self._is_stored(best_step):
                 # an attempt that resumes from `path` on another worker gets it back from the store
                 # (worker.checkpoint_restore.restore_best): the job's model when it ends past it
-                self._store(best_step, best, best_step)
+                folders.append((best_step, best))
+            metrics = {at: self.checkpoint_metrics(at) for at, _ in folders}
+            self.stored_steps += [at for at, _ in folders]
+
+            def store(at: int, folder: Path, retry: DbRetry) -> None:
+                self._store(at, folder, best_step, metrics[at], retry)
+
+            self.uploads.submit(folders, store)
         except LeaseLost:
             self._lose_lease()
 
+    def wait_for_uploads(self, trained: CheckpointTimes | None = None) -> None:
+        """Until the checkpoint upload in flight is stored (its error raises here); then, given the
+        trainer's side of the costs, one event saying what the background checkpoints cost."""
+        try:
+            self.uploads.wait()
+        except LeaseLost:
+            self._lose_lease()
+            return
+        if trained is not None and trained.count:
+            self.events.append(checkpoint_costs_event(trained, self.uploads.count, self.uploads.seconds))
+
     def _is_stored(self, step: int) -> bool:
-        """Stored by this attempt, or by an earlier attempt of the job (a resumed attempt does not
-        upload the best checkpoint a second time)."""
+        """Stored (or being stored) by this attempt, or by an earlier attempt of the job (a resumed
+        attempt does not upload the best checkpoint a second time)."""
         if step in self.stored_steps:
             return True
 
@@ -205,7 +229,9 @@ class ServiceCallbacks(Callbacks):
             return True
         return False
 
-    def _store(self, step: int, folder: Path, best_step: int | None) -> None:
+    def _store(
+        self, step: int, folder: Path, best_step: int | None, metrics: dict[str, Any], retry: DbRetry
+    ) -> None:
         """A step checkpoint into the store; rotation keeps the run's best so far (`best_step`)."""
         store_checkpoint(
             self.session_factory,
@@ -215,15 +241,14 @@ class ServiceCallbacks(Callbacks):
             step=step,
             folder=folder,
             model_id=self.checkpoint_model_id(step),
-            metrics=self.checkpoint_metrics(step),
+            metrics=metrics,
             is_final=False,
             keep=self.keep_checkpoints,
             scratch=self.scratch,
             max_stored_bytes=self.max_stored_bytes,
-            retry=self.checkpoint_db,
+            retry=retry,
             protect_step=best_step,
         )
-        self.stored_steps.append(step)
 
     def should_stop(self) -> Literal["stop", "pause"] | None:
         if self.lease_lost.is_set():
@@ -343,6 +368,26 @@ class ServiceCallbacks(Callbacks):
         self.lease_lost.set()
         self.cause = "lease_lost"
         self.buffer.clear()
+
+
+def checkpoint_costs_event(
+    trained: CheckpointTimes, uploads: int, upload_seconds: float
+) -> tuple[str, dict[str, Any]]:
+    """The job's event about its background checkpoints: written, uploaded, and what training waited."""
+    data = {
+        "checkpoints": trained.count,
+        "tensor_bytes": trained.bytes,
+        "write_seconds": round(trained.write, 3),
+        "uploads": uploads,
+        "upload_seconds": round(upload_seconds, 3),
+        "stall_seconds": round(trained.stall, 3),
+    }
+    return (
+        f"Checkpoints in the background: {trained.count} written in {trained.write:.1f} s and "
+        f"{uploads} uploaded in {upload_seconds:.1f} s while training went on; training waited "
+        f"{trained.stall:.2f} s for them",
+        data,
+    )
 
 
 def _finite(x: float | None) -> float | None:

@@ -26,11 +26,15 @@ def extract_checkpoint_tar(tar_path: Path, dest: Path) -> Path:
     )
 
 
-def tar_folder(folder: Path, out: Path, arcname: str) -> Path:
-    """An uncompressed tar of `folder`, named `arcname` at the tar's root; written under a temporary
-    name and renamed, so `out` is whole or absent."""
+def tar_folder(folder: Path, out: Path, arcname: str, leave_out: frozenset[str] = frozenset()) -> Path:
+    """An uncompressed tar of `folder`, named `arcname` at the tar's root, without the files at its
+    top named in `leave_out`; written under a temporary name and renamed, so `out` is whole or absent."""
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if info.name.removeprefix(f"{arcname}/") in leave_out else info
+
     with tarfile.open(tmp, "w") as tf:
-        tf.add(folder, arcname=arcname)
+        tf.add(folder, arcname=arcname, filter=keep)
     os.replace(tmp, out)
     return out

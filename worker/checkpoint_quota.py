@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from core.jobstates import add_event
@@ -31,9 +31,10 @@ def prune_over_quota(
     if used <= limit:
         return []
     rows = session.execute(
-        select(Checkpoint, Blob.size)
-        .join(Blob, Blob.id == Checkpoint.blob_id)
+        select(Checkpoint, func.sum(Blob.size))
+        .join(Blob, or_(Blob.id == Checkpoint.blob_id, Blob.id == Checkpoint.optimizer_blob_id))
         .where(Checkpoint.job_id == job_id)
+        .group_by(Checkpoint.id)
         .order_by(Checkpoint.step)
     ).all()
     newest_step = max((c.step for c, _ in rows), default=None)
@@ -50,9 +51,9 @@ def prune_over_quota(
             break
         if ckpt.model_id in exported:
             continue
-        doomed.append(ckpt.blob_id)
+        doomed += [b for b in (ckpt.blob_id, ckpt.optimizer_blob_id) if b is not None]
         session.delete(ckpt)
-        used -= size
+        used -= int(size)
     _warn_once(session, job_id, used, limit, len(doomed))
     log.info(
         "job %s: over %s (%d > %d bytes): dropped %d checkpoints", job_id, QUOTA, used, limit, len(doomed)

@@ -23,15 +23,21 @@ if TYPE_CHECKING:
 def latest_checkpoint(
     session_factory: sessionmaker[Session], store: BlobStore, job_id: str, dest: Path
 ) -> tuple[Path | None, int]:
-    """Extract the newest stored checkpoint of this job (if any) under `dest`: (folder, step)."""
+    """Extract the newest stored checkpoint of this job (if any) under `dest`, its optimizer state
+    included: (folder, step)."""
     with session_factory() as session:
         ckpt = session.execute(
             select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step.desc()).limit(1)
         ).scalar_one_or_none()
         if ckpt is None:
             return None, 0
-        blob_id, step = ckpt.blob_id, ckpt.step
-    return extract_checkpoint(store, blob_id, dest), step
+        blob_id, optimizer_blob_id, step = ckpt.blob_id, ckpt.optimizer_blob_id, ckpt.step
+    folder = extract_checkpoint(store, blob_id, dest)
+    if optimizer_blob_id is not None:  # stored beside the tar (checkpoints stored before: inside it)
+        from trainer.checkpoint_snapshot import OPTIMIZER_FILE
+
+        store.read_to_path(optimizer_blob_id, folder / OPTIMIZER_FILE)
+    return folder, step
 
 
 def restore_best(

@@ -1,5 +1,6 @@
 """Store a job's checkpoint folders in the blob store (`store_checkpoint`), as uncompressed tars
-with a Checkpoint row each. Bringing them back is worker.checkpoint_restore.
+with a Checkpoint row each; the newest step checkpoint's optimizer state, which only a resume needs,
+is a second blob that the next checkpoint drops. Bringing them back is worker.checkpoint_restore.
 
 Stored checkpoints are rotated like the trainer's local ones: the newest `keep` step checkpoints of
 a job are kept (plus the final one, and the run's best evaluation's, `protect_step`); older rows and their blobs are deleted unless a download (an
@@ -19,7 +20,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db_faults import describe, is_connection_error
-from core.models import Checkpoint, Export, Job, utcnow
+from core.models import Blob, Checkpoint, Export, Job, utcnow
+from trainer.checkpoint_snapshot import OPTIMIZER_FILE
 from worker.checkpoint_files import tar_folder
 from worker.checkpoint_quota import prune_over_quota
 from worker.lease import LeaseLost, lock_held_job
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from worker.db_retry import DbRetry
 
 log = logging.getLogger(__name__)
+WEIGHTS_ONLY = frozenset({OPTIMIZER_FILE})  # what the tar leaves out: the optimizer is a blob of its own
 
 
 def store_checkpoint(
@@ -49,28 +52,29 @@ def store_checkpoint(
     retry: DbRetry | None = None,
     protect_step: int | None = None,
 ) -> str:
-    """Tar `folder`, put it into the blob store and record the Checkpoint row (replacing an earlier
-    row for the same step), all in one transaction that first checks the lease. `extra(session, job)`
-    runs in that transaction too (the runner finishes the job there). With `retry`, the upload and
-    that transaction are retried through a database outage (worker.db_retry). Rotation and the quota
-    never drop the checkpoint of `protect_step` (the run's best so far). Returns the checkpoint id."""
-    tar_path = tar_folder(folder, scratch / f"{folder.name}-{step}.tar", arcname=folder.name)
+    """Tar `folder` without its optimizer state into the blob store, and that state as a second blob
+    when it is the job's newest step checkpoint (never a final one: the job is over); then record the
+    Checkpoint row (an earlier row for the step is replaced) in one transaction that first checks
+    the lease, and runs `extra(session, job)` (the runner finishes the job there). `retry`: the whole
+    is retried through an outage (worker.db_retry). Rotation and the quota never drop the checkpoint
+    of `protect_step` (the run's best so far). Returns the checkpoint id."""
+    tar_path = tar_folder(folder, scratch / f"{folder.name}-{step}.tar", folder.name, WEIGHTS_ONLY)
+    optimizer_file = folder / OPTIMIZER_FILE
+    with_optimizer = not is_final and optimizer_file.exists()
 
     def upload_and_record() -> tuple[str, list[str]]:
         with session_factory() as session:
             # Upload first, then lock the job row only for the short bookkeeping transaction (a long
             # upload must not block heartbeats or the API's cancel request behind a row lock).
-            with open(tar_path, "rb") as fh:
-                blob = store.put(fh, session)
+            blobs = store.put_files([tar_path, optimizer_file] if with_optimizer else [tar_path], session)
             try:
                 job = lock_held_job(session, job_id, worker_id)
             except LeaseLost:
                 session.rollback()
-                _delete_blob(session_factory, store, blob.id)
+                for blob in blobs:
+                    _delete_blob(session_factory, store, blob.id)
                 raise
-            ckpt, old_blob = _point_row_at(session, job, step, model_id, blob.id, metrics, is_final)
-            session.flush()
-            doomed = [old_blob] if old_blob else []
+            ckpt, doomed = _record_row(session, job, step, model_id, blobs, metrics, is_final)
             if keep:
                 doomed += _rotate(session, job_id, keep, protect_step)
             if max_stored_bytes is not None:
@@ -81,8 +85,8 @@ def store_checkpoint(
             return ckpt.id, doomed
 
     try:
-        # a dropped connection or an outage: the whole upload again (a fresh blob; the half-written
-        # one stays incomplete, never readable, and the reaper's blob gc removes it)
+        # a dropped connection or an outage: the whole upload again (fresh blobs; the half-written
+        # ones stay incomplete, never readable, and the reaper's blob gc removes them)
         ckpt_id, doomed = retry.call(upload_and_record) if retry is not None else upload_and_record()
         for blob_id in doomed:
             _delete_blob(session_factory, store, blob_id)
@@ -91,35 +95,84 @@ def store_checkpoint(
         tar_path.unlink(missing_ok=True)
 
 
+def _record_row(
+    session: Session,
+    job: Job,
+    step: int,
+    model_id: str,
+    blobs: list[Blob],
+    metrics: dict[str, Any],
+    is_final: bool,
+) -> tuple[Checkpoint, list[str]]:
+    """The step's row pointing at the weights tar and (when this is the job's newest step checkpoint)
+    the optimizer blob; every other row of the job loses its optimizer blob. Returns the row and the
+    blobs to delete once the transaction committed."""
+    doomed: list[str] = []
+    optimizer_blob = blobs[1].id if len(blobs) > 1 else None
+    if optimizer_blob is not None and _newer_stored(session, job.id, step):
+        doomed.append(optimizer_blob)  # a resume starts from the newer one
+        optimizer_blob = None
+    ckpt, replaced = _point_row_at(
+        session, job, step, model_id, blobs[0].id, optimizer_blob, metrics, is_final
+    )
+    session.flush()
+    doomed += replaced
+    if optimizer_blob is not None or is_final:
+        doomed += _drop_optimizer_state(session, job.id, but=ckpt.id)
+    return ckpt, doomed
+
+
+def _newer_stored(session: Session, job_id: str, step: int) -> bool:
+    newer = select(Checkpoint.id).where(Checkpoint.job_id == job_id, Checkpoint.step > step).limit(1)
+    return session.scalar(newer) is not None
+
+
+def _drop_optimizer_state(session: Session, job_id: str, but: str) -> list[str]:
+    """Every other checkpoint of the job becomes weights-only (only the newest is resumed from).
+    Returns the optimizer blobs to delete once the transaction committed."""
+    rows = session.scalars(
+        select(Checkpoint).where(
+            Checkpoint.job_id == job_id, Checkpoint.id != but, Checkpoint.optimizer_blob_id.is_not(None)
+        )
+    ).all()
+    doomed = [str(row.optimizer_blob_id) for row in rows]
+    for row in rows:
+        row.optimizer_blob_id = None
+    return doomed
+
+
 def _point_row_at(
     session: Session,
     job: Job,
     step: int,
     model_id: str,
     blob_id: str,
+    optimizer_blob_id: str | None,
     metrics: dict[str, Any],
     is_final: bool,
-) -> tuple[Checkpoint, str | None]:
-    """The step's Checkpoint row, now holding `blob_id` (a row stored earlier for the step is
-    updated), and the blob the earlier row held, to delete after the commit."""
+) -> tuple[Checkpoint, list[str]]:
+    """The step's Checkpoint row, now holding `blob_id` and `optimizer_blob_id` (a row stored
+    earlier for the step is updated), and the blobs the earlier row held, to delete after the commit."""
     old = session.execute(
         select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == step)
     ).scalar_one_or_none()
     if old is not None:
-        old_blob, old.blob_id = old.blob_id, blob_id
+        replaced = [b for b in (old.blob_id, old.optimizer_blob_id) if b is not None]
+        old.blob_id, old.optimizer_blob_id = blob_id, optimizer_blob_id
         old.metrics, old.is_final, old.created_at = metrics, is_final or old.is_final, utcnow()
-        return old, old_blob
+        return old, replaced
     ckpt = Checkpoint(
         job_id=job.id,
         owner_id=job.owner_id,
         step=step,
         model_id=model_id,
         blob_id=blob_id,
+        optimizer_blob_id=optimizer_blob_id,
         metrics=metrics,
         is_final=is_final,
     )
     session.add(ckpt)
-    return ckpt, None
+    return ckpt, []
 
 
 def _rotate(session: Session, job_id: str, keep: int, protect_step: int | None) -> list[str]:
@@ -148,7 +201,7 @@ def _rotate(session: Session, job_id: str, keep: int, protect_step: int | None) 
     for ckpt in rows[keep:]:
         if ckpt.model_id in exported or ckpt.step == protect_step:
             continue
-        doomed.append(ckpt.blob_id)
+        doomed += [b for b in (ckpt.blob_id, ckpt.optimizer_blob_id) if b is not None]
         session.delete(ckpt)
     return doomed
 

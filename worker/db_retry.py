@@ -35,18 +35,30 @@ MAX_DELAY = 5.0  # the backoff's cap: a recovered database is noticed within thi
 
 
 class DatabaseUnavailable(Exception):
-    """The database stayed unreachable for the retry budget: give the attempt up (not the job)."""
+    """The database (or `what` else a component needs: the blob store) stayed unreachable for the
+    retry budget: give the attempt up (not the job)."""
 
-    def __init__(self, component: str, seconds: float) -> None:
-        super().__init__(f"{component}: the database was unreachable for {seconds:.0f} s")
-        self.component, self.seconds = component, seconds
+    def __init__(self, component: str, seconds: float, what: str = "the database") -> None:
+        super().__init__(f"{component}: {what} was unreachable for {seconds:.0f} s")
+        self.component, self.seconds, self.what = component, seconds, what
 
 
 class DbRetry:
-    def __init__(self, component: str, budget: float = math.inf, action: str = "retrying") -> None:
+    def __init__(
+        self,
+        component: str,
+        budget: float = math.inf,
+        action: str = "retrying",
+        *,
+        retryable: Callable[[BaseException], bool] = is_connection_error,
+        what: str = "the database",
+    ) -> None:
+        """`retryable`: the errors an outage raises (the database's connection errors unless given);
+        `what` names what was away, in DatabaseUnavailable's message."""
         self.component = component
         self.budget = budget
-        self.outage = OutageLog(component, log, action)
+        self.retryable, self.what = retryable, what
+        self.outage = OutageLog(component, log, action, what.removeprefix("the "))
         self._failures = 0
         self._next_try = 0.0
 
@@ -56,7 +68,7 @@ class DbRetry:
             try:
                 result = fn()
             except Exception as error:
-                if not is_connection_error(error):
+                if not self.retryable(error):
                     raise
                 self._failed(error)
                 time.sleep(max(0.0, self._next_try - time.monotonic()))
@@ -73,7 +85,7 @@ class DbRetry:
         try:
             fn()
         except Exception as error:
-            if not is_connection_error(error):
+            if not self.retryable(error):
                 raise
             self._failed(error)
             return False
@@ -85,7 +97,7 @@ class DbRetry:
         self._failures += 1
         down_for = self.outage.down_for()
         if down_for >= self.budget:
-            raise DatabaseUnavailable(self.component, down_for) from error
+            raise DatabaseUnavailable(self.component, down_for, self.what) from error
         delay = min(MAX_DELAY, FIRST_DELAY * 2 ** (self._failures - 1))
         delay = random.uniform(delay / 2, delay)  # jitter: many workers do not retry in step
         self._next_try = time.monotonic() + min(delay, self.budget - down_for)

@@ -222,11 +222,12 @@ class JobEnding:
                     job.lease_owner, job.lease_expires_at, job.attempts = None, None, attempts
                 else:
                     transition(session, job, JobStatus.QUEUED, attempts=attempts)
+                away = exc.what if isinstance(exc, DatabaseUnavailable) else "the database"
                 add_event(
                     session,
                     self.job_id,
-                    "The database was unreachable for too long: the job goes back to the queue and "
-                    "resumes from its last checkpoint",
+                    f"{away[0].upper()}{away[1:]} was unreachable for too long: the job goes back to the "
+                    "queue and resumes from its last checkpoint",
                     level="warn",
                 )
                 session.commit()

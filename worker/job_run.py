@@ -16,7 +16,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from core import db_faults
+from core.blobstore import is_store_outage
 from core.jobstates import add_event, transition
 from core.naming import checkpoint_model_id
 from core.settings import Settings
@@ -73,7 +73,7 @@ class JobRun(JobEnding):
         except RankLost as exc:
             return self.requeue_lost_rank(exc)
         except Exception as exc:
-            if db_faults.is_connection_error(exc):  # where no retry covers: not the job's fault
+            if is_store_outage(exc):  # the database or S3 away where no retry covers: not the job's fault
                 return self.give_up(exc)
             failure = classify_exception(exc)
             if failure.code == "internal_error":
@@ -189,9 +189,11 @@ class JobRun(JobEnding):
                     init_from=inputs.init_from,
                 )
         except BaseException:
+            callbacks.uploads.close()  # the upload in flight ends; the failure is the one to report
             with contextlib.suppress(DatabaseUnavailable):
                 callbacks.flush()  # the rows logged before the failure, if the database takes them now
             raise
+        callbacks.wait_for_uploads(result.checkpoint_times)  # the end needs every checkpoint stored
         callbacks.flush(wait=True)
         if callbacks.cause == "lease_lost" or self.lease_lost.is_set():
             raise LeaseLost(self.job_id)

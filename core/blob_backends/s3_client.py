@@ -22,6 +22,8 @@ DEFAULT_REGION = "us-east-1"
 MAX_ATTEMPTS = 5
 CONNECT_TIMEOUT_SECONDS = 10.0
 READ_TIMEOUT_SECONDS = 60.0
+# S3's answers for "busy or broken, try later" (botocore retried them MAX_ATTEMPTS times already)
+OUTAGE_CODES = frozenset({"500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown"})
 # S3's codes for "that key, or the bucket, is not there"
 MISSING_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchBucket"})
 
@@ -65,3 +67,9 @@ def is_transport_error(exc: BaseException) -> bool:
     """A failure of the connection itself (refused, reset, timed out, a body cut short), as
     opposed to an answer from the server."""
     return isinstance(exc, BotoCoreError)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """The server unreachable or failing (no connection, a timeout, 5xx or throttling after
+    botocore's own retries): worth trying again later, unlike an answer about the request."""
+    return is_transport_error(exc) or error_code(exc) in OUTAGE_CODES

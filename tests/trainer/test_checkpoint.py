@@ -177,6 +177,7 @@ def test_rotation_keeps_newest_and_best(tmp_path, tiny_model, tiny_train, shakes
     best_step, best_val = min(vals, key=lambda v: v[1])
     best = load_checkpoint(tmp_path / "best")
     assert best.step == best_step and best.state["best_val_loss"] == best_val == result.best_val_loss
+    assert not (tmp_path / "best" / "optimizer.safetensors").exists()  # a model, not a resume point
     assert latest_checkpoint(tmp_path) == tmp_path / "final"
 
 

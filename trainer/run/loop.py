@@ -21,7 +21,7 @@ one on CPU):
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +31,7 @@ from trainer.checkpoint import checkpoint_of_step, copy_checkpoint, load_checkpo
 from trainer.config import ModelConfig, TrainConfig
 from trainer.config.metrics import EvalMetrics, FullEvalMetrics
 from trainer.optim.optimizers import lr_at, set_lr
+from trainer.run.checkpoint_writer import CheckpointTimes
 from trainer.run.report import ENDS_AS_MODEL, Callbacks, Report, StopReason
 from trainer.run.setup import start_run
 from trainer.run.state import TrainRun
@@ -59,6 +60,8 @@ class TrainResult:
     best_step: int | None = None  # the step of best_val_loss (best/)
     evals_since_best: int = 0  # evaluations after best_step that were no new best
     model_step: int | None = None  # the step of final/'s weights (None: the run did not end as a model)
+    # what the step checkpoints written in the background cost (the final one is written at the end)
+    checkpoint_times: CheckpointTimes = field(default_factory=CheckpointTimes)
 
     @property
     def model_note(self) -> str | None:
@@ -117,6 +120,8 @@ def train(
     stop: StopReason | None = None
     try:
         while run.step < run.total_steps and (stop := report.stop_requested()) is None:
+            with report.not_training():
+                run.writer.poll()  # a checkpoint written in the background goes to the callbacks
             # the step: the learning rate of this step, a batch, forward/backward and the update
             lr = lr_at(run.step, cfg, run.total_steps)
             set_lr(run.optimizer, lr)
@@ -131,13 +136,15 @@ def train(
                     if evaluating:
                         evaluate_and_keep_best(run, report)
                     if checkpoint_due(run):
-                        report.checkpoint(run.save_step_checkpoint())
+                        run.save_step_checkpoint(report.checkpoint, background=True)
             if evaluating and run.world > 1 and cfg.resolved_early_stopping_patience > 0:
                 report.agree_early_stop()  # every rank leaves after this step, as one process would
         # the end: final/ (after a full validation pass), or a checkpoint a stopped run resumes from
         stop_reason: StopReason = stop or "completed"
+        run.writer.wait()  # the end reads and reports what is written in the background
         final = final_checkpoint(run, stop_reason, report)
     finally:
+        run.writer.close()  # after an error: the write in flight finishes, unreported
         report.close()
     return _result(run, stop_reason, final)
 
@@ -158,6 +165,7 @@ def _result(run: TrainRun, stop_reason: StopReason, final: Path | None) -> Train
         best_step=run.best_step,
         evals_since_best=run.evals_since_best,
         model_step=_model_step(run, stop_reason, final),
+        checkpoint_times=run.writer.times,
     )
 
 
@@ -188,8 +196,8 @@ def evaluate_and_keep_best(run: TrainRun, report: Report) -> None:
     )
     run.last_val_loss, run.last_val_accuracy = val_loss, val_accuracy
     report.evaluation(EvalMetrics(step=run.step, val_loss=val_loss, val_accuracy=val_accuracy))
-    if run.record_evaluation(val_loss):
-        run.save(run.out_dir / "best")
+    if run.record_evaluation(val_loss):  # best/ keeps the weights (a model), not the optimizer
+        run.save_in_background(run.out_dir / "best", optimizer=False)
 
 
 def _eval_fwd(run: TrainRun) -> torch.nn.Module:
@@ -253,6 +261,4 @@ def last_step_checkpoint(run: TrainRun, report: Report) -> Path | None:
             return run.step_checkpoint_path()
         if run.resume_path is not None:
             return run.resume_path  # stopped before taking a step after resuming
-    path = run.save_step_checkpoint()
-    report.checkpoint(path)
-    return path
+    return run.save_step_checkpoint(report.checkpoint)

@@ -143,8 +143,9 @@ class Report:
         self.metrics.write(measured)
         self.callbacks.on_full_eval(measured)
 
-    def checkpoint(self, path: Path) -> None:
-        self.callbacks.on_checkpoint(self.run.step, path)
+    def checkpoint(self, path: Path, step: int) -> None:
+        """A step checkpoint is complete on disk (written in the background: `step` is its own)."""
+        self.callbacks.on_checkpoint(step, path)
 
     def not_training(self) -> contextlib.AbstractContextManager[None]:
         """Time spent in here (evaluating, checkpointing) does not count against tokens/s."""

@@ -25,6 +25,7 @@ from trainer.checkpoint import (
     load_optimizer_state,
     set_rng_state,
 )
+from trainer.checkpoint_snapshot import has_optimizer_state
 from trainer.config import ConfigError, ModelConfig, TrainConfig
 from trainer.config.data_aware import resolve_auto
 from trainer.config.estimate import global_batch, tokens_per_step, total_steps
@@ -366,7 +367,7 @@ def restore_progress(run: TrainRun, resumed: Checkpoint) -> None:
     # checkpoints written before early stopping existed hold neither: the count starts afresh
     run.best_step, run.evals_since_best = st.get("best_step"), int(st.get("evals_since_best", 0))
     run.last_checkpoint_step = run.step
-    if st.get("optimizer_meta"):
+    if st.get("optimizer_meta") and has_optimizer_state(resumed.path):
         load_optimizer_state(run.optimizer, run.model, resumed.path, st["optimizer_meta"])
         scaler_state = st["optimizer_meta"].get("extra", {}).get("scaler")
         if scaler_state and run.scaler.is_enabled():

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
-from trainer.checkpoint import rotate_checkpoints, save_checkpoint
+from trainer.checkpoint import rotate_checkpoints
+from trainer.checkpoint_snapshot import CheckpointSnapshot, HostBuffers, take_snapshot, write_snapshot
 from trainer.config import ModelConfig, TrainConfig
 from trainer.config.estimate import tokens_per_step
 from trainer.model.llama import Llama
+from trainer.run.checkpoint_writer import CheckpointWriter
 
 if TYPE_CHECKING:
     from trainer.data.batches import Batch
@@ -86,6 +88,7 @@ class TrainRun:
     last_val_accuracy: float | None = None
     full_valid: tuple[float, float] | None = None  # (loss, accuracy) of the final full validation pass
     last_checkpoint_step: int | None = None  # the step of the newest step checkpoint on disk
+    writer: CheckpointWriter = field(default_factory=CheckpointWriter)  # background checkpoint writes
 
     @property
     def tokens_per_step(self) -> int:
@@ -166,20 +169,19 @@ class TrainRun:
         return []
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, path: Path) -> Path:
-        """A complete checkpoint folder of the current step at `path` (final/, best/ or a step).
-        Sharded: every rank calls it (the state is gathered), rank 0 alone writes."""
+    def snapshot(self, *, optimizer: bool, buffers: HostBuffers | None) -> CheckpointSnapshot | None:
+        """The current step's checkpoint contents (trainer.checkpoint_snapshot); `optimizer` False:
+        weights only. Sharded: every rank calls it (the state is gathered); None except on rank 0."""
         extra = {"scaler": self.scaler.state_dict()} if self.scaler.is_enabled() else {}
-        model, optimizer = self.model, self.optimizer
+        model, opt = self.model, self.optimizer
         if self.sharded:
             from trainer.run.fsdp import full_copies
 
             copies = full_copies(self)
             if copies is None:
-                return path
-            model, optimizer = copies
-        return save_checkpoint(
-            path,
+                return None
+            (model, opt), buffers = copies, None  # gathered into private copies already
+        return take_snapshot(
             model=model,
             model_config=self.model_cfg,
             train_config=self.cfg,
@@ -194,14 +196,41 @@ class TrainRun:
                 "total_steps": self.total_steps,
                 "precision": self.precision,
             },
-            optimizer=optimizer,
+            optimizer=opt if optimizer else None,
             extra_meta=extra,
+            buffers=buffers,
         )
 
-    def save_step_checkpoint(self) -> Path:
-        """checkpoints/step-XXXXXXXX of the current step; keeps the newest `keep_checkpoints`."""
-        path = self.save(self.step_checkpoint_path())
-        if self.is_main:
+    def save(self, path: Path, *, optimizer: bool = True) -> Path:
+        """A complete checkpoint folder of the current step at `path` (final/, best/ or a step), now."""
+        snapshot = self.snapshot(optimizer=optimizer, buffers=None)
+        return write_snapshot(snapshot, path) if snapshot is not None else path
+
+    def save_in_background(
+        self, path: Path, *, optimizer: bool = True, after: Callable[[], None] | None = None
+    ) -> None:
+        """Like `save`, but the folder is written by the background writer while training goes on;
+        `after` runs on this thread once it is written (trainer.run.checkpoint_writer)."""
+        self.writer.save(lambda buffers: self.snapshot(optimizer=optimizer, buffers=buffers), path, after)
+
+    def save_step_checkpoint(
+        self, reported: Callable[[Path, int], None] | None = None, *, background: bool = False
+    ) -> Path:
+        """checkpoints/step-XXXXXXXX of the current step; then the newest `keep_checkpoints` are
+        kept (only the newest with its optimizer state) and `reported(path, step)` is called."""
+        path, step = self.step_checkpoint_path(), self.step
+
+        def written() -> None:
             rotate_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
-        self.last_checkpoint_step = self.step
+            if reported is not None:
+                reported(path, step)
+
+        if background:
+            self.save_in_background(path, after=written)
+        else:
+            self.writer.wait()
+            self.save(path)
+            if self.is_main:
+                written()
+        self.last_checkpoint_step = step
         return path

@@ -1,0 +1,223 @@
+"""Checkpoint overhead (issue 22): the wall time of one job with 4 checkpoints and the default exports,
+through `fromscratch train` and through the embedded service on each blob backend, interleaved round
+by round; what the training loop waited for its checkpoints beside the time they took to write and
+upload in the background; and how much the database grew per job. `bench/service_overhead.py
+--checkpoint-every N [--backend fs --backend s3 --backend db]` runs it.
+
+Goals: service / direct wall time <= 1.10 on each backend; the loop's stall <= 5% of the checkpoints'
+write + upload time; database growth <= 1 MB per job on fs and s3 (db keeps the bytes: comparison only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench._service import REPO_ROOT, SHAKESPEARE, Service, machine, median, print_table, serve
+
+PRESET, CTX = "llama-42m", 256
+# the line `fromscratch train` ends with (trainer.run.checkpoint_writer.CheckpointTimes.summary)
+SUMMARY = re.compile(r"(\d+) checkpoints .* in the background in ([\d.]+) s; training waited ([\d.]+) s")
+
+
+@dataclass
+class Run:
+    wall: float  # seconds, submit (or process start) to the job's end with its exports
+    write: float  # seconds the checkpoints took on the background threads (write, and upload)
+    stall: float  # seconds the training loop waited for them
+    db_growth: int | None = None  # bytes the service's database grew by (None: direct)
+
+
+def hyperparameters(steps: int, every: int, batch_size: int) -> dict[str, Any]:
+    return {
+        "max_steps": steps,
+        "batch_size": batch_size,
+        "eval_every": 0,
+        "checkpoint_every": every,
+        "ctx": CTX,
+    }
+
+
+def run_direct(steps: int, every: int, batch_size: int, env: dict[str, str]) -> Run:
+    with tempfile.TemporaryDirectory(prefix="fs-bench-ckpt-direct-") as d:
+        cmd = [sys.executable, "-m", "cli.main", "train", str(SHAKESPEARE), "--out", str(Path(d) / "run")]
+        cmd += [
+            "--preset",
+            PRESET,
+            "--ctx",
+            str(CTX),
+            "--max-steps",
+            str(steps),
+            "--batch-size",
+            str(batch_size),
+        ]
+        cmd += ["--eval-every", "0", "--checkpoint-every", str(every), "--seed", "1337", "--samples", "0"]
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True)
+        wall = time.perf_counter() - t0
+    found = SUMMARY.search(done.stdout)
+    if found is None:
+        raise RuntimeError(
+            f"no checkpoint summary in the output of fromscratch train:\n{done.stdout[-2000:]}"
+        )
+    return Run(wall, float(found.group(2)), float(found.group(3)))
+
+
+def sqlite_bytes(svc: Service) -> int:
+    """The embedded database's size in use (pages minus free pages, the WAL's pages included)."""
+    url = svc.env.get("FROMSCRATCH_DATABASE_URL") or f"sqlite:///{svc.data_dir / 'fromscratch.db'}"
+    path = url.split("///", 1)[1]
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        pages, free, size = (
+            db.execute(f"pragma {p}").fetchone()[0] for p in ("page_count", "freelist_count", "page_size")
+        )
+    return int((pages - free) * size)
+
+
+def run_service(svc: Service, file_id: str, steps: int, every: int, batch_size: int) -> Run:
+    before = sqlite_bytes(svc)
+    t0 = time.perf_counter()
+    job_id = svc.create_job(file_id, PRESET, hyperparameters(steps, every, batch_size))
+    job = svc.wait_job(job_id, timeout=3600, poll=0.1)
+    wall = time.perf_counter() - t0
+    if job["status"] != "succeeded":
+        raise RuntimeError(f"job {job_id} {job['status']}\n{svc.log_tail()}")
+    costs = checkpoint_event(svc, job_id)
+    write = float(costs["write_seconds"]) + float(costs["upload_seconds"])
+    return Run(wall, write, float(costs["stall_seconds"]), sqlite_bytes(svc) - before)
+
+
+def checkpoint_event(svc: Service, job_id: str) -> dict[str, Any]:
+    with svc.client() as c:
+        r = c.get(f"/v1/fine_tuning/jobs/{job_id}/events", params={"limit": 100})
+        r.raise_for_status()
+    for event in r.json()["data"]:
+        if event["message"].startswith("Checkpoints in the background"):
+            return dict(event["data"])
+    raise RuntimeError(f"job {job_id} has no checkpoint-costs event\n{svc.log_tail()}")
+
+
+@contextlib.contextmanager
+def backend_service(backend: str, threads: int | None) -> Iterator[Service]:
+    """The embedded service (SQLite, SQL broker) storing blobs on `backend`; s3: a throwaway SeaweedFS."""
+    if backend != "s3":
+        with serve(blob_backend=backend, threads=threads) as svc:
+            yield svc
+        return
+    from tests.fixtures.seaweedfs import start_seaweedfs
+
+    root = Path(tempfile.mkdtemp(prefix="fs-bench-weed-"))
+    weed = start_seaweedfs(root)
+    try:
+        with (
+            _env(weed.env()),
+            serve(
+                blob_backend="s3", threads=threads, s3_endpoint_url=weed.endpoint_url, s3_bucket=weed.bucket
+            ) as svc,
+        ):
+            yield svc
+    finally:
+        weed.destroy()
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str]) -> Iterator[None]:
+    import os
+
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def main(args: argparse.Namespace) -> int:
+    backends = args.backend or ["fs", "s3", "db"]
+    steps = args.steps or 50
+    every = args.checkpoint_every
+    rounds = args.rounds or 1
+    direct: list[Run] = []
+    jobs: dict[str, list[Run]] = {b: [] for b in backends}
+    with contextlib.ExitStack() as stack:
+        services = {b: stack.enter_context(backend_service(b, args.threads)) for b in backends}
+        files = {b: svc.upload(SHAKESPEARE) for b, svc in services.items()}
+        env = next(iter(services.values())).env  # the same threads and PYTHONPATH for the direct run
+        for rnd in range(rounds):
+            direct.append(run_direct(steps, every, args.batch_size, env))
+            print(f"  round {rnd + 1}/{rounds} direct {direct[-1].wall:.1f} s", flush=True)
+            for b, svc in services.items():
+                jobs[b].append(run_service(svc, files[b], steps, every, args.batch_size))
+                print(f"  round {rnd + 1}/{rounds} {b}: {jobs[b][-1].wall:.1f} s", flush=True)
+    print()
+    print(
+        f"# checkpoint overhead  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; {PRESET} ctx {CTX}, "
+        f"{steps} steps x {args.batch_size * CTX} tokens, a checkpoint every {every} steps, default exports; "
+        f"medians of {rounds} interleaved rounds"
+    )
+    report(direct, jobs)
+    return 0
+
+
+def report(direct: list[Run], jobs: dict[str, list[Run]]) -> None:
+    d = median([r.wall for r in direct])
+    d_stall, d_write = median([r.stall for r in direct]), median([r.write for r in direct])
+    rows = [
+        (
+            "direct (fromscratch train)",
+            f"{d:.1f}",
+            "1.000",
+            f"{d_write:.2f}",
+            f"{d_stall:.2f}",
+            _pct(d_stall, d_write),
+            "-",
+            "-",
+        )
+    ]
+    for backend, runs in jobs.items():
+        wall, stall = median([r.wall for r in runs]), median([r.stall for r in runs])
+        write = median([r.write for r in runs])
+        growth = median([float(r.db_growth or 0) for r in runs])
+        goals = [wall / d <= 1.10, stall <= 0.05 * write] + ([growth <= 1e6] if backend != "db" else [])
+        rows.append(
+            (
+                f"service, {backend} backend",
+                f"{wall:.1f}",
+                f"{wall / d:.3f}",
+                f"{write:.2f}",
+                f"{stall:.2f}",
+                _pct(stall, write),
+                f"{growth / 1e6:.2f}",
+                "yes" if all(goals) else "NO",
+            )
+        )
+    head = (
+        "run",
+        "wall s",
+        "x direct",
+        "ckpt write+upload s",
+        "loop stall s",
+        "stall %",
+        "db growth MB",
+        "goals met",
+    )
+    print_table(head, rows)
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}" if whole > 0 else "-"

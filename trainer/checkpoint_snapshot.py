@@ -1,0 +1,177 @@
+"""A checkpoint in two halves: `take_snapshot` captures everything a checkpoint folder holds at
+the current step (tensors copied to host memory, the rest as JSON text), and `write_snapshot`
+writes those captured bytes to a folder later. Between the two the model trains on: the training
+loop pays for the host copy only, while a background thread (trainer.run.checkpoint_writer) writes.
+
+Host copies go into `HostBuffers`, reused from one checkpoint to the next (pinned memory when the
+tensors are on CUDA, so the device-to-host copy runs at full bus speed): at most one snapshot is
+being written at a time, so one set of buffers is enough. Without buffers (a synchronous save)
+the tensors are CPU views or copies that nobody changes before the write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import save_file
+
+if TYPE_CHECKING:
+    from trainer.config import ModelConfig, TrainConfig
+    from trainer.data.tokenizers import Tokenizer
+
+OPTIMIZER_FILE = "optimizer.safetensors"
+
+
+@dataclass
+class CheckpointSnapshot:
+    model: dict[str, torch.Tensor]  # fp32 host tensors, the tied output weight stored once
+    optimizer: dict[str, torch.Tensor] | None  # "state.<param>.<key>" host tensors; None: weights only
+    documents: dict[str, str]  # file name -> JSON text; state.json is written last
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [*self.model.values(), *(self.optimizer or {}).values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class HostBuffers:
+    """Host tensors that snapshots copy into, one per tensor name, kept for the next snapshot.
+    Only one snapshot may hold them at a time (the writer finishes one before the next is taken)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def copy(self, key: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape != tensor.shape or buf.dtype != dtype:
+            pin = tensor.is_cuda and torch.cuda.is_available()
+            buf = torch.empty(tensor.shape, dtype=dtype, pin_memory=pin)
+            self._buffers[key] = buf
+        buf.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
+        return buf
+
+    def tensors(self) -> list[torch.Tensor]:
+        return list(self._buffers.values())
+
+    def clear(self) -> None:
+        self._buffers.clear()
+
+
+def _to_host(
+    tensors: dict[str, torch.Tensor], buffers: HostBuffers | None, prefix: str, dtype: torch.dtype | None
+) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, t in tensors.items():
+        want = dtype or t.dtype
+        if buffers is not None:
+            out[name] = buffers.copy(prefix + name, t, want)
+        else:
+            out[name] = t.detach().to("cpu", want).contiguous()
+    return out
+
+
+def _unshare(tensors: dict[str, torch.Tensor]) -> None:
+    """safetensors refuses tensors sharing memory: copy the (rare) aliases."""
+    seen: set[tuple[int, int]] = set()
+    for k, t in tensors.items():
+        ident = (t.untyped_storage().data_ptr(), int(t.storage_offset()))
+        if ident in seen or t.numel() == 0:
+            tensors[k] = t.clone()
+        seen.add(ident)
+
+
+def take_snapshot(
+    *,
+    model: torch.nn.Module,
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    tokenizer: Tokenizer,
+    state: dict[str, Any],
+    optimizer: torch.optim.Optimizer | None = None,
+    extra_meta: dict[str, Any] | None = None,
+    buffers: HostBuffers | None = None,
+) -> CheckpointSnapshot:
+    """Everything `write_snapshot` needs, captured now (RNG states included). `optimizer` None: a
+    weights-only checkpoint (best/, older kept ones), which a run can be evaluated or exported
+    from but not resumed with its optimizer's moments."""
+    from trainer.checkpoint import FORMAT_VERSION, get_rng_state, optimizer_to_tensors
+
+    weights = model.state_dict()
+    if model_config.tie_embeddings:
+        weights.pop("output.weight", None)  # same tensor as tok_embeddings.weight; stored once
+    host_model = _to_host(weights, buffers, "model.", torch.float32)
+    host_optimizer = None
+    full_state = {"format_version": FORMAT_VERSION, **state, "rng": get_rng_state()}
+    full_state["optimizer_meta"] = None
+    if optimizer is not None:
+        tensors, meta = optimizer_to_tensors(optimizer, model)
+        meta["extra"] = extra_meta or {}
+        host_optimizer = _to_host(tensors, buffers, "optimizer.", None)
+        _unshare(host_optimizer)
+        full_state["optimizer_meta"] = meta
+    if buffers is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()  # the non-blocking copies into pinned memory have landed
+    documents = {
+        "config.json": _json({"model": model_config.to_dict(), "train": train_config.to_dict()}),
+        "tokenizer.json": _json(tokenizer.to_json()),
+        "state.json": _json(full_state),
+    }
+    return CheckpointSnapshot(host_model, host_optimizer, documents)
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, indent=1) + "\n"
+
+
+def write_snapshot(snapshot: CheckpointSnapshot, path: Path) -> Path:
+    """Write the snapshot as a complete checkpoint folder at `path`, atomically: built under
+    `<name>.tmp-<pid>`, fsynced, then renamed over whatever was there."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{path.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        save_file(snapshot.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if snapshot.optimizer is not None:
+            save_file(snapshot.optimizer, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
+        for name, text in sorted(snapshot.documents.items(), key=lambda kv: kv[0] == "state.json"):
+            (tmp / name).write_text(text)  # state.json last: its presence marks a complete folder
+        fsync_tree(tmp)
+        move_into_place(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def fsync_tree(folder: Path) -> None:
+    for f in folder.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def move_into_place(tmp: Path, path: Path) -> None:
+    """Rename the finished folder `tmp` to `path`, replacing a folder already there."""
+    if path.exists():  # a directory cannot be renamed over a non-empty one: move the old aside
+        old = path.parent / f"{path.name}.old-{os.getpid()}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, path)
+
+
+def has_optimizer_state(path: Path) -> bool:
+    """The folder keeps its optimizer's tensors (older kept checkpoints drop them: see
+    trainer.checkpoint.drop_optimizer_state)."""
+    return (Path(path) / OPTIMIZER_FILE).exists()

@@ -1,0 +1,88 @@
+"""`CheckpointWriter`: checkpoint folders written on a background thread while the model trains.
+
+The training thread takes a snapshot (trainer.checkpoint_snapshot: host copies, milliseconds to a
+fraction of a second) and hands it over; the background thread writes and fsyncs the folder. At
+most one write is in flight (trainer.run.one_at_a_time): the next hand-over first waits for the
+previous write, so memory stays at one snapshot, whose buffers are reused. What follows a write
+(reporting the folder to the callbacks, which store it) runs back on the training thread at its
+next `poll()` or `wait()`; a failed write raises there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.checkpoint_snapshot import CheckpointSnapshot, HostBuffers, write_snapshot
+from trainer.run.one_at_a_time import OneAtATime
+
+
+@dataclass
+class CheckpointTimes:
+    """What a run's background checkpoints cost, in seconds: `stall` on the training thread
+    (snapshots, waits, the callbacks' part), `write` on the writer's thread."""
+
+    count: int = 0
+    stall: float = 0.0
+    write: float = 0.0
+    bytes: int = 0
+
+    def summary(self) -> str | None:
+        """One line for the end of a run; None when no checkpoint was written in the background."""
+        if not self.count:
+            return None
+        return (
+            f"{self.count} checkpoints ({self.bytes / 1e6:,.0f} MB of tensors) written in the background "
+            f"in {self.write:.2f} s; training waited {self.stall:.2f} s for them"
+        )
+
+
+class CheckpointWriter:
+    def __init__(self) -> None:
+        self.buffers = HostBuffers()
+        self._background = OneAtATime("checkpoint-writer")
+        self._count, self._bytes, self._snapshot_seconds = 0, 0, 0.0
+
+    def wait(self) -> None:
+        """Until no write is in flight, then the follow-ups of finished ones (their errors raise)."""
+        self._background.wait()
+
+    def poll(self) -> None:
+        self._background.poll()
+
+    def save(
+        self,
+        take: Callable[[HostBuffers], CheckpointSnapshot | None],
+        path: Path,
+        after: Callable[[], None] | None,
+    ) -> None:
+        """Wait for the write in flight, take a snapshot into the buffers it freed (`take`; None:
+        nothing to write on this rank) and write it to `path` in the background."""
+        self.wait()
+        start = time.perf_counter()
+        snapshot = take(self.buffers)
+        self._snapshot_seconds += time.perf_counter() - start
+        if snapshot is None:
+            return
+        self._count += 1
+        self._bytes += snapshot.nbytes
+
+        def write() -> None:
+            write_snapshot(snapshot, path)
+
+        self._background.start(write, after)
+
+    @property
+    def times(self) -> CheckpointTimes:
+        bg = self._background
+        return CheckpointTimes(
+            self._count, self._snapshot_seconds + bg.waited_seconds, bg.busy_seconds, self._bytes
+        )
+
+    def close(self) -> None:
+        """At the end of a run: the write in flight finishes (unreported when the run failed), the
+        buffers are freed."""
+        self._background.close()
+        self.buffers.clear()

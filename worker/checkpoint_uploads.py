@@ -1,0 +1,70 @@
+"""`CheckpointUploads`: a job's step checkpoints stored in the blob store on a background thread,
+so training goes on while they upload.
+
+A checkpoint the trainer reports is first staged: hard-linked (no bytes copied) into the job's
+scratch folder, where the trainer's own rotation cannot delete it mid-upload. Then its upload
+(worker.checkpoint_store.store_checkpoint, with the lease check and the Checkpoint row) runs in
+the background, one at a time (trainer.run.one_at_a_time): the next checkpoint waits for the one
+before, so at most one is in flight. An upload that meets an outage (the database, or the S3
+server) retries for `retry_seconds`; past that, `DatabaseUnavailable` is raised on the training
+thread at the next hand-over or at `wait()`, and the attempt is given up: the job resumes from
+the checkpoint stored before. A job's end (`wait()`: the final checkpoint, a pause, a shutdown)
+waits for the upload in flight.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from core.blobstore import is_store_outage
+from trainer.checkpoint import copy_checkpoint
+from trainer.run.one_at_a_time import OneAtATime
+from worker.db_retry import DbRetry
+
+StoreFolder = Callable[[int, Path, DbRetry], None]  # (step, staged folder, its retry) -> stored
+
+
+class CheckpointUploads:
+    def __init__(self, staging: Path, retry_seconds: float) -> None:
+        self.staging = staging
+        self.retry = DbRetry(
+            "checkpoint uploads", retry_seconds, retryable=is_store_outage, what="the blob store"
+        )
+        self._background = OneAtATime("checkpoint-upload")
+        self.count = 0
+
+    def submit(self, folders: list[tuple[int, Path]], store: StoreFolder) -> None:
+        """Stage the (step, folder) checkpoints now and store them in the background, in order,
+        once the upload in flight is done (its error raises here)."""
+        self._background.wait()
+        staged = [(step, self._stage(step, folder)) for step, folder in folders]
+
+        def upload() -> None:
+            try:
+                for step, folder in staged:
+                    store(step, folder, self.retry)
+            finally:
+                for _, folder in staged:
+                    shutil.rmtree(folder, ignore_errors=True)
+
+        self.count += len(staged)
+        self._background.start(upload)
+
+    def _stage(self, step: int, folder: Path) -> Path:
+        # the folder's name is its name in the tar (step-XXXXXXXX or best)
+        return copy_checkpoint(folder, self.staging / f"{step:08d}" / folder.name)
+
+    def wait(self) -> None:
+        """Until the upload in flight is stored (its error raises here)."""
+        self._background.wait()
+
+    def close(self) -> None:
+        """When the attempt is failing anyway: let the upload in flight finish, drop its error."""
+        self._background.close()
+
+    @property
+    def seconds(self) -> float:
+        """Seconds spent uploading in the background."""
+        return self._background.busy_seconds
