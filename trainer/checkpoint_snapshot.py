@@ -48,13 +48,22 @@ class HostBuffers:
         self._buffers: dict[str, torch.Tensor] = {}
 
     def copy(self, key: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        buf = self._buffers.get(key)
-        if buf is None or buf.shape != tensor.shape or buf.dtype != dtype:
-            pin = tensor.is_cuda and torch.cuda.is_available()
-            buf = torch.empty(tensor.shape, dtype=dtype, pin_memory=pin)
-            self._buffers[key] = buf
+        buf = self._buffer(key, tensor, dtype)
         buf.copy_(tensor.detach(), non_blocking=tensor.is_cuda)
         return buf
+
+    def _buffer(self, key: str, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape != like.shape or buf.dtype != dtype:
+            pin = like.is_cuda and torch.cuda.is_available()
+            buf = torch.empty(like.shape, dtype=dtype, pin_memory=pin)
+            self._buffers[key] = buf
+        return buf
+
+    def reserve(self, like: dict[str, tuple[torch.Tensor, torch.dtype]]) -> None:
+        """Allocate now the buffers `copy` will want for these keys (tensor it copies, dtype)."""
+        for key, (tensor, dtype) in like.items():
+            self._buffer(key, tensor, dtype)
 
     def tensors(self) -> list[torch.Tensor]:
         return list(self._buffers.values())
@@ -86,6 +95,26 @@ def _unshare(tensors: dict[str, torch.Tensor]) -> None:
         seen.add(ident)
 
 
+def buffer_plan(
+    model: torch.nn.Module, model_config: ModelConfig, optimizer: torch.optim.Optimizer | None
+) -> dict[str, tuple[torch.Tensor, torch.dtype]]:
+    """What `take_snapshot` will copy into buffers, by buffer key: (the tensor, its host dtype)."""
+    from trainer.checkpoint import optimizer_to_tensors
+
+    plan = {f"model.{name}": (t, torch.float32) for name, t in _weights(model, model_config).items()}
+    if optimizer is not None:
+        tensors, _ = optimizer_to_tensors(optimizer, model)
+        plan.update({f"optimizer.{name}": (t, t.dtype) for name, t in tensors.items()})
+    return plan
+
+
+def _weights(model: torch.nn.Module, model_config: ModelConfig) -> dict[str, torch.Tensor]:
+    weights = model.state_dict()
+    if model_config.tie_embeddings:
+        weights.pop("output.weight", None)  # same tensor as tok_embeddings.weight; stored once
+    return weights
+
+
 def take_snapshot(
     *,
     model: torch.nn.Module,
@@ -102,10 +131,7 @@ def take_snapshot(
     from but not resumed with its optimizer's moments."""
     from trainer.checkpoint import FORMAT_VERSION, get_rng_state, optimizer_to_tensors
 
-    weights = model.state_dict()
-    if model_config.tie_embeddings:
-        weights.pop("output.weight", None)  # same tensor as tok_embeddings.weight; stored once
-    host_model = _to_host(weights, buffers, "model.", torch.float32)
+    host_model = _to_host(_weights(model, model_config), buffers, "model.", torch.float32)
     host_optimizer = None
     full_state = {"format_version": FORMAT_VERSION, **state, "rng": get_rng_state()}
     full_state["optimizer_meta"] = None

@@ -381,6 +381,9 @@ def checkpoint_costs_event(
         "uploads": uploads,
         "upload_seconds": round(upload_seconds, 3),
         "stall_seconds": round(trained.stall, 3),
+        "snapshot_seconds": round(trained.snapshot, 3),
+        "waited_seconds": round(trained.waited, 3),
+        "reported_seconds": round(trained.reported, 3),
     }
     return (
         f"Checkpoints in the background: {trained.count} written in {trained.write:.1f} s and "

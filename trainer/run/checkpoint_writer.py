@@ -15,19 +15,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from trainer.checkpoint_snapshot import CheckpointSnapshot, HostBuffers, write_snapshot
 from trainer.run.one_at_a_time import OneAtATime
 
 
 @dataclass
 class CheckpointTimes:
-    """What a run's background checkpoints cost, in seconds: `stall` on the training thread
-    (snapshots, waits, the callbacks' part), `write` on the writer's thread."""
+    """What a run's background checkpoints cost, in seconds. On the training thread: taking the
+    snapshots, waiting for a write still in flight, and reporting finished ones to the callbacks
+    (which hand them to the worker's uploads); `stall` is their sum. On the writer's thread: `write`."""
 
     count: int = 0
-    stall: float = 0.0
+    snapshot: float = 0.0
+    waited: float = 0.0
+    reported: float = 0.0
     write: float = 0.0
     bytes: int = 0
+
+    @property
+    def stall(self) -> float:
+        return self.snapshot + self.waited + self.reported
 
     def summary(self) -> str | None:
         """One line for the end of a run; None when no checkpoint was written in the background."""
@@ -35,7 +44,8 @@ class CheckpointTimes:
             return None
         return (
             f"{self.count} checkpoints ({self.bytes / 1e6:,.0f} MB of tensors) written in the background "
-            f"in {self.write:.2f} s; training waited {self.stall:.2f} s for them"
+            f"in {self.write:.2f} s; training waited {self.stall:.2f} s for them (snapshots "
+            f"{self.snapshot:.2f} s, a write in flight {self.waited:.2f} s, reporting {self.reported:.2f} s)"
         )
 
 
@@ -52,14 +62,21 @@ class CheckpointWriter:
     def poll(self) -> None:
         self._background.poll()
 
+    def reserve(self, like: dict[str, tuple[torch.Tensor, torch.dtype]]) -> None:
+        """Allocate the snapshot buffers (`HostBuffers.reserve`) on the writer's thread, so pinning
+        gigabytes of host memory does not hold up a training step."""
+        self._background.start(lambda: self.buffers.reserve(like))
+
     def save(
         self,
         take: Callable[[HostBuffers], CheckpointSnapshot | None],
         path: Path,
         after: Callable[[], None] | None,
+        then: Callable[[], None] | None = None,
     ) -> None:
         """Wait for the write in flight, take a snapshot into the buffers it freed (`take`; None:
-        nothing to write on this rank) and write it to `path` in the background."""
+        nothing to write on this rank) and write it to `path` in the background, then run `then`
+        there too (rotation); `after` runs on the training thread once all that is done."""
         self.wait()
         start = time.perf_counter()
         snapshot = take(self.buffers)
@@ -71,6 +88,8 @@ class CheckpointWriter:
 
         def write() -> None:
             write_snapshot(snapshot, path)
+            if then is not None:
+                then()
 
         self._background.start(write, after)
 
@@ -78,7 +97,12 @@ class CheckpointWriter:
     def times(self) -> CheckpointTimes:
         bg = self._background
         return CheckpointTimes(
-            self._count, self._snapshot_seconds + bg.waited_seconds, bg.busy_seconds, self._bytes
+            self._count,
+            self._snapshot_seconds,
+            bg.waited_seconds,
+            bg.follow_up_seconds,
+            bg.busy_seconds,
+            self._bytes,
         )
 
     def close(self) -> None:

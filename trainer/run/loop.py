@@ -121,7 +121,7 @@ def train(
     try:
         while run.step < run.total_steps and (stop := report.stop_requested()) is None:
             with report.not_training():
-                run.writer.poll()  # a checkpoint written in the background goes to the callbacks
+                run.between_steps()  # a checkpoint written in the background goes to the callbacks
             # the step: the learning rate of this step, a batch, forward/backward and the update
             lr = lr_at(run.step, cfg, run.total_steps)
             set_lr(run.optimizer, lr)

@@ -19,7 +19,8 @@ class OneAtATime:
     def __init__(self, name: str) -> None:
         self.name = name
         self.busy_seconds = 0.0  # spent working on the background thread
-        self.waited_seconds = 0.0  # the caller's thread spent waiting and in follow-ups
+        self.waited_seconds = 0.0  # the caller's thread spent waiting for a piece to finish
+        self.follow_up_seconds = 0.0  # the caller's thread spent in follow-ups
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._after: list[Callable[[], None]] = []  # follow-ups of finished pieces, in order
@@ -54,18 +55,20 @@ class OneAtATime:
 
     def wait(self) -> None:
         """Until nothing is in flight; then the follow-ups of finished pieces, on this thread."""
-        start = time.perf_counter()
-        try:
-            if self._thread is not None:
-                self._thread.join()
-                self._thread = None
-            if self._error is not None:
-                error, self._error = self._error, None
-                raise error
-            while self._after:
-                self._after.pop(0)()
-        finally:
+        if self._thread is not None:
+            start = time.perf_counter()
+            self._thread.join()
+            self._thread = None
             self.waited_seconds += time.perf_counter() - start
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        while self._after:
+            start = time.perf_counter()
+            try:
+                self._after.pop(0)()
+            finally:
+                self.follow_up_seconds += time.perf_counter() - start
 
     def close(self) -> None:
         """When the caller is failing anyway: let the piece in flight finish, then drop its

@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, TypedDict
 import torch
 
 from trainer.checkpoint import rotate_checkpoints
-from trainer.checkpoint_snapshot import CheckpointSnapshot, HostBuffers, take_snapshot, write_snapshot
+from trainer.checkpoint_snapshot import (
+    CheckpointSnapshot,
+    HostBuffers,
+    buffer_plan,
+    take_snapshot,
+    write_snapshot,
+)
 from trainer.config import ModelConfig, TrainConfig
 from trainer.config.estimate import tokens_per_step
 from trainer.model.llama import Llama
@@ -89,6 +95,7 @@ class TrainRun:
     full_valid: tuple[float, float] | None = None  # (loss, accuracy) of the final full validation pass
     last_checkpoint_step: int | None = None  # the step of the newest step checkpoint on disk
     writer: CheckpointWriter = field(default_factory=CheckpointWriter)  # background checkpoint writes
+    buffers_planned: bool = False  # the writer's host buffers were reserved (between_steps)
 
     @property
     def tokens_per_step(self) -> int:
@@ -207,11 +214,32 @@ class TrainRun:
         return write_snapshot(snapshot, path) if snapshot is not None else path
 
     def save_in_background(
-        self, path: Path, *, optimizer: bool = True, after: Callable[[], None] | None = None
+        self,
+        path: Path,
+        *,
+        optimizer: bool = True,
+        after: Callable[[], None] | None = None,
+        then: Callable[[], None] | None = None,
     ) -> None:
-        """Like `save`, but the folder is written by the background writer while training goes on;
-        `after` runs on this thread once it is written (trainer.run.checkpoint_writer)."""
-        self.writer.save(lambda buffers: self.snapshot(optimizer=optimizer, buffers=buffers), path, after)
+        """Like `save`, but the folder is written by the background writer while training goes on,
+        which then runs `then`; `after` runs on this thread once both are done
+        (trainer.run.checkpoint_writer)."""
+
+        def take(buffers: HostBuffers) -> CheckpointSnapshot | None:
+            return self.snapshot(optimizer=optimizer, buffers=buffers)
+
+        self.writer.save(take, path, after, then)
+
+    def between_steps(self) -> None:
+        """A checkpoint finished in the background goes to the callbacks. On CUDA, after the first
+        step (the optimizer's state exists by then), the writer pins the snapshots' host buffers in
+        the background, so no checkpoint waits for that."""
+        self.writer.poll()
+        if self.buffers_planned or self.device.type != "cuda" or not self.optimizer.state:
+            return
+        self.buffers_planned = True
+        if self.is_main and not self.sharded and self.cfg.checkpoint_every > 0:
+            self.writer.reserve(buffer_plan(self.model, self.model_cfg, self.optimizer))
 
     def save_step_checkpoint(
         self, reported: Callable[[Path, int], None] | None = None, *, background: bool = False
@@ -220,17 +248,20 @@ class TrainRun:
         kept (only the newest with its optimizer state) and `reported(path, step)` is called."""
         path, step = self.step_checkpoint_path(), self.step
 
-        def written() -> None:
+        def rotate() -> None:
             rotate_checkpoints(self.checkpoint_dir, self.cfg.keep_checkpoints)
+
+        def report() -> None:
             if reported is not None:
                 reported(path, step)
 
         if background:
-            self.save_in_background(path, after=written)
+            self.save_in_background(path, after=report, then=rotate)
         else:
             self.writer.wait()
             self.save(path)
             if self.is_main:
-                written()
+                rotate()
+                report()
         self.last_checkpoint_step = step
         return path
