@@ -99,9 +99,8 @@ def run_service(svc: Service, file_id: str, steps: int, every: int, batch_size: 
 
 
 def checkpoint_event(svc: Service, job_id: str) -> dict[str, Any]:
-    with svc.client() as c:
-        r = c.get(f"/v1/fine_tuning/jobs/{job_id}/events", params={"limit": 100})
-        r.raise_for_status()
+    r = svc.client.get(f"/v1/fine_tuning/jobs/{job_id}/events", params={"limit": 100})
+    r.raise_for_status()
     for event in r.json()["data"]:
         if event["message"].startswith("Checkpoints in the background"):
             return dict(event["data"])

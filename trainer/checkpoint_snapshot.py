@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import save_file
 
 if TYPE_CHECKING:
     from trainer.config import ModelConfig, TrainConfig
@@ -165,9 +164,9 @@ def write_snapshot(snapshot: CheckpointSnapshot, path: Path) -> Path:
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        save_file(snapshot.model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_safetensors(snapshot.model, tmp / "model.safetensors")
         if snapshot.optimizer is not None:
-            save_file(snapshot.optimizer, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
+            write_safetensors(snapshot.optimizer, tmp / OPTIMIZER_FILE)
         for name, text in sorted(snapshot.documents.items(), key=lambda kv: kv[0] == "state.json"):
             (tmp / name).write_text(text)  # state.json last: its presence marks a complete folder
         fsync_tree(tmp)
@@ -176,6 +175,49 @@ def write_snapshot(snapshot: CheckpointSnapshot, path: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+# safetensors' names for the dtypes a checkpoint holds
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """A safetensors file (read back by safetensors.torch.load_file) written straight from the
+    tensors' memory: safetensors' own save_file builds the whole file in memory first, an extra
+    copy of every byte, and holds the GIL while it does, which the training thread needs."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    names = sorted(tensors)
+    for name in names:
+        t = tensors[name]
+        size = t.numel() * t.element_size()
+        entry = {
+            "dtype": SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        header[name] = entry
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for name in names:
+            t = tensors[name]
+            if t.numel():  # little-endian bytes as they lie in memory; one write, the GIL released
+                f.write(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
 
 
 def fsync_tree(folder: Path) -> None:

@@ -244,7 +244,6 @@ class ServiceCallbacks(Callbacks):
             metrics=metrics,
             is_final=False,
             keep=self.keep_checkpoints,
-            scratch=self.scratch,
             max_stored_bytes=self.max_stored_bytes,
             retry=retry,
             protect_step=best_step,

@@ -1,11 +1,14 @@
 """Checkpoint and export files on a worker's disk (torch-free): a stored checkpoint tar back to its
-folder, a folder into an uncompressed tar."""
+folder, a folder into an uncompressed tar (a file, or a stream of its bytes)."""
 
 from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
+
+READ_SIZE = 8 << 20  # big reads: the thread streaming a checkpoint seldom takes the GIL
 
 
 class CheckpointUnreadable(Exception):
@@ -38,3 +41,28 @@ def tar_folder(folder: Path, out: Path, arcname: str, leave_out: frozenset[str] 
         tf.add(folder, arcname=arcname, filter=keep)
     os.replace(tmp, out)
     return out
+
+
+def tar_stream(folder: Path, arcname: str, leave_out: frozenset[str] = frozenset()) -> Iterator[bytes]:
+    """The bytes of an uncompressed tar of the flat folder `folder` (as `tar_folder` writes it),
+    made as they are read: no tar file on disk, no copy of a file in memory beyond one read. The
+    files must not change meanwhile (checkpoint files never do: a new save replaces the folder)."""
+    top = tarfile.TarInfo(arcname)
+    top.type, top.mode, top.mtime = tarfile.DIRTYPE, 0o755, int(folder.stat().st_mtime)
+    yield top.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    written = tarfile.BLOCKSIZE
+    for path in sorted(folder.iterdir()):
+        if path.name in leave_out or not path.is_file():
+            continue
+        info = tarfile.TarInfo(f"{arcname}/{path.name}")
+        stat = path.stat()
+        info.size, info.mode, info.mtime = stat.st_size, 0o644, int(stat.st_mtime)
+        header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+        yield header
+        with open(path, "rb") as f:
+            yield from iter(lambda: f.read(READ_SIZE), b"")
+        padding = -info.size % tarfile.BLOCKSIZE
+        yield tarfile.NUL * padding
+        written += len(header) + info.size + padding
+    end = 2 * tarfile.BLOCKSIZE  # two zero blocks, then zeros to a whole record, as tarfile ends one
+    yield tarfile.NUL * (end + (-(written + end) % tarfile.RECORDSIZE))

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db_faults import describe, is_connection_error
 from core.models import Blob, Checkpoint, Export, Job, utcnow
 from trainer.checkpoint_snapshot import OPTIMIZER_FILE
-from worker.checkpoint_files import tar_folder
+from worker.checkpoint_files import tar_stream
 from worker.checkpoint_quota import prune_over_quota
 from worker.lease import LeaseLost, lock_held_job
 
@@ -46,7 +46,6 @@ def store_checkpoint(
     metrics: dict[str, Any],
     is_final: bool,
     keep: int | None,
-    scratch: Path,
     extra: Callable[[Session, Job], None] | None = None,
     max_stored_bytes: int | None = None,
     retry: DbRetry | None = None,
@@ -58,7 +57,6 @@ def store_checkpoint(
     the lease, and runs `extra(session, job)` (the runner finishes the job there). `retry`: the whole
     is retried through an outage (worker.db_retry). Rotation and the quota never drop the checkpoint
     of `protect_step` (the run's best so far). Returns the checkpoint id."""
-    tar_path = tar_folder(folder, scratch / f"{folder.name}-{step}.tar", folder.name, WEIGHTS_ONLY)
     optimizer_file = folder / OPTIMIZER_FILE
     with_optimizer = not is_final and optimizer_file.exists()
 
@@ -66,7 +64,8 @@ def store_checkpoint(
         with session_factory() as session:
             # Upload first, then lock the job row only for the short bookkeeping transaction (a long
             # upload must not block heartbeats or the API's cancel request behind a row lock).
-            blobs = store.put_files([tar_path, optimizer_file] if with_optimizer else [tar_path], session)
+            weights = tar_stream(folder, folder.name, WEIGHTS_ONLY)  # a tar made as it uploads
+            blobs = store.put_many([weights, optimizer_file] if with_optimizer else [weights], session)
             try:
                 job = lock_held_job(session, job_id, worker_id)
             except LeaseLost:
@@ -84,15 +83,12 @@ def store_checkpoint(
             session.commit()
             return ckpt.id, doomed
 
-    try:
-        # a dropped connection or an outage: the whole upload again (fresh blobs; the half-written
-        # ones stay incomplete, never readable, and the reaper's blob gc removes them)
-        ckpt_id, doomed = retry.call(upload_and_record) if retry is not None else upload_and_record()
-        for blob_id in doomed:
-            _delete_blob(session_factory, store, blob_id)
-        return ckpt_id
-    finally:
-        tar_path.unlink(missing_ok=True)
+    # a dropped connection or an outage: the whole upload again (fresh blobs; the half-written
+    # ones stay incomplete, never readable, and the reaper's blob gc removes them)
+    ckpt_id, doomed = retry.call(upload_and_record) if retry is not None else upload_and_record()
+    for blob_id in doomed:
+        _delete_blob(session_factory, store, blob_id)
+    return ckpt_id
 
 
 def _record_row(

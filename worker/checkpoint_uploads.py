@@ -20,6 +20,7 @@ from pathlib import Path
 
 from core.blobstore import is_store_outage
 from trainer.checkpoint import copy_checkpoint
+from trainer.run.checkpoint_writer import BACKGROUND_NICE
 from trainer.run.one_at_a_time import OneAtATime
 from worker.db_retry import DbRetry
 
@@ -32,7 +33,7 @@ class CheckpointUploads:
         self.retry = DbRetry(
             "checkpoint uploads", retry_seconds, retryable=is_store_outage, what="the blob store"
         )
-        self._background = OneAtATime("checkpoint-upload")
+        self._background = OneAtATime("checkpoint-upload", nice=BACKGROUND_NICE)
         self.count = 0
 
     def submit(self, folders: list[tuple[int, Path]], store: StoreFolder) -> None:

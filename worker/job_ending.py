@@ -109,7 +109,6 @@ class JobEnding:
             metrics=callbacks.checkpoint_metrics(step),
             is_final=True,
             keep=self.keep(snapshot.keep_checkpoints),
-            scratch=self.job_dir,
             extra=mark_succeeded,
             max_stored_bytes=self.settings.max_stored_bytes_per_key,
             retry=callbacks.checkpoint_db,

@@ -60,6 +60,9 @@ def recut(stream: Iterable[bytes] | BinaryIO, size: int) -> Iterator[bytes]:
     for piece in source:
         if not piece:
             continue
+        if not buf and len(piece) == size:  # already the size wanted: no copy
+            yield bytes(piece)
+            continue
         buf += piece
         while len(buf) >= size:
             with memoryview(buf) as view:

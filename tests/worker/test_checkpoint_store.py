@@ -50,7 +50,6 @@ def _store(session_factory: Any, store: BlobStore, job_id: str, folder: Path, st
         metrics={"step": step},
         is_final=kw.pop("is_final", False),
         keep=10,
-        scratch=folder.parent,
         **kw,
     )
 

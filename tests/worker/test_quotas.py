@@ -147,7 +147,6 @@ def test_checkpoints_are_pruned_to_stay_inside_the_storage_quota(
             metrics={"step": step},
             is_final=is_final,
             keep=10,
-            scratch=tmp_path,
             max_stored_bytes=limit,
         )
 

@@ -20,6 +20,8 @@ import torch
 from trainer.checkpoint_snapshot import CheckpointSnapshot, HostBuffers, write_snapshot
 from trainer.run.one_at_a_time import OneAtATime
 
+BACKGROUND_NICE = 10  # the writer's (and the worker's uploads') CPU priority below training's
+
 
 @dataclass
 class CheckpointTimes:
@@ -52,7 +54,7 @@ class CheckpointTimes:
 class CheckpointWriter:
     def __init__(self) -> None:
         self.buffers = HostBuffers()
-        self._background = OneAtATime("checkpoint-writer")
+        self._background = OneAtATime("checkpoint-writer", nice=BACKGROUND_NICE)
         self._count, self._bytes, self._snapshot_seconds = 0, 0, 0.0
 
     def wait(self) -> None:

@@ -10,14 +10,17 @@ The trainer writes checkpoints with it (trainer.run.checkpoint_writer) and the w
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 
 
 class OneAtATime:
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, nice: int = 0) -> None:
+        """`nice`: how much lower than the caller's the background thread's CPU priority is (Linux):
+        on a machine whose cores all train, the training threads come first."""
+        self.name, self.nice = name, nice
         self.busy_seconds = 0.0  # spent working on the background thread
         self.waited_seconds = 0.0  # the caller's thread spent waiting for a piece to finish
         self.follow_up_seconds = 0.0  # the caller's thread spent in follow-ups
@@ -37,6 +40,7 @@ class OneAtATime:
         self._thread.start()
 
     def _run(self, work: Callable[[], None], after: Callable[[], None] | None) -> None:
+        _lower_priority(self.nice)
         start = time.perf_counter()
         try:
             work()
@@ -78,3 +82,14 @@ class OneAtATime:
             self._thread = None
         self._error = None
         self._after.clear()
+
+
+def _lower_priority(nice: int) -> None:
+    """Lower this thread's scheduling priority by `nice` (Linux takes a thread id for it)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError:  # not allowed here: the thread keeps its priority
+        pass
