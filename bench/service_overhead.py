@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="instead: wall time of a llama-42m job checkpointing every N steps, direct vs service per "
-        "backend (bench/_checkpoint_wall.py; --steps default 50, --rounds default 1)",
+        "backend (bench/_checkpoint_wall.py; --steps default 40, --rounds default 1)",
     )
     ap.add_argument(
         "--backend", action="append", choices=("fs", "s3", "db"), help="with --checkpoint-every (repeatable)"
