@@ -18,6 +18,7 @@ from api.errors import APIError
 from api.hyperparams import HyperparameterError, Resolved, check_context, resolve
 from api.integration_models import disallowed_tracker
 from api.job_limits import JobTooLarge, check_job_limits
+from api.placement import training_queue
 from api.queries import ModelRef, find_model, live_files
 from api.request_models import MAX_SEED, JobCreate
 from core.device_queues import job_queue
@@ -111,14 +112,6 @@ def _check_limits(
         raise _bad(e.message, e.param, JobTooLarge.code) from e
 
 
-def _queue_for(device: str, default: str) -> str:
-    if device == "cuda":
-        return "gpu"
-    if device == "cpu":
-        return "cpu"
-    return default
-
-
 def admit_job(session: Session, owner_id: str, body: JobCreate, settings: Settings) -> Job:
     """The job row for a request whose types the model has checked; here what needs the database
     and the limits of settings (api.job_limits: memory, steps, tokens, checkpoints kept)."""
@@ -129,7 +122,7 @@ def admit_job(session: Session, owner_id: str, body: JobCreate, settings: Settin
     parent = _base_model(session, owner_id, body.model)
     seed = body.seed if body.seed is not None else secrets.randbelow(MAX_SEED)
     resolved = _resolve(body, parent, seed, train_file, val_file)
-    queue = _queue_for(resolved.train_config.device, settings.default_queue)
+    queue = training_queue(session, resolved.train_config.device, settings)  # api/placement.py
     _check_limits(body, resolved, queue, train_file, val_file is not None, parent is not None, settings)
     if (param := disallowed_tracker(body.integrations, settings.tracker_hosts)) is not None:
         raise _bad(
