@@ -287,7 +287,8 @@ class Worker(Base):
     """A worker process as it advertises itself (worker/advertise.py): inserted when it starts,
     `seen_at` refreshed every heartbeat_seconds, deleted when it stops; a row not seen for
     lease_seconds is a worker that died and is deleted by the next one to refresh. For the
-    dashboard and `GET /v1/workers`; admission reads settings, not this table (api/job_limits.py)."""
+    dashboard and `GET /v1/workers`, and for placing jobs of `device: auto` (api/placement.py);
+    admission limits read settings (api/job_limits.py)."""
 
     __tablename__ = "workers"
     id: Mapped[str] = mapped_column(String(200), primary_key=True)  # its Celery node name
