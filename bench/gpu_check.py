@@ -20,6 +20,8 @@ says whether all passed.
 5. `checkpoints`: `fromscratch train` of issue 22's H100 job (llama-110m, ctx 1024, batch 16, 300 steps,
    a checkpoint every 60): its last lines say how long the 4 checkpoints took to write in the
    background (pinned host copies) and how long training waited for them.
+6. `inference`: bench/inference_speed.py, llama-110m decoding on the CPU (float32) and on CUDA
+   (bfloat16), as the inference worker places it (issue 23's >= 10x).
 
 `--smoke` runs each step as small as it goes (the tests collected, not run; 20 steps of the `overfit`
 recipe; throughput's own smoke run) so the script can be checked on a CPU before a GPU's minutes
@@ -50,7 +52,7 @@ SMOKE_VARIANTS = [
     "--dropout 0.2 --eval-every 10 --eval-batches 2",
     "--dropout 0.2 --eval-every 10 --eval-batches 2 --optimizer muon",
 ]
-STEPS = ("machine", "peer", "tests", "throughput", "checkpoints")
+STEPS = ("machine", "peer", "tests", "throughput", "checkpoints", "inference")
 
 
 def cuda_test_files() -> list[str]:
@@ -87,7 +89,9 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], int]]:
     checkpoints += ["--preset", "llama-tiny" if args.smoke else "llama-110m", "--device", args.device]
     checkpoints += [] if args.smoke else ["--ctx", "1024", "--batch-size", "16", "--checkpoint-every", "60"]
     checkpoints += [*size, "--eval-every", "0", "--samples", "0"]
+    inference = [py, "bench/inference_speed.py", *(["--smoke"] if args.smoke else ["--preset", "llama-110m"])]
     return {
+        "inference": (inference, 300),
         "checkpoints": (checkpoints, 300),
         "machine": ([py, "-c", machine], 60),
         "tests": (

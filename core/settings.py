@@ -120,6 +120,9 @@ class Settings(BaseSettings):
     inference_concurrency: int = Field(
         default=4, ge=1, le=64, description="requests one inference worker serves at once (threads)"
     )
+    inference_device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="where inference workers decode: auto picks CUDA when they see it"
+    )
     max_loaded_models: int = Field(
         default=4, ge=1, description="models an inference worker keeps loaded (LRU)"
     )

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.models import Worker, utcnow
 from core.settings import QUEUES, Settings
 from worker.devices import available_devices, device_kind
+from worker.inference_device import inference_device
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def start_advertising(settings: Settings, node_name: str, devices: int, queues: 
     from worker.process import resources
 
     training = any(q in QUEUES for q in settings.queues)
-    kind = device_kind(settings) if training else "cpu"
+    kind = device_kind(settings) if training else inference_device(settings.inference_device).kind
     if kind == "cuda" and available_devices("cuda") == 0:
         kind = "cpu"  # a gpu worker without CUDA runs on CPU (worker/devices.py keeps it working)
     row = Worker(

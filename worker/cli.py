@@ -59,10 +59,13 @@ def run_worker(args: argparse.Namespace) -> int:
         return 2
 
     from worker.devices import DeviceError, worker_queues
+    from worker.inference_device import InferenceDeviceError, inference_device
 
     try:
         devices, queues = worker_queues(settings)  # what it has decides which jobs it may take
-    except DeviceError as exc:
+        if "inference" in settings.queues:
+            inference_device(settings.inference_device)  # a device it lacks is refused now
+    except (DeviceError, InferenceDeviceError) as exc:
         print(f"fromscratch worker: {exc}", file=sys.stderr)
         return 2
 

@@ -79,7 +79,8 @@ def run_inference(request_id: str, settings: Settings) -> None:
         blob_id, body = params
         from worker.model_cache import model_cache
 
-        model, tokenizer = model_cache(settings.max_loaded_models).get(blob_id, res.store, settings.work_path)
+        cache = model_cache(settings.max_loaded_models, settings.inference_device)
+        model, tokenizer = cache.get(blob_id, res.store, settings.work_path)
         outcome = generate_into_row(
             res.session_factory, request_id, model, tokenizer, body, started + settings.max_inference_seconds
         )

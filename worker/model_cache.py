@@ -4,7 +4,8 @@ shared by the threads of its pool.
 A checkpoint blob (a tar, folder at its root) is extracted once to `work_dir/models/<blob id>/`:
 written to a temporary folder beside it, marked complete, then renamed, so a crash never leaves
 half a model there and several processes may race for it (the first rename wins). It is loaded
-with trainer.checkpoint.load_model on the CPU, in eval mode; the threads share it (a forward pass
+with trainer.checkpoint.load_model and placed on the worker's inference device (bfloat16 on CUDA:
+worker.inference_device), in eval mode; the threads share it (a forward pass
 changes nothing in the model, each completion has its own KV cache). One thread loads a
 checkpoint while the others asking for the same one wait for it.
 """
@@ -20,6 +21,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from worker.inference_device import InferenceDevice, inference_device
+
 if TYPE_CHECKING:
     from core.blobstore import BlobStore
     from trainer.data.tokenizers import Tokenizer
@@ -29,8 +32,9 @@ COMPLETE_MARKER = ".complete"
 
 
 class ModelCache:
-    def __init__(self, max_loaded: int) -> None:
+    def __init__(self, max_loaded: int, device: InferenceDevice | None = None) -> None:
         self.max_loaded = max_loaded
+        self.device = device or InferenceDevice("cpu")
         self._models: OrderedDict[str, tuple[Llama, Tokenizer]] = OrderedDict()
         self._guard = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}  # blob id -> held by the thread loading it
@@ -50,7 +54,7 @@ class ModelCache:
             from trainer.checkpoint import load_model
 
             model, tokenizer = load_model(checkpoint_dir(blob_id, store, work_dir), device="cpu")
-            model.eval()
+            model = self.device.place(model)
             with self._guard:
                 self._models[blob_id] = (model, tokenizer)
                 while len(self._models) > self.max_loaded:
@@ -92,11 +96,15 @@ def find_checkpoint(folder: Path) -> Path:
     raise FileNotFoundError(f"the stored checkpoint under {folder} holds no config.json + model.safetensors")
 
 
-_caches: dict[int, ModelCache] = {}
+_caches: dict[tuple[int, str], ModelCache] = {}
 _caches_lock = threading.Lock()
 
 
-def model_cache(max_loaded: int) -> ModelCache:
-    """This process's cache (one per `max_loaded_models` value: in practice one)."""
+def model_cache(max_loaded: int, device: str = "cpu") -> ModelCache:
+    """This process's cache (one per `max_loaded_models` value and `inference_device` setting: in
+    practice one)."""
     with _caches_lock:
-        return _caches.setdefault(max_loaded, ModelCache(max_loaded))
+        key = (max_loaded, device)
+        if key not in _caches:
+            _caches[key] = ModelCache(max_loaded, inference_device(device))
+        return _caches[key]
