@@ -60,7 +60,9 @@ def test_a_job_without_a_device_goes_to_the_gpu_class_while_a_gpu_worker_is_aliv
     base: Settings = request.getfixturevalue(f"{prefix}settings")
     session_factory = request.getfixturevalue(f"{prefix}session_factory")
     # a cpu class too small for the job, a gpu class it fits
-    settings = base.model_copy(update={"cpu_worker_memory_bytes": 1 << 20, "gpu_worker_memory_bytes": 80 * GiB})
+    settings = base.model_copy(
+        update={"cpu_worker_memory_bytes": 1 << 20, "gpu_worker_memory_bytes": 80 * GiB}
+    )
     tenant = new_tenant(session_factory)
     with TestClient(create_app(settings)) as client:
         err = assert_envelope(create(client, tenant, {"max_steps": 3}), 400)  # no gpu worker: cpu
