@@ -30,11 +30,19 @@ import torch
 from safetensors.torch import load_file
 
 from trainer.checkpoint_snapshot import (
+    FORMAT_VERSION,
     OPTIMIZER_FILE,
     fsync_tree,
     move_into_place,
+    param_names,
     take_snapshot,
     write_snapshot,
+)
+from trainer.checkpoint_snapshot import (  # re-exported: the checkpoint format's API is here
+    get_rng_state as get_rng_state,
+)
+from trainer.checkpoint_snapshot import (
+    optimizer_to_tensors as optimizer_to_tensors,
 )
 from trainer.config import ModelConfig, TrainConfig
 
@@ -42,7 +50,6 @@ if TYPE_CHECKING:  # both imported lazily below
     from trainer.data.tokenizers import Tokenizer
     from trainer.model.llama import Llama
 
-FORMAT_VERSION = 1
 STEP_DIR_RE = re.compile(r"^step-(\d{8,})$")
 
 
@@ -67,25 +74,8 @@ class Checkpoint:
 # ---------------------------------------------------------------- RNG states (JSON-serialisable)
 
 
-def _b64(t: torch.Tensor) -> str:
-    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
-
-
 def _unb64(s: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
-
-
-def get_rng_state() -> dict[str, Any]:
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    assert not isinstance(keys, str)  # legacy=True: the MT19937 key array
-    cuda = [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else None
-    return {
-        "python": [version, list(internal), gauss],
-        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-        "torch": _b64(torch.get_rng_state()),
-        "cuda": cuda,
-    }
 
 
 def set_rng_state(rng: dict[str, Any]) -> None:
@@ -102,49 +92,12 @@ def set_rng_state(rng: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- optimizer state <-> safetensors
 
 
-def _param_names(model: torch.nn.Module) -> dict[int, str]:
-    return {id(p): name for name, p in model.named_parameters()}  # tied weights: first name only
-
-
-def _encode(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Tensors go to `tensors[key]`; lists recurse; plain numbers stay in the JSON descriptor."""
-    if isinstance(value, torch.Tensor):
-        tensors[key] = value.detach()  # copied to host memory by the snapshot
-        return {"kind": "tensor"}
-    if isinstance(value, (list, tuple)):
-        return {"kind": "list", "items": [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]}
-    if value is None or isinstance(value, (bool, int, float)):
-        return {"kind": "value", "value": value}
-    raise TypeError(f"cannot store optimizer state {key} of type {type(value).__name__}")
-
-
 def _decode(desc: dict[str, Any], key: str, tensors: dict[str, torch.Tensor]) -> Any:
     if desc["kind"] == "tensor":
         return tensors[key]
     if desc["kind"] == "list":
         return [_decode(d, f"{key}.{i}", tensors) for i, d in enumerate(desc["items"])]
     return desc["value"]
-
-
-def optimizer_to_tensors(
-    optimizer: torch.optim.Optimizer, model: torch.nn.Module
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Flatten optimizer state to ({"state.<param>.<key>": tensor where it lives}, JSON meta)."""
-    names = _param_names(model)
-    tensors: dict[str, torch.Tensor] = {}
-    state_meta: dict[str, dict[str, Any]] = {}
-    groups = []
-    for group in optimizer.param_groups:
-        hyper = {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items() if k != "params"}
-        groups.append({"hyper": hyper, "params": [names[id(p)] for p in group["params"]]})
-        for p in group["params"]:
-            if p in optimizer.state and optimizer.state[p]:
-                name = names[id(p)]
-                state_meta[name] = {
-                    k: _encode(v, f"state.{name}.{k}", tensors) for k, v in optimizer.state[p].items()
-                }
-    meta = {"type": type(optimizer).__name__, "param_groups": groups, "state": state_meta}
-    return tensors, meta
 
 
 def load_optimizer_state(
@@ -157,7 +110,7 @@ def load_optimizer_state(
             f"{ckpt_path}: optimizer is {meta.get('type')}, this run uses {type(optimizer).__name__}"
         )
     tensors = load_file(str(Path(ckpt_path) / OPTIMIZER_FILE))
-    names = _param_names(model)
+    names = param_names(model)
     sd = optimizer.state_dict()
     index = 0
     state: dict[int, dict[str, Any]] = {}

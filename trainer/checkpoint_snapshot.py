@@ -11,13 +11,16 @@ the tensors are CPU views or copies that nobody changes before the write.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -71,6 +74,65 @@ class HostBuffers:
         self._buffers.clear()
 
 
+# ---------------------------------------------------------------- what a snapshot captures
+
+FORMAT_VERSION = 1
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def get_rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    assert not isinstance(keys, str)  # legacy=True: the MT19937 key array
+    cuda = [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else None
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": _b64(torch.get_rng_state()),
+        "cuda": cuda,
+    }
+
+
+def param_names(model: torch.nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in model.named_parameters()}  # tied weights: first name only
+
+
+def _encode(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Tensors go to `tensors[key]`; lists recurse; plain numbers stay in the JSON descriptor."""
+    if isinstance(value, torch.Tensor):
+        tensors[key] = value.detach()  # copied to host memory by the snapshot
+        return {"kind": "tensor"}
+    if isinstance(value, (list, tuple)):
+        return {"kind": "list", "items": [_encode(v, f"{key}.{i}", tensors) for i, v in enumerate(value)]}
+    if value is None or isinstance(value, (bool, int, float)):
+        return {"kind": "value", "value": value}
+    raise TypeError(f"cannot store optimizer state {key} of type {type(value).__name__}")
+
+
+def optimizer_to_tensors(
+    optimizer: torch.optim.Optimizer, model: torch.nn.Module
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Flatten optimizer state to ({"state.<param>.<key>": tensor where it lives}, JSON meta)."""
+    names = param_names(model)
+    tensors: dict[str, torch.Tensor] = {}
+    state_meta: dict[str, dict[str, Any]] = {}
+    groups = []
+    for group in optimizer.param_groups:
+        hyper = {k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items() if k != "params"}
+        groups.append({"hyper": hyper, "params": [names[id(p)] for p in group["params"]]})
+        for p in group["params"]:
+            if p in optimizer.state and optimizer.state[p]:
+                name = names[id(p)]
+                state_meta[name] = {
+                    k: _encode(v, f"state.{name}.{k}", tensors) for k, v in optimizer.state[p].items()
+                }
+    meta = {"type": type(optimizer).__name__, "param_groups": groups, "state": state_meta}
+    return tensors, meta
+
+
 def _to_host(
     tensors: dict[str, torch.Tensor], buffers: HostBuffers | None, prefix: str, dtype: torch.dtype | None
 ) -> dict[str, torch.Tensor]:
@@ -98,8 +160,6 @@ def buffer_plan(
     model: torch.nn.Module, model_config: ModelConfig, optimizer: torch.optim.Optimizer | None
 ) -> dict[str, tuple[torch.Tensor, torch.dtype]]:
     """What `take_snapshot` will copy into buffers, by buffer key: (the tensor, its host dtype)."""
-    from trainer.checkpoint import optimizer_to_tensors
-
     plan = {f"model.{name}": (t, torch.float32) for name, t in _weights(model, model_config).items()}
     if optimizer is not None:
         tensors, _ = optimizer_to_tensors(optimizer, model)
@@ -128,8 +188,6 @@ def take_snapshot(
     """Everything `write_snapshot` needs, captured now (RNG states included). `optimizer` None: a
     weights-only checkpoint (best/, older kept ones), which a run can be evaluated or exported
     from but not resumed with its optimizer's moments."""
-    from trainer.checkpoint import FORMAT_VERSION, get_rng_state, optimizer_to_tensors
-
     host_model = _to_host(_weights(model, model_config), buffers, "model.", torch.float32)
     host_optimizer = None
     full_state = {"format_version": FORMAT_VERSION, **state, "rng": get_rng_state()}

@@ -20,6 +20,10 @@ import argparse
 import os
 import socket
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from core.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,14 +62,9 @@ def run_worker(args: argparse.Namespace) -> int:
         print(f"fromscratch worker: invalid settings: {problems}", file=sys.stderr)
         return 2
 
-    from worker.devices import DeviceError, worker_queues
-    from worker.inference_device import InferenceDeviceError, inference_device
-
     try:
-        devices, queues = worker_queues(settings)  # what it has decides which jobs it may take
-        if "inference" in settings.queues:
-            inference_device(settings.inference_device)  # a device it lacks is refused now
-    except (DeviceError, InferenceDeviceError) as exc:
+        devices, queues = _devices_and_queues(settings)
+    except ValueError as exc:
         print(f"fromscratch worker: {exc}", file=sys.stderr)
         return 2
 
@@ -105,3 +104,15 @@ def run_worker(args: argparse.Namespace) -> int:
     finally:
         advertiser.stop()
     return 0
+
+
+def _devices_and_queues(settings: Settings) -> tuple[int, list[str]]:
+    """What the worker has decides which jobs it may take; a device it lacks raises (ValueError:
+    worker.devices.DeviceError, worker.inference_device.InferenceDeviceError) before it starts."""
+    from worker.devices import worker_queues
+    from worker.inference_device import inference_device
+
+    found = worker_queues(settings)
+    if "inference" in settings.queues:
+        inference_device(settings.inference_device)
+    return found

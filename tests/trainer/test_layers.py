@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("trainer.config",),
     ("trainer.model",),
     ("trainer.data",),
-    ("trainer.optim", "trainer.checkpoint"),
+    ("trainer.optim", "trainer.checkpoint", "trainer.checkpoint_snapshot"),
     ("trainer.run",),
     ("trainer.distributed", "trainer.export", "trainer.sampling"),
     ("trainer.cli", "trainer"),
