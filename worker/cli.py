@@ -98,6 +98,7 @@ def run_worker(args: argparse.Namespace) -> int:
     )
     from worker.advertise import start_advertising
 
+    keep_compiled_kernels(settings)
     advertiser = start_advertising(settings, hostname, devices, queues)  # the `workers` row
     try:
         app.worker_main(argv)
@@ -116,3 +117,10 @@ def _devices_and_queues(settings: Settings) -> tuple[int, list[str]]:
     if "inference" in settings.queues:
         inference_device(settings.inference_device)
     return found
+
+
+def keep_compiled_kernels(settings: Settings) -> None:
+    """torch.compile's inductor cache under the worker's data dir (unless TORCHINDUCTOR_CACHE_DIR is
+    set): it outlives the process, so a later job of the same shape compiles from cache in seconds
+    instead of minutes (the default, a folder under /tmp, is lost with the machine or container)."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.work_path / "inductor-cache"))

@@ -5,6 +5,7 @@ half-starting it. Real `fromscratch worker` subprocesses on the real database an
 
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Any
 
@@ -138,3 +139,16 @@ def test_the_reaper_resends_a_lost_routed_job_to_its_own_queue(isolated: Any) ->
     assert reaper.run_once()["resent"] == [job_id]
     assert queued_job_ids(celery, TRAIN_TASK, ["gpu.4"]) == [job_id]
     assert queued_job_ids(celery, TRAIN_TASK, ["gpu", "cpu"]) == []
+
+
+def test_a_worker_keeps_torch_compiles_cache_in_its_data_dir(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker.cli import keep_compiled_kernels
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    keep_compiled_kernels(settings)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(settings.work_path / "inductor-cache")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # an operator's choice stays
+    keep_compiled_kernels(settings)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"
