@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         model = device.place(Llama(cpu_model.cfg))
         model.load_state_dict(cpu_model.state_dict())
         rates[kind] = tokens_per_s(model, args.tokens, args.rounds)
-        print(f"{kind:5s} {str(device.dtype).removeprefix('torch.'):9s} {rates[kind]:10,.1f} tokens/s", flush=True)
+        print(
+            f"{kind:5s} {str(device.dtype).removeprefix('torch.'):9s} {rates[kind]:10,.1f} tokens/s",
+            flush=True,
+        )
     if "cuda" in rates:
         ratio = rates["cuda"] / rates["cpu"]
         print(f"cuda / cpu: {ratio:.1f}x (goal >= 10x: {'met' if ratio >= 10 else 'NOT met'})")

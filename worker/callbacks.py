@@ -176,6 +176,10 @@ class ServiceCallbacks(Callbacks):
         self.full_valid_step = metrics.step
         self.maybe_flush()
 
+    def on_note(self, message: str) -> None:
+        """A decision the run made while running: an info event with the next flush."""
+        self.events.append((message, {}))
+
     def on_checkpoint(self, step: int, path: Path) -> None:
         """A step checkpoint on disk: staged and stored in the background (worker.checkpoint_uploads),
         with the best evaluation's checkpoint it names when that is not stored yet."""

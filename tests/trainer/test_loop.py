@@ -154,13 +154,13 @@ def test_metrics_callbacks_and_outputs(tmp_path, tiny_model, tiny_train, shakesp
         "dtype": "float32",
         "processes": 1,
         "dtype_reason": rec.started["dtype_reason"],  # this machine's (tests/trainer/test_precision.py)
-        "compile": False,  # auto: 6 tiny steps never pay back compiling
+        "compile": False,  # auto: eager until it has timed the first steps (test_compile_auto.py)
         "compile_reason": rec.started["compile_reason"],
         "kernels": rec.started["kernels"],
         "auto": [],  # tiny_train sets every data-aware field (tests/trainer/test_data_aware.py)
         "notes": [],
     }
-    assert rec.started["compile_reason"].startswith("auto: the run is estimated at ")
+    assert rec.started["compile_reason"].startswith("auto: decided after timing the first ")
     assert rec.started["kernels"].startswith("fused C kernels (")  # tests/trainer/test_cpu_kernels.py
     assert [s[0] for s in rec.steps] == [2, 4, 6]
     assert [s[5] for s in rec.steps] == [256, 512, 768]

@@ -107,7 +107,7 @@ class RuntimeFields(StrictConfig):
         None,
         "torch.compile the model",
         title="torch.compile",
-        null_means="auto: when the run is estimated long enough to pay back compiling",
+        null_means="auto: after timing the first steps, the transformer blocks when that pays back",
     )
     activation_checkpointing: bool = param(
         False,

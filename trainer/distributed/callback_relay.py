@@ -80,6 +80,9 @@ class _RemoteCallbacks(Callbacks):
     def on_checkpoint(self, step: int, path: Path) -> None:
         self._call("on_checkpoint", step, path)
 
+    def on_note(self, message: str) -> None:
+        self._call("on_note", message)
+
     def should_stop(self) -> Literal["stop", "pause"] | None:
         answer: Literal["stop", "pause"] | None = self._call("should_stop")
         return answer

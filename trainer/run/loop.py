@@ -120,8 +120,7 @@ def train(
     stop: StopReason | None = None
     try:
         while run.step < run.total_steps and (stop := report.stop_requested()) is None:
-            with report.not_training():
-                run.between_steps()  # a checkpoint written in the background goes to the callbacks
+            between_steps(run, report)
             # the step: the learning rate of this step, a batch, forward/backward and the update
             lr = lr_at(run.step, cfg, run.total_steps)
             set_lr(run.optimizer, lr)
@@ -174,6 +173,14 @@ def _model_step(run: TrainRun, stop_reason: StopReason, final: Path | None) -> i
     if final is None or not run.is_main or stop_reason not in ENDS_AS_MODEL:
         return None
     return int(read_state(final)["step"])
+
+
+def between_steps(run: TrainRun, report: Report) -> None:
+    """A checkpoint written in the background goes to the callbacks; compile auto decides once it
+    has timed the first steps (trainer.run.state.TrainRun.between_steps). Not training time."""
+    with report.not_training():
+        if (decided := run.between_steps()) is not None:
+            report.note(decided)
 
 
 def due(run: TrainRun, every: int) -> bool:

@@ -144,6 +144,9 @@ class ProgressCallbacks(Callbacks):
             f"accuracy {metrics.full_valid_mean_token_accuracy:.3f}"
         )
 
+    def on_note(self, message: str) -> None:
+        self._print(message)
+
     def on_checkpoint(self, step: int, path: Path) -> None:
         if self._progress is None:
             self._print(f"checkpoint step {step}: {path}")

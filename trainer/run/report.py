@@ -62,6 +62,9 @@ class Callbacks:
         stop/pause/time limit/early stop, or when final/ is best/'s). final/ and best/ are reported
         through TrainResult and the folder layout instead."""
 
+    def on_note(self, message: str) -> None:
+        """Something the run decided while running (compile auto, after timing its first steps)."""
+
     def should_stop(self) -> Literal["stop", "pause"] | None:
         return None
 
@@ -142,6 +145,9 @@ class Report:
     def full_evaluation(self, measured: FullEvalMetrics) -> None:
         self.metrics.write(measured)
         self.callbacks.on_full_eval(measured)
+
+    def note(self, message: str) -> None:
+        self.callbacks.on_note(message)
 
     def checkpoint(self, path: Path, step: int) -> None:
         """A step checkpoint is complete on disk (written in the background: `step` is its own)."""

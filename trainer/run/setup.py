@@ -33,7 +33,15 @@ from trainer.model import cpu_kernels
 from trainer.model.llama import Llama
 from trainer.optim.optimizers import make_optimizer
 from trainer.run.collectives import check_devices, local_rank, rank_and_world
-from trainer.run.precision import DTYPES, Choice, choose_compile, choose_dtype
+from trainer.run.precision import (
+    DTYPES,
+    MEASURE_STEPS,
+    REGIONAL_COMPILE,
+    Choice,
+    MeasuredCompile,
+    choose_compile,
+    choose_dtype,
+)
 from trainer.run.state import TrainRun
 
 if TYPE_CHECKING:  # trainer.data.prepare is imported lazily: it keeps `import trainer.run.loop` light
@@ -173,9 +181,14 @@ def choose_precision(run: TrainRun, dtype_choice: Choice) -> None:
     """Record what dtype auto decided, decide compile auto from the run's estimated length (and
     compile), and pick the element-wise kernels; all saved in checkpoints."""
     flops_per_step = run.model.flops_per_token() * run.tokens_per_step // run.world
-    compile_choice = choose_compile(
-        run.cfg, run.device, dtype_choice.value, flops_per_step, run.total_steps - run.step
-    )
+    if run.cfg.compile is None and run.world == 1 and run.device.type in REGIONAL_COMPILE:
+        # decided from the first steps' times (trainer.run.precision.MeasuredCompile)
+        run.compile_auto = MeasuredCompile(run.device.type, run.cfg.time_limit)
+        compile_choice = Choice("off", f"auto: decided after timing the first {MEASURE_STEPS + 1} steps")
+    else:
+        compile_choice = choose_compile(
+            run.cfg, run.device, dtype_choice.value, flops_per_step, run.total_steps - run.step
+        )
     compiled = compile_choice.value == "on"
     run.precision = {
         "device": run.device.type,

@@ -29,6 +29,7 @@ from trainer.config import ModelConfig, TrainConfig
 from trainer.config.estimate import tokens_per_step
 from trainer.model.llama import Llama
 from trainer.run.checkpoint_writer import CheckpointWriter
+from trainer.run.precision import MeasuredCompile
 
 if TYPE_CHECKING:
     from trainer.data.batches import Batch
@@ -96,6 +97,7 @@ class TrainRun:
     last_checkpoint_step: int | None = None  # the step of the newest step checkpoint on disk
     writer: CheckpointWriter = field(default_factory=CheckpointWriter)  # background checkpoint writes
     buffers_planned: bool = False  # the writer's host buffers were reserved (between_steps)
+    compile_auto: MeasuredCompile | None = None  # compile auto, until it has decided (between_steps)
 
     @property
     def tokens_per_step(self) -> int:
@@ -230,11 +232,32 @@ class TrainRun:
 
         self.writer.save(take, path, after, then)
 
-    def between_steps(self) -> None:
-        """A checkpoint finished in the background goes to the callbacks. On CUDA, after the first
-        step (the optimizer's state exists by then), the writer pins the snapshots' host buffers in
-        the background, so no checkpoint waits for that."""
+    def between_steps(self) -> str | None:
+        """A checkpoint finished in the background goes to the callbacks; compile auto decides
+        once it has timed the first steps (returned: the decision, for the run's output). On CUDA,
+        after the first step (the optimizer's state exists by then), the writer pins the
+        snapshots' host buffers in the background, so no checkpoint waits for that."""
         self.writer.poll()
+        decided = self._decide_compile()
+        self._reserve_buffers()
+        return decided
+
+    def _decide_compile(self) -> str | None:
+        if self.compile_auto is None:
+            return None
+        choice = self.compile_auto.observe(self.total_steps - self.step)
+        if choice is None:
+            return None
+        self.compile_auto = None
+        compiled = choice.value == "on"
+        self.precision.update(compile=compiled, compile_reason=choice.reason)
+        if compiled:  # regional: each block compiled in place; the first call of each compiles
+            for block in self.model.layers:
+                block.compile()
+            self.precision["kernels"] = "torch.compile (inductor fuses them)"
+        return f"torch.compile {choice.value} at step {self.step}: {choice.reason}"
+
+    def _reserve_buffers(self) -> None:
         if self.buffers_planned or self.device.type != "cuda" or not self.optimizer.state:
             return
         self.buffers_planned = True
