@@ -3,9 +3,14 @@ the same content skip the work:
 
 - `files/<sha256>`: the uploaded file, downloaded from the blob store once per content and
   validated (`fetch_file`);
-- `tokenizers/<sha256>-<kind>-<vocab>.json`: the tokenizer trained on it (`job_tokenizer`);
+- `tokenizers/<sha256>-<kind>-<vocab>.json`: the tokenizer trained on it (`job_tokenizer`; a BPE
+  on a bounded sample of the file, trainer.data.text_sample);
 - `tokens/`: the tokenized data, per (file sha256, tokenizer hash) (`prepare_tokens`, via
-  `trainer.data.prepare.prepare_data`).
+  `trainer.data.prepare.prepare_data`), as memmaps.
+
+Every step streams the file, whatever its size: the download, validation, sha256 and tokenization
+hold a MiB or so of it at a time, a BPE's training a sample of about 8 Mi characters at most. A
+worker preparing a 1 GiB upload stays within a few hundred MB (bench/upload_rss.py measures it).
 
 Data problems become `JobFailure("invalid_training_file", ...)` naming the file.
 """

@@ -2,7 +2,8 @@
 (SeaweedFS, MinIO, AWS).
 
 - Writes stream: the bytes are cut into parts of `part_size` (8 MiB; S3's minimum is 5 MiB) and
-  sent as a multipart upload, at most two parts in memory. A blob of one part is one PutObject.
+  sent as a multipart upload, one part in memory: each is filled in place (a bytearray boto3 sends
+  as it is) and the next is made once the last is up. A blob shorter than a part is one PutObject.
   The object exists only once the upload is completed; a write that fails aborts its upload. A
   writer that dies leaves an unfinished upload (invisible, but stored): `remove_partial(key)` and
   `abort_stale_uploads` abort those, and the store's `gc_incomplete` calls both.
@@ -25,7 +26,6 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from core.blob_backends import recut
 from core.blob_backends.s3_client import MAX_ATTEMPTS, error_code, is_missing, is_transport_error, make_client
 from core.blob_errors import BlobCorrupt, BlobError
 
@@ -82,26 +82,25 @@ class S3Backend:
 
     # ---- writing ---------------------------------------------------------------------------
     def write(self, location: str, chunks: Iterable[bytes]) -> None:
-        parts = recut(chunks, self.part_size)
-        pending = [next(parts, b"")]
-        following = next(parts, None)
-        if following is None:  # one part: a plain PUT, which S3 stores whole or not at all
+        parts = _parts(chunks, self.part_size)
+        pending = [next(parts, bytearray())]
+        if len(pending[0]) < self.part_size:  # the only part: a plain PUT, stored whole or not at all
             self.client.put_object(Bucket=self.bucket, Key=location, Body=pending.pop())
             return
-        pending.append(following)
-        following = None  # only `pending` holds the two parts read ahead, and gives them up
-        self._write_multipart(location, _popping(pending, parts))
+        self._write_multipart(location, _popping(pending, parts))  # `pending` gives its part up
 
-    def _write_multipart(self, key: str, parts: Iterator[bytes]) -> None:
+    def _write_multipart(self, key: str, parts: Iterator[bytearray]) -> None:
         upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
         try:
-            done = []
-            for number, body in enumerate(parts, start=1):
+            done: list[dict[str, Any]] = []
+            # not enumerate(): it keeps the part it handed out last until it has the next one
+            for body in parts:
+                number = len(done) + 1
                 answer = self.client.upload_part(
                     Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
                 )
                 done.append({"ETag": answer["ETag"], "PartNumber": number})
-                del body  # the part leaves memory before the next is read
+                del body  # the part leaves memory before the next is made
             self.client.complete_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}
             )
@@ -234,8 +233,33 @@ class S3Backend:
         return True
 
 
-def _popping(pending: list[bytes], rest: Iterator[bytes]) -> Iterator[bytes]:
+def _popping(pending: list[bytearray], rest: Iterator[bytearray]) -> Iterator[bytearray]:
     """`pending`'s items, each let go as it is handed out, then `rest`."""
     while pending:
         yield pending.pop(0)
     yield from rest
+
+
+def _parts(chunks: Iterable[bytes], size: int) -> Iterator[bytearray]:
+    """`chunks` as parts of `size` bytes (the last shorter; none for no bytes), each copied once
+    into a bytearray of its own. A part is made only when asked for, after the one before has
+    been let go: one part (and the input chunk being copied) in memory. (boto3 sends a bytearray
+    as it is over http; over https it streams it through a copy: two parts then.)"""
+    part: bytearray | None = None
+    filled = 0
+    for chunk in chunks:
+        view = memoryview(chunk)
+        while len(view):
+            if part is None:
+                part, filled = bytearray(size), 0
+            n = min(size - filled, len(view))
+            with memoryview(part) as target:  # (a bytearray slice assignment would copy view[:n] first)
+                target[filled : filled + n] = view[:n]
+            filled += n
+            view = view[n:]
+            if filled == size:
+                yield part
+                part = None  # dropped before the next is made
+    if part is not None:
+        del part[filled:]
+        yield part

@@ -5,12 +5,14 @@ whole.
 Formats
 -------
 - **text**: any UTF-8 file. The whole file is one document; it is yielded in chunks of about
-  `chunk_chars` characters, each cut right after a newline that is followed by a non-space character
-  (or, failing that, right before a space between two words). At such points GPT-2-style byte-level
+  `chunk_chars` characters, each cut right after a newline that is between two non-space characters
+  (or, failing that, right before a space between two words, or before the newline that ends a
+  longer run of whitespace; see `split_point`). At such points GPT-2-style byte-level
   pre-tokenization splits anyway, so tokenizing chunk by chunk gives the same tokens as tokenizing
   the whole file. Plain text gets no BOS/EOS. A leading UTF-8 BOM is dropped; line endings are kept
   as they are.
-- **jsonl**: one JSON object per line (blank lines are skipped). Each record is one of
+- **jsonl**: one JSON object per line (blank lines are skipped), each line at most MAX_LINE_BYTES
+  (8 MiB) long, newline included. Each record is one of
     {"text": str}                                   -> text
     {"prompt": str, "completion": str}              -> prompt + completion (no separator added)
     {"messages": [{"role": str, "content": str}, ...]}  -> chat template, one block per message:
@@ -57,6 +59,7 @@ from trainer.data.records import SHAPES_HELP, Document, chat_template, record_to
 
 __all__ = [
     "DEFAULT_CHUNK_CHARS",
+    "MAX_LINE_BYTES",
     "SHAPES_HELP",
     "DataError",
     "Document",
@@ -68,6 +71,7 @@ __all__ = [
     "iter_text_chunks",
     "parse_jsonl_line",
     "record_to_document",
+    "split_point",
     "validate_file",
 ]
 
@@ -76,6 +80,9 @@ Format = Literal["text", "jsonl"]
 DEFAULT_CHUNK_CHARS = 1 << 20  # ~1 MB of text per chunk keeps memory bounded
 _READ_BYTES = 1 << 20
 _DETECT_LIMIT = 64 << 20  # the first line is read at most this far when sniffing the format
+# A JSONL record (one line) is parsed whole, so its length bounds the memory reading one takes: a
+# 1 GiB upload of one line would otherwise be 1 GiB of bytes, then of text, then of JSON.
+MAX_LINE_BYTES = 8 << 20
 _BOM = "\ufeff"
 
 
@@ -196,7 +203,13 @@ def _validate_jsonl(path: Path, name: str) -> int:
     n_records = 0
     offset = 0
     with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
+        for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise DataError(
+                    f"line {n} is over {MAX_LINE_BYTES >> 20} MiB: split the record into several "
+                    "(one JSON object per line)",
+                    n,
+                )
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -209,24 +222,40 @@ def _validate_jsonl(path: Path, name: str) -> int:
     return n_records
 
 
-def _split_point(buf: str) -> int:
-    """Where to cut `buf` so the next chunk starts at a pre-tokenization boundary (0 = nowhere)."""
+def split_point(buf: str) -> int:
+    """Where to cut `buf` so the next chunk starts at a pre-tokenization boundary (0 = nowhere), the
+    last such point of the first kind found: right after a newline between two non-space characters;
+    right before a space between two; right before the newline that ends a longer run of whitespace
+    followed by a non-space. Never after such a run: GPT-2's `\\s+(?!\\S)` splits it before its last
+    character, so a piece ending with the whole run would tokenize differently."""
+    return _after_lone_newline(buf) or _before_lone_space(buf) or _before_run_end(buf)
+
+
+def _after_lone_newline(buf: str) -> int:
     i = len(buf) - 1  # the cut needs a following character to look at
-    while True:
-        nl = buf.rfind("\n", 0, i)
-        if nl < 0:
-            break
-        if not buf[nl + 1].isspace():
+    while (nl := buf.rfind("\n", 0, i)) >= 0:
+        if not buf[nl + 1].isspace() and (nl == 0 or not buf[nl - 1].isspace()):
             return nl + 1
         i = nl
+    return 0
+
+
+def _before_lone_space(buf: str) -> int:
     i = len(buf) - 1
-    while True:
-        sp = buf.rfind(" ", 1, i)
-        if sp < 0:
-            return 0
+    while (sp := buf.rfind(" ", 1, i)) >= 0:
         if not buf[sp - 1].isspace() and not buf[sp + 1].isspace():
             return sp
         i = sp
+    return 0
+
+
+def _before_run_end(buf: str) -> int:
+    i = len(buf) - 1
+    while (nl := buf.rfind("\n", 1, i)) >= 0:
+        if not buf[nl + 1].isspace() and buf[nl - 1].isspace():
+            return nl
+        i = nl
+    return 0
 
 
 def iter_text_chunks(path: str | os.PathLike[str], chunk_chars: int = DEFAULT_CHUNK_CHARS) -> Iterator[str]:
@@ -241,7 +270,7 @@ def iter_text_chunks(path: str | os.PathLike[str], chunk_chars: int = DEFAULT_CH
                 if buf:
                     yield buf
                 return
-            cut = _split_point(buf)
+            cut = split_point(buf)
             if cut == 0:
                 if len(buf) < 4 * chunk_chars:
                     carry = buf  # no boundary yet: read on

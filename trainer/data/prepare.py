@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -35,11 +36,14 @@ from trainer.data.formats import (
     validate_file,
 )
 from trainer.data.spans import SPAN_DTYPE, covers_all, empty_spans, merge_spans, split_spans
+from trainer.data.text_sample import pieces
 from trainer.data.tokenizers import ByteTokenizer, Tokenizer
 
 # Bump when the token-file layout or document rendering changes, so old caches are not reused.
 # 2: JSONL segments tokenized on their own, loss spans beside the tokens.
-CACHE_VERSION = 2
+# 3: text chunks no longer cut after a run of whitespace (BPE tokens of the chunks = the whole text's).
+CACHE_VERSION = 3
+ENCODE_CHARS = 1 << 16  # characters given to a BPE at once (see _encode)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -47,9 +51,33 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def _encode(tokenizer: Tokenizer, text: str, dtype: np.dtype) -> np.ndarray:
+    """The text's ids. A BPE gets it in pieces of ENCODE_CHARS cut where pre-tokenization splits
+    anyway (same ids): Hugging Face keeps ~100 bytes of bookkeeping per token of the text it is
+    given (offsets, token strings), ~180 MB for a 1 MB chunk, a few MB for a piece."""
     if type(tokenizer) is ByteTokenizer:  # fast path: the UTF-8 bytes are the ids
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(dtype)
-    return np.asarray(tokenizer.encode(text), dtype=dtype)
+    parts = [np.asarray(tokenizer.encode(piece), dtype=dtype) for piece in pieces(text, ENCODE_CHARS)]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+
+
+def _encode_all(tokenizer: Tokenizer, texts: list[str], dtype: np.dtype) -> list[np.ndarray]:
+    """Each text's ids; with `encode_batch` (a BPE) in batches of about ENCODE_CHARS characters."""
+    encode_batch = getattr(tokenizer, "encode_batch", None)
+    if encode_batch is None:
+        return [_encode(tokenizer, text, dtype) for text in texts]
+    out: list[np.ndarray] = []
+    batch: list[str] = []
+    size = 0
+    for text in [*texts, None]:  # None: the end, flush
+        if batch and (text is None or len(text) > ENCODE_CHARS or size + len(text) > ENCODE_CHARS):
+            out.extend(np.asarray(ids, dtype=dtype) for ids in encode_batch(batch))
+            batch, size = [], 0
+        if text is not None and len(text) > ENCODE_CHARS:
+            out.append(_encode(tokenizer, text, dtype))
+        elif text is not None:
+            batch.append(text)
+            size += len(text)
+    return out
 
 
 def iter_token_chunks(
@@ -80,12 +108,7 @@ def _tokenize_documents(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The documents' tokens, each segment tokenized on its own and every document followed by EOS,
     and the spans of the trained segments (and EOS)."""
-    texts = [text for doc in docs for text, _ in doc.segments]
-    encode_batch = getattr(tokenizer, "encode_batch", None)
-    if encode_batch is not None:
-        arrays = [np.asarray(ids, dtype=dtype) for ids in encode_batch(texts)]
-    else:
-        arrays = [_encode(tokenizer, text, dtype) for text in texts]
+    arrays = _encode_all(tokenizer, [text for doc in docs for text, _ in doc.segments], dtype)
     eos = np.array([tokenizer.eos_id], dtype=dtype)
     pieces: list[np.ndarray] = []
     trained: list[bool] = []
@@ -108,6 +131,46 @@ def spans_path(tokens_path: str | os.PathLike[str]) -> Path:
     return Path(f"{os.fspath(tokens_path)}.spans")
 
 
+class _SpanWriter:
+    """Loss spans appended to a file as the chunks come, merged across chunk boundaries: the last
+    span seen is held back until the next chunk shows whether it goes on. Holds one chunk's spans,
+    never the file's."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.held: np.ndarray | None = None  # (1, 2): the last span, not written yet
+        self.written = 0  # spans written so far
+        self.first: tuple[int, int] | None = None
+
+    def add(self, spans: np.ndarray) -> None:
+        """Spans (merged, in file positions) that start at or after every span added before."""
+        if len(spans) == 0:
+            return
+        if self.held is not None:
+            spans = merge_spans(np.concatenate([self.held, spans]))
+        self._write(spans[:-1])
+        self.held = spans[-1:].copy()
+
+    def finish(self) -> None:
+        if self.held is not None:
+            self._write(self.held)
+            self.held = None
+
+    def covers_all(self, n: int) -> bool:
+        """Whether the spans written cover every one of the n tokens (call after finish)."""
+        if n == 0:
+            return True
+        return self.written == 1 and self.first is not None and self.first[0] <= 0 and self.first[1] >= n
+
+    def _write(self, spans: np.ndarray) -> None:
+        if len(spans) == 0:
+            return
+        if self.first is None:
+            self.first = (int(spans[0, 0]), int(spans[0, 1]))
+        spans.astype(SPAN_DTYPE, copy=False).tofile(self.f)
+        self.written += len(spans)
+
+
 def tokenize_to_file(
     path: str | os.PathLike[str],
     tokenizer: Tokenizer,
@@ -116,29 +179,31 @@ def tokenize_to_file(
 ) -> int:
     """Tokenize `path` into a raw token array at `out_path` (written to a temp file, then renamed),
     and its loss spans (when some token is not trained) at spans_path(out_path), renamed first so
-    the token file's presence means both are complete. Returns the number of tokens."""
+    the token file's presence means both are complete. Returns the number of tokens. Both are
+    written chunk by chunk: memory holds one chunk's tokens and spans, whatever the file's size."""
     out_path = Path(out_path)
     tmp = out_path.with_name(f"{out_path.name}.tmp-{os.getpid()}")
     span_file = spans_path(out_path)
     span_tmp = span_file.with_name(f"{span_file.name}.tmp-{os.getpid()}")
     n = 0
-    span_parts: list[np.ndarray] = []
     masked = False
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb") as f, open(span_tmp, "wb") as sf:
+            spans_out = _SpanWriter(sf)
             for arr, spans in iter_token_chunks(path, tokenizer, chunk_chars):
                 arr.astype(arr.dtype.newbyteorder("<"), copy=False).tofile(f)
                 if spans is not None:
                     masked = True
-                    span_parts.append(spans + n)
+                    spans_out.add(spans + n)
                 n += len(arr)
-            f.flush()
-            os.fsync(f.fileno())
-        all_spans = merge_spans(np.concatenate(span_parts)) if span_parts else empty_spans()
-        if masked and not covers_all(all_spans, n):
-            all_spans.astype(SPAN_DTYPE).tofile(span_tmp)
+            spans_out.finish()
+            for out in (f, sf):
+                out.flush()
+                os.fsync(out.fileno())
+        if masked and not spans_out.covers_all(n):
             os.replace(span_tmp, span_file)
         else:
+            span_tmp.unlink()
             span_file.unlink(missing_ok=True)
         os.replace(tmp, out_path)
     except BaseException:
@@ -149,11 +214,17 @@ def tokenize_to_file(
 
 
 def load_spans(tokens_path: str | os.PathLike[str]) -> np.ndarray | None:
-    """The loss spans written beside a token file, or None (every token is trained)."""
+    """The loss spans written beside a token file (a read-only memmap), or None (every token is
+    trained)."""
     path = spans_path(tokens_path)
     if not path.exists():
         return None
-    return np.fromfile(path, dtype=SPAN_DTYPE).astype(np.int64).reshape(-1, 2)
+    size = path.stat().st_size
+    if size % (2 * SPAN_DTYPE.itemsize):
+        raise DataError(f"loss span file {path} has {size} bytes, not a whole number of spans; it is corrupt")
+    if size == 0:
+        return empty_spans()
+    return np.memmap(path, dtype=SPAN_DTYPE, mode="r").reshape(-1, 2)
 
 
 def load_tokens(path: str | os.PathLike[str], vocab_size: int) -> np.ndarray:

@@ -42,12 +42,21 @@ def covers_all(spans: np.ndarray, n: int) -> bool:
 
 
 def split_spans(spans: np.ndarray | None, cut: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """The spans of tokens[:cut] and of tokens[cut:] (positions shifted to start at 0)."""
+    """The spans of tokens[:cut] and of tokens[cut:] (positions shifted to start at 0), from merged
+    spans. Found by binary search, so a memmap is not read whole: the left part is a view of `spans`
+    unless a span crosses the cut (then it is a copy with that span cut short); the right part is a
+    copy."""
     if spans is None:
         return None, None
-    left = np.clip(spans, None, cut)
-    right = np.clip(spans, cut, None) - cut
-    return merge_spans(left), merge_spans(right)
+    spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    n_left = int(np.searchsorted(spans[:, 0], cut, side="left"))  # the spans that start before the cut
+    left = spans[:n_left]
+    if n_left and left[-1, 1] > cut:  # the last one crosses it
+        left = np.concatenate([left[:-1], np.array([[left[-1, 0], cut]], dtype=np.int64)])
+    right = spans[int(np.searchsorted(spans[:, 1], cut, side="right")) :] - cut
+    if len(right):
+        right[0, 0] = max(int(right[0, 0]), 0)
+    return left, right
 
 
 def windows_with_targets(spans: np.ndarray, starts: np.ndarray, ctx: int) -> np.ndarray:

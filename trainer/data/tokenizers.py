@@ -208,7 +208,11 @@ def _build_hf_bpe(merges: Sequence[tuple[str, str]], max_vocab: int | None = Non
 def train_bpe(vocab_size: int, texts: Iterable[str]) -> BPETokenizer:
     """Train a byte-level BPE with `vocab_size` ids in total (258 base ids + merges).
 
-    Fewer ids result when the text has too few distinct pairs to merge.
+    Fewer ids result when the text has too few distinct pairs to merge. `texts` is read once, as a
+    stream, and the BPE is trained on a bounded sample of it (trainer.data.text_sample: about 8 Mi
+    characters at most, spread over the whole input; input of up to 4 Mi characters is used whole),
+    so training on a 1 GiB file holds neither that file nor the word counts of all of it (about
+    150 MB on text of two million distinct words; bench/README.md, issue 22).
     """
     if vocab_size < BASE_VOCAB + 1:
         raise ValueError(
@@ -217,6 +221,8 @@ def train_bpe(vocab_size: int, texts: Iterable[str]) -> BPETokenizer:
         )
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers, trainers
+
+    from trainer.data.text_sample import sample_texts
 
     hf = HFTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -228,7 +234,7 @@ def train_bpe(vocab_size: int, texts: Iterable[str]) -> BPETokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    hf.train_from_iterator(texts, trainer)
+    hf.train_from_iterator(sample_texts(texts), trainer)
     raw = json.loads(hf.to_str())["model"]["merges"]
     return BPETokenizer(_build_hf_bpe(_merge_pairs(raw), max_vocab=vocab_size))
 
