@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from core.blobstore import is_store_outage
+from core.db_faults import is_connection_error
 from trainer.checkpoint import copy_checkpoint
 from trainer.run.checkpoint_writer import BACKGROUND_NICE
 from trainer.run.one_at_a_time import OneAtATime
@@ -31,7 +32,7 @@ class CheckpointUploads:
     def __init__(self, staging: Path, retry_seconds: float) -> None:
         self.staging = staging
         self.retry = DbRetry(
-            "checkpoint uploads", retry_seconds, retryable=is_store_outage, what="the blob store"
+            "checkpoint uploads", retry_seconds, retryable=is_store_outage, what=_what_was_away
         )
         self._background = OneAtATime("checkpoint-upload", nice=BACKGROUND_NICE)
         self.count = 0
@@ -69,3 +70,7 @@ class CheckpointUploads:
     def seconds(self) -> float:
         """Seconds spent uploading in the background."""
         return self._background.busy_seconds
+
+
+def _what_was_away(error: BaseException) -> str:
+    return "the database" if is_connection_error(error) else "the blob store"

@@ -51,14 +51,14 @@ class DbRetry:
         action: str = "retrying",
         *,
         retryable: Callable[[BaseException], bool] = is_connection_error,
-        what: str = "the database",
+        what: str | Callable[[BaseException], str] = "the database",
     ) -> None:
         """`retryable`: the errors an outage raises (the database's connection errors unless given);
         `what` names what was away, in DatabaseUnavailable's message."""
         self.component = component
         self.budget = budget
         self.retryable, self.what = retryable, what
-        self.outage = OutageLog(component, log, action, what.removeprefix("the "))
+        self.outage = OutageLog(component, log, action)
         self._failures = 0
         self._next_try = 0.0
 
@@ -93,11 +93,13 @@ class DbRetry:
         return True
 
     def _failed(self, error: Exception) -> None:
+        away = self.what(error) if callable(self.what) else self.what
+        self.outage.what = away.removeprefix("the ")  # named in the outage's log lines
         self.outage.failed(error)
         self._failures += 1
         down_for = self.outage.down_for()
         if down_for >= self.budget:
-            raise DatabaseUnavailable(self.component, down_for, self.what) from error
+            raise DatabaseUnavailable(self.component, down_for, away) from error
         delay = min(MAX_DELAY, FIRST_DELAY * 2 ** (self._failures - 1))
         delay = random.uniform(delay / 2, delay)  # jitter: many workers do not retry in step
         self._next_try = time.monotonic() + min(delay, self.budget - down_for)

@@ -162,6 +162,7 @@ def test_a_resumed_attempt_gets_its_best_checkpoint_back(
     model_cfg = model_config_from_preset("llama-tiny", **MODEL)
     cfg = TrainConfig(device="cpu", seed=1337, **RUN)
     first = train(model_cfg, cfg, data, tmp_path / "first" / "run", callbacks)
+    callbacks.wait_for_uploads()  # as worker.job_run does: the checkpoints upload in the background
     callbacks.flush(wait=True)
     assert (first.stop_reason, first.step) == ("pause", 12)
     assert [c.step for c in checkpoint_rows(session_factory, job_id)] == [10, 12]  # rotation kept the best
@@ -183,6 +184,7 @@ def test_a_resumed_attempt_gets_its_best_checkpoint_back(
         db_retry_seconds=5.0,
     )
     second = train(model_cfg, cfg, data, tmp_path / "second" / "run", resumed_callbacks, resume=resume)
+    resumed_callbacks.wait_for_uploads()
     resumed_callbacks.flush(wait=True)
     assert (second.stop_reason, second.step, second.model_step) == ("early_stop", 16, 10)
     # the best the first attempt stored is kept as it was, not uploaded a second time
