@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench._service import REPO_ROOT, SHAKESPEARE, Service, machine, median, print_table, serve
+from bench._service import REPO_ROOT, SHAKESPEARE, Service, environ, machine, median, print_table, serve
 
 PRESET, CTX = "llama-42m", 256
 # the line `fromscratch train` ends with (trainer.run.checkpoint_writer.CheckpointTimes.summary)
@@ -139,7 +139,7 @@ def backend_service(backend: str, threads: int | None) -> Iterator[Service]:
     weed = start_seaweedfs(root)
     try:
         with (
-            _env(weed.env()),
+            environ(weed.env()),
             serve(
                 blob_backend="s3", threads=threads, s3_endpoint_url=weed.endpoint_url, s3_bucket=weed.bucket
             ) as svc,
@@ -147,22 +147,6 @@ def backend_service(backend: str, threads: int | None) -> Iterator[Service]:
             yield svc
     finally:
         weed.destroy()
-
-
-@contextlib.contextmanager
-def _env(values: dict[str, str]) -> Iterator[None]:
-    import os
-
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main(args: argparse.Namespace) -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
 import sys
 import tempfile
@@ -45,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._service import (
     Service,
+    environ,
     fresh_postgres_db,
     machine,
     print_table,
@@ -192,21 +192,6 @@ def _wait_while_preparing(svc: Service, job_id: str, deadline: float) -> str:
             raise TimeoutError(f"job {job_id} still {status}\n{svc.log_tail()}")
         time.sleep(0.1)
     return status
-
-
-@contextlib.contextmanager
-def environ(values: dict[str, str]) -> Iterator[None]:
-    """`values` set in this process's environment (so in the processes it starts), then restored."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @contextlib.contextmanager
