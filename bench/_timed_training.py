@@ -212,17 +212,9 @@ class RunResult:
     losses: list[float]
 
 
-def run_training(
-    v: Variant,
-    data: TokenData,
-    device: torch.device,
-    warmup: int,
-    min_steps: int,
-    seconds: float,
-    threads: int | None,
-    peak: Callable[[], dict[str, float]],
-) -> RunResult:
-    cfg = TrainConfig(
+def variant_config(v: Variant, device: torch.device) -> TrainConfig:
+    """The training settings every timed run of a variant uses (and its memory estimate reads)."""
+    return TrainConfig(
         max_steps=10**6,
         batch_size=v.batch_size,
         learning_rate=1e-3,
@@ -235,6 +227,19 @@ def run_training(
         compile=v.compile,
         log_every=1,
     )
+
+
+def run_training(
+    v: Variant,
+    data: TokenData,
+    device: torch.device,
+    warmup: int,
+    min_steps: int,
+    seconds: float,
+    threads: int | None,
+    peak: Callable[[], dict[str, float]],
+) -> RunResult:
+    cfg = variant_config(v, device)
     timer = StepTimer(max(1, warmup), min_steps, seconds, device, peak)
     out = Path(tempfile.mkdtemp(prefix="fs-bench-"))
     try:

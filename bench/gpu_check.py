@@ -1,27 +1,36 @@
 """The one command that proves the project's GPU claims, on a machine with a CUDA GPU.
 
-    python3 bench/gpu_check.py --nanogpt PATH --out DIR            # on the GPU box: every step
+    python3 bench/gpu_check.py --nanogpt PATH --out DIR            # on the GPU box: the default steps
     python3 bench/gpu_check.py --nanogpt PATH --steps tests,peer   # some of them
     .venv/bin/python bench/gpu_check.py --nanogpt PATH --device cpu --smoke   # the script itself, here
 
 Steps, in this order, each a subprocess with its own time limit whose output is streamed and kept in
 DIR/gpu_check.log; a failed or timed-out step is reported and the next one still runs; the exit status
-says whether all passed.
+says whether all passed. At the end it prints one table of every figure the steps measured (each
+step prints its figures as GPU_CHECK_ROW lines, bench/_gpu_rows.py), with the issue's goals and
+whether they are met, and writes it to DIR/gpu_check.json. The default steps (all but `peer`, and
+`nanogpt` only with --nanogpt) fit in 10 minutes on one H100.
 
 1. `machine`: the GPU, its driver and the torch in use (the box's own torch, not our pinned CPU wheel).
-2. `peer`: bench/peer.py's `shakespeare-gpu` recipe, nanoGPT's config/train_shakespeare_char.py beside
+2. `peer` (only when named in --steps): bench/peer.py's `shakespeare-gpu` recipe, nanoGPT's config/train_shakespeare_char.py beside
    ours at the same size, each `--ours` variant against the one nanoGPT curve (issue 21's figure).
 3. `tests`: `pytest -m cuda` over the test files that hold CUDA tests (bf16 auto, fused AdamW, TF32,
    the flash kernel, compiled = eager, exact resume on CUDA, the exports of a CUDA-trained checkpoint
    read by transformers, onnxruntime and llama.cpp, dropout inside the flash kernel). Only
    tests/trainer's conftest loads (`--confcutdir`): the suite's root conftest starts PostgreSQL and
    Redis, which a GPU box need not have. A consumer package the box lacks fails its test, by name.
-4. `throughput`: bench/trainer_throughput.py on CUDA (llama-42m/110m, compile off/on; one round).
+4. `throughput`: bench/trainer_throughput.py on CUDA (llama-42m/110m at ctx 1024, a 1.2B llama at
+   ctx 2048; compile off/on; one round): tokens/s, TFLOP/s, MFU against the matmul peak measured
+   beside it and against the GPU's datasheet, peak memory against the trainer's estimate.
+   `nanogpt` (with --nanogpt): nanoGPT's own bench.py eager and compiled (bench/nanogpt_bench.py);
+   the table divides our llama-110m's FLOP rate by its.
 5. `checkpoints`: `fromscratch train` of issue 22's H100 job (llama-110m, ctx 1024, batch 16, 300 steps,
    a checkpoint every 60): its last lines say how long the 4 checkpoints took to write in the
    background (pinned host copies) and how long training waited for them.
 6. `inference`: bench/inference_speed.py, llama-110m decoding on the CPU (float32) and on CUDA
    (bfloat16), as the inference worker places it (issue 23's >= 10x).
+7. `service`: bench/gpu_service.py: `fromscratch serve` with no device setting, a job without
+   `device` (placed on the gpu queue?), its background checkpoints, a completion (decoded on CUDA?).
 
 `--smoke` runs each step as small as it goes (the tests collected, not run; 20 steps of the `overfit`
 recipe; throughput's own smoke run) so the script can be checked on a CPU before a GPU's minutes
@@ -32,14 +41,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import queue
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._gpu_rows import Row, table_lines
+from bench._gpu_summary import nanogpt_ratios, step_rows, write_json
 
 REPO = Path(__file__).resolve().parent.parent
 # ours on shakespeare-gpu: dropout as nanoGPT's config has it, evaluated every 100 steps on 40 batches
@@ -52,7 +69,7 @@ SMOKE_VARIANTS = [
     "--dropout 0.2 --eval-every 10 --eval-batches 2",
     "--dropout 0.2 --eval-every 10 --eval-batches 2 --optimizer muon",
 ]
-STEPS = ("machine", "peer", "tests", "throughput", "checkpoints", "inference")
+STEPS = ("machine", "peer", "tests", "throughput", "nanogpt", "checkpoints", "inference", "service")
 
 
 def cuda_test_files() -> list[str]:
@@ -62,49 +79,65 @@ def cuda_test_files() -> list[str]:
     )
 
 
+MACHINE = (
+    "import torch, platform; from bench._gpu_rows import Row, emit;"
+    "gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device';"
+    "print('torch', torch.__version__, 'python', platform.python_version(), 'cuda runtime', torch.version.cuda);"
+    "emit(Row('machine', 'device', f'{gpu} x{torch.cuda.device_count()}'));"
+    "emit(Row('machine', 'torch', torch.__version__))"
+)
+
+
+def peer_command(args: argparse.Namespace) -> list[str]:
+    peer = [sys.executable, "bench/peer.py", "--nanogpt", str(Path(args.nanogpt or ".").resolve())]
+    recipe = "overfit" if args.smoke else "shakespeare-gpu"  # overfit: the same code at a CPU's size
+    peer += ["--rounds", "0", "--recipe", recipe, "--device", args.device, "--iters", str(args.iters)]
+    peer += [f"--ours={v}" for v in args.ours or (SMOKE_VARIANTS if args.smoke else PEER_VARIANTS)]
+    return peer + (["--data", str(args.data.resolve())] if args.data else [])
+
+
+def checkpoints_command(args: argparse.Namespace) -> list[str]:
+    data = str((args.data or REPO / "tests" / "data" / "tiny_shakespeare_100k.txt").resolve())
+    run_dir = args.scratch / "checkpoints"  # GBs: not under --out
+    size = ["--max-steps", "4", "--checkpoint-every", "1"] if args.smoke else ["--max-steps", "300"]
+    cmd = [sys.executable, "-m", "cli.main", "train", data, "--out", str(run_dir)]
+    cmd += ["--preset", "llama-tiny" if args.smoke else "llama-110m", "--device", args.device]
+    cmd += [] if args.smoke else ["--ctx", "1024", "--batch-size", "16", "--checkpoint-every", "60"]
+    return cmd + [*size, "--eval-every", "0", "--samples", "0"]
+
+
 def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], int]]:
     """Each step's command and its time limit in seconds."""
     py = sys.executable
-    machine = (
-        "import torch, platform; print('torch', torch.__version__, 'python', platform.python_version());"
-        "print('cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0),"
-        " 'devices', torch.cuda.device_count(), 'cuda runtime', torch.version.cuda)"
-    )
+    smoke = ["--smoke"] if args.smoke else []
     pytest = [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--confcutdir=tests/trainer"]
-    peer = [py, "bench/peer.py", "--nanogpt", str(Path(args.nanogpt or ".").resolve()), "--rounds", "0"]
-    recipe = "overfit" if args.smoke else "shakespeare-gpu"  # overfit: the same code at a CPU's size
-    peer += ["--recipe", recipe, "--device", args.device, "--iters", str(args.iters)]
-    peer += [
-        f"--ours={variant}" for variant in args.ours or (SMOKE_VARIANTS if args.smoke else PEER_VARIANTS)
-    ]
-    if args.data:
-        peer += ["--data", str(args.data.resolve())]
-    throughput = [py, "bench/trainer_throughput.py", "--device", args.device, "--rounds", "1"]
-    if args.smoke:
-        throughput = [py, "bench/trainer_throughput.py", "--smoke"]
-    data = str((args.data or REPO / "tests" / "data" / "tiny_shakespeare_100k.txt").resolve())
-    run_dir = Path(tempfile.gettempdir()) / "fromscratch-gpu-check-checkpoints"  # GBs: not under --out
-    size = ["--max-steps", "4", "--checkpoint-every", "1"] if args.smoke else ["--max-steps", "300"]
-    checkpoints = [py, "-m", "cli.main", "train", data, "--out", str(run_dir)]
-    checkpoints += ["--preset", "llama-tiny" if args.smoke else "llama-110m", "--device", args.device]
-    checkpoints += [] if args.smoke else ["--ctx", "1024", "--batch-size", "16", "--checkpoint-every", "60"]
-    checkpoints += [*size, "--eval-every", "0", "--samples", "0"]
-    inference = [py, "bench/inference_speed.py", *(["--smoke"] if args.smoke else ["--preset", "llama-110m"])]
+    throughput = [py, "bench/trainer_throughput.py", *(smoke or ["--device", args.device, "--rounds", "1"])]
+    nanogpt = [py, "bench/nanogpt_bench.py", "--nanogpt", str(Path(args.nanogpt or ".").resolve())]
+    service = [py, "bench/gpu_service.py", "--device", args.device, *smoke]
     return {
-        "inference": (inference, 300),
-        "checkpoints": (checkpoints, 300),
-        "machine": ([py, "-c", machine], 60),
+        "machine": ([py, "-c", MACHINE], 60),
+        "peer": (peer_command(args), args.peer_timeout),
         "tests": (
             [*pytest, *(["-m", "cuda"] if not args.smoke else ["--co"]), *cuda_test_files()],
             args.tests_timeout,
         ),
-        "peer": (peer, args.peer_timeout),
         "throughput": (throughput, 300),
+        "nanogpt": (nanogpt, 300),
+        "checkpoints": (checkpoints_command(args), 300),
+        "inference": ([py, "bench/inference_speed.py", *(smoke or ["--preset", "llama-110m"])], 300),
+        "service": (service, 300),
     }
 
 
-def run_step(name: str, cmd: list[str], limit: int, log: TextIO) -> bool:
-    """Runs one step, echoing and logging each line; True when it exited 0 within its limit. Lines
+@dataclass
+class StepResult:
+    passed: bool
+    seconds: float
+    lines: list[str] = field(default_factory=list)
+
+
+def run_step(name: str, cmd: list[str], limit: int, log: TextIO) -> StepResult:
+    """Runs one step, echoing and logging each line; passed when it exited 0 within its limit. Lines
     are read on a thread, so a step that goes silent is still stopped at its limit."""
 
     def say(line: str) -> None:
@@ -118,6 +151,7 @@ def run_step(name: str, cmd: list[str], limit: int, log: TextIO) -> bool:
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=step_env()
     )
     lines: queue.Queue[str | None] = queue.Queue()
+    seen: list[str] = []
     threading.Thread(target=_pump, args=(proc, lines), daemon=True).start()
     while (left := limit - (time.perf_counter() - started)) > 0:
         try:
@@ -128,12 +162,13 @@ def run_step(name: str, cmd: list[str], limit: int, log: TextIO) -> bool:
             code = proc.wait()
             verdict = "passed" if code == 0 else f"FAILED (exit {code})"
             say(f"== {name}: {verdict} in {time.perf_counter() - started:.0f} s")
-            return code == 0
+            return StepResult(code == 0, time.perf_counter() - started, seen)
+        seen.append(line)
         say(line)
     proc.kill()
     proc.wait()
     say(f"== {name}: TIMED OUT after {limit} s")
-    return False
+    return StepResult(False, time.perf_counter() - started, seen)
 
 
 def _pump(proc: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
@@ -149,13 +184,13 @@ def step_env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nanogpt", type=Path, default=None, help="a nanoGPT checkout (not in this repo)")
+    p.add_argument("--out", type=Path, default=Path("gpu_check_out"), help="where the log and JSON go")
     p.add_argument(
-        "--nanogpt", type=Path, default=None, help="a nanoGPT checkout (not in this repo); for peer"
+        "--steps", default=None, help=f"comma-separated, of {', '.join(STEPS)} (default: all but peer)"
     )
-    p.add_argument("--out", type=Path, default=Path("gpu_check_out"), help="where gpu_check.log goes")
-    p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--data", type=Path, default=None, help="tinyshakespeare.txt (peer.py's default if unset)")
     p.add_argument("--iters", type=int, default=2000, help="peer: steps of each run (nanoGPT's best: 1750)")
@@ -166,23 +201,49 @@ def main() -> int:
     args = p.parse_args()
     if args.smoke:
         args.iters = min(args.iters, 20)
-    steps = [s for s in args.steps.split(",") if s]
-    if unknown := set(steps) - set(STEPS):
+    if args.steps is None:
+        skip = {"peer"} | (set() if args.nanogpt else {"nanogpt"})
+        args.steps = ",".join(s for s in STEPS if s not in skip)
+    args.steps = [s for s in args.steps.split(",") if s]
+    if unknown := set(args.steps) - set(STEPS):
         raise SystemExit(f"--steps: unknown {sorted(unknown)}; choose from {', '.join(STEPS)}")
-    if "peer" in steps and (args.nanogpt is None or not (args.nanogpt / "train.py").exists()):
+    if "peer" in args.steps and (args.nanogpt is None or not (args.nanogpt / "train.py").exists()):
         raise SystemExit("--nanogpt: the peer step needs a nanoGPT checkout (its train.py)")
+    if "nanogpt" in args.steps and (args.nanogpt is None or not (args.nanogpt / "bench.py").exists()):
+        raise SystemExit("--nanogpt: the nanogpt step needs a nanoGPT checkout (its bench.py)")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    args.scratch = Path(tempfile.mkdtemp(prefix="fromscratch-gpu-check-"))  # removed at the end
+    try:
+        return run_steps(args)
+    finally:
+        shutil.rmtree(args.scratch, ignore_errors=True)
+
+
+def run_steps(args: argparse.Namespace) -> int:
     table = commands(args)
-    results: dict[str, bool] = {}
+    results: dict[str, StepResult] = {}
+    rows: list[Row] = []
     with (args.out / "gpu_check.log").open("a") as log:
         log.write(f"# gpu_check {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n")
-        for name in steps:
+        for name in args.steps:
             cmd, limit = table[name]
             results[name] = run_step(name, cmd, limit, log)
-        summary = "; ".join(f"{name} {'passed' if ok else 'FAILED'}" for name, ok in results.items())
-        print(f"== gpu_check: {summary}")
-        log.write(f"== gpu_check: {summary}\n")
-    return 0 if all(results.values()) else 1
+            rows += step_rows(name, results[name].lines)
+        rows += nanogpt_ratios(rows)
+        summary = "; ".join(f"{name} {'passed' if r.passed else 'FAILED'}" for name, r in results.items())
+        total = sum(r.seconds for r in results.values())
+        for line in ["", *table_lines(rows), "", f"== gpu_check: {summary} ({total:.0f} s in all)"]:
+            print(line)
+            log.write(line + "\n")
+    steps = {name: {"passed": r.passed, "seconds": round(r.seconds, 1)} for name, r in results.items()}
+    machine = {"host": platform.node(), "python": platform.python_version(), "argv": sys.argv[1:]}
+    write_json(args.out / "gpu_check.json", machine, steps, rows)
+    return 0 if all(r.passed for r in results.values()) else 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._gpu_rows import Row, emit
 from trainer.config import model_config_from_preset
 from trainer.model.llama import Llama
 from trainer.sampling import generate_ids
@@ -69,9 +70,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{kind:5s} {str(device.dtype).removeprefix('torch.'):9s} {rates[kind]:10,.1f} tokens/s",
             flush=True,
         )
+        emit(
+            Row(
+                "inference",
+                f"{args.preset} decoding on {kind} ({device.dtype})".replace("torch.", ""),
+                rates[kind],
+                "tokens/s",
+            )
+        )
     if "cuda" in rates:
         ratio = rates["cuda"] / rates["cpu"]
         print(f"cuda / cpu: {ratio:.1f}x (goal >= 10x: {'met' if ratio >= 10 else 'NOT met'})")
+        emit(Row("inference", f"{args.preset} decoding cuda / cpu", ratio, "x", ">= 10", ratio >= 10))
     return 0
 
 

@@ -23,18 +23,11 @@ round, taken as its measured 79% of this round's fp32 matmul peak at its own FLO
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import math
-import os
-import platform
-import re
 import shutil
-import statistics
 import sys
 import sysconfig
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -42,13 +35,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without install
 
+from bench._throughput_report import Row, emit_rows, median, print_table
 from bench._timed_training import (
     DTYPE_NAME,
     PeakMeter,
     Precision,
     StepTimer,
     Variant,
-    clock_name,
     run_training,
     use_thread_clock,
 )
@@ -92,6 +85,8 @@ def cuda_configs(smoke: bool, batch_size: int) -> list[tuple[str, ModelConfig, i
     return [
         ("llama-42m", model_config_from_preset("llama-42m", ctx=1024, vocab_size=VOCAB), batch_size),
         ("llama-110m", model_config_from_preset("llama-110m", ctx=1024, vocab_size=VOCAB), batch_size),
+        # issue 23's ~1.2B config (24 layers, 2048 wide, ctx 2048): 16k tokens a step
+        ("llama-1.2b", ModelConfig(n_layer=24, n_head=16, n_embd=2048, ctx=2048, vocab_size=VOCAB), 8),
     ]
 
 
@@ -119,96 +114,6 @@ def corpus_tokens(n_bytes: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- the benchmark
-@dataclasses.dataclass
-class Row:
-    variant: Variant
-    flops_per_token: int
-    n_params: int
-    tps: list[float] = dataclasses.field(default_factory=list)
-    mfu_fp32: list[float] = dataclasses.field(default_factory=list)
-    mfu_bf16: list[float] = dataclasses.field(default_factory=list)
-    x_nano: list[float] = dataclasses.field(default_factory=list)
-    mem: list[float] = dataclasses.field(default_factory=list)
-
-
-def machine_description(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        m = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
-        cpu = m.group(1).strip() if m else cpu
-    flags = []
-    with contextlib.suppress(OSError):
-        info = Path("/proc/cpuinfo").read_text()
-        flags = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if re.search(rf"\b{f}\b", info)]
-    return (
-        f"{cpu}, {os.cpu_count()} cores ({'/'.join(flags) or 'no avx512'}), {torch.get_num_threads()} "
-        f"torch threads, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})"
-    )
-
-
-def median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else math.nan
-
-
-def fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-
-
-def print_table(rows: list[Row], meter: PeakMeter, device: torch.device) -> None:
-    print()
-    print(
-        f"# trainer_throughput  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine_description(device)}; "
-        f"{clock_name()}"
-    )
-    peak_desc = ", ".join(f"{p} {median(v) / 1e9:,.0f} (n={meter.size[p]})" for p, v in meter.history.items())
-    print(
-        f"# matmul peak GFLOP/s, median: {peak_desc}. tok/s and MFU: medians over all timed steps of "
-        "all rounds, each step divided by the peak measured beside it"
-    )
-    head = (
-        "config",
-        "dtype",
-        "compile",
-        "kernels",
-        "params",
-        "tok/step",
-        "tok/s",
-        "MFU/fp32pk",
-        "MFU/bf16pk",
-        "x nanoGPT",
-        "peak MiB",
-    )
-    table = [head]
-    for r in rows:
-        name, prec, comp, kern = r.variant.label
-        table.append(
-            (
-                name,
-                prec,
-                comp,
-                kern if prec == "fp32" and not r.variant.compile and device.type == "cpu" else "-",
-                f"{r.n_params / 1e6:.2f}M",
-                str(r.variant.tokens_per_step),
-                fmt(median(r.tps), ",.0f"),
-                fmt(median(r.mfu_fp32) * 100, ".1f") + "%",
-                fmt(median(r.mfu_bf16) * 100, ".1f") + "%",
-                fmt(median(r.x_nano) if r.x_nano else None, ".2f"),
-                fmt(max(r.mem) if r.mem else None, ",.0f"),
-            )
-        )
-    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
-    for i, t in enumerate(table):
-        print(
-            "  ".join(
-                c.rjust(w) if j >= 4 else c.ljust(w) for j, (c, w) in enumerate(zip(t, widths, strict=True))
-            )
-        )
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-
-
 def loss_check(steps: int, data: TokenData, device: torch.device, threads: int | None) -> None:
     """fp32 vs bf16 at the nanoGPT shape: same seed, same batches. 'Noise' is what changing only the
     seed does to fp32. Prints the mean train loss of the last 10% of steps and the final val loss."""
@@ -356,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             args.loss_check, TokenData(train=data.train[:split], val=data.train[split:]), device, args.threads
         )
     print_table(rows, meter, device)
+    emit_rows(rows, device)
     print(
         "# peak MiB: CPU = peak RSS growth over the RSS before the run (model, grads, optimizer, "
         "activations); CUDA = torch.cuda.max_memory_allocated"

@@ -5,6 +5,7 @@ steps asked for, stops a step that goes silent past its limit, and says which st
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
+import torch  # noqa: E402
+
 from bench import gpu_check  # noqa: E402
+from bench._gpu_rows import Row, emit, parse_rows, table_lines  # noqa: E402
+from bench._gpu_summary import nanogpt_ratios, step_rows  # noqa: E402
+from bench.nanogpt_bench import NANOGPT_PROMISED, flop_rate  # noqa: E402
 
 
 def test_the_cuda_test_files_are_those_with_the_marker() -> None:
@@ -25,26 +31,38 @@ def test_the_cuda_test_files_are_those_with_the_marker() -> None:
 
 def test_a_silent_step_is_stopped_at_its_limit_and_reported() -> None:
     log = io.StringIO()
-    ok = gpu_check.run_step("sleepy", [sys.executable, "-c", "import time; time.sleep(60)"], 1, log)
-    assert not ok
+    result = gpu_check.run_step("sleepy", [sys.executable, "-c", "import time; time.sleep(60)"], 1, log)
+    assert not result.passed
     assert "== sleepy: TIMED OUT after 1 s" in log.getvalue()
 
 
-def test_smoke_runs_the_machine_and_tests_steps_on_a_cpu(tmp_path: Path) -> None:
+def test_smoke_runs_every_default_step_on_a_cpu_and_writes_one_table(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
     proc = subprocess.run(
-        [sys.executable, "bench/gpu_check.py", "--smoke", "--device", "cpu", "--steps", "machine,tests"]
-        + ["--out", str(tmp_path)],
+        [sys.executable, "bench/gpu_check.py", "--smoke", "--device", "cpu", "--out", str(tmp_path)],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "== gpu_check: machine passed; tests passed" in proc.stdout
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    passed = "machine passed; tests passed; throughput passed; checkpoints passed; inference passed; service passed"
+    assert f"== gpu_check: {passed}" in proc.stdout
     log = (tmp_path / "gpu_check.log").read_text()
     assert "tests/trainer/test_cuda.py::test_compiled_training_matches_eager_on_cuda" in log
+    doc = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert {name for name, step in doc["steps"].items() if step["passed"]} == set(
+        passed.replace(" passed", "").split("; ")
+    )
+    rows = {(r["step"], r["item"]): r for r in doc["rows"]}
+    assert rows[("machine", "torch")]["value"] == torch.__version__
+    assert rows[("service", "job without `device`: its queue")]["value"] == "cpu"
+    assert rows[("service", "inference worker's device")]["met"] is True
+    assert rows[("checkpoints", "training waited for them")]["value"] >= 0
+    assert any(step == "throughput" and item.endswith("tokens/s") for step, item in rows)
+    assert any(step == "inference" for step, _ in rows)
+    assert rows[("tests", "pytest -m cuda")]["met"] is True  # --smoke collects them
 
 
 def test_the_peer_step_needs_a_nanogpt_checkout(tmp_path: Path) -> None:
@@ -56,3 +74,53 @@ def test_the_peer_step_needs_a_nanogpt_checkout(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode != 0 and "--nanogpt: the peer step needs a nanoGPT checkout" in proc.stderr
+
+
+def test_rows_printed_by_a_step_come_back_as_they_were(capsys: object) -> None:
+    emit(Row("throughput", "llama-110m bf16 eager TFLOP/s", 201.5, "TFLOP/s"))
+    emit(Row("service", "inference worker's device", "cuda", goal="cuda", met=True))
+    emit(Row("throughput", "no figure", float("nan")))
+    printed = capsys.readouterr().out.splitlines()  # type: ignore[attr-defined]
+    rows = parse_rows(["some other line", *printed, "GPU_CHECK_ROW {not json"])
+    assert [r.item for r in rows] == [
+        "llama-110m bf16 eager TFLOP/s",
+        "inference worker's device",
+        "no figure",
+    ]
+    assert rows[0].value == 201.5 and rows[1].met is True and rows[2].value != rows[2].value  # NaN
+    lines = table_lines(rows)
+    assert lines[0].split() == ["step", "item", "value", "unit", "goal", "met"]
+    assert "202" in lines[1] and lines[2].rstrip().endswith("yes")
+
+
+def test_pytest_and_checkpoint_lines_become_rows() -> None:
+    tests = step_rows("tests", ["....s", "5 passed, 2 skipped in 31.2s"])
+    assert tests[0].value == "5 passed, 2 skipped" and tests[0].met is True
+    failed = step_rows("tests", ["1 failed, 4 passed in 3.0s"])
+    assert failed[0].met is False
+    line = (
+        "4 checkpoints (4,097 MB of tensors) written in the background in 5.49 s; training waited 0.10 s "
+        "for them (snapshots 0.05 s)"
+    )
+    rows = step_rows("checkpoints", ["step 300", line])
+    assert [(r.item, r.value) for r in rows] == [
+        ("4 checkpoints (4,097 MB) written in the background", 5.49),
+        ("training waited for them", 0.10),
+    ]
+
+
+def test_nanogpt_flop_rate_and_our_ratio_to_it() -> None:
+    output = "0/20 loss: 10.9\ntime per iteration: 150.0000ms, MFU: 50.00%\n"
+    ms, rate = flop_rate(output) or (0.0, 0.0)
+    assert ms == 150.0 and rate == 0.5 * NANOGPT_PROMISED
+    assert flop_rate("Compiling model...\nTraceback") is None
+    rows = [
+        Row("nanogpt", "nanoGPT 124M bf16 eager TFLOP/s", 200.0),
+        Row("throughput", "llama-110m bf16 eager TFLOP/s", 190.0),
+        Row("nanogpt", "nanoGPT 124M bf16 compiled TFLOP/s", 300.0),
+        Row("throughput", "llama-110m bf16 compiled TFLOP/s", 360.0),
+    ]
+    eager, compiled = nanogpt_ratios(rows)
+    assert eager.value == 0.95 and eager.met is False
+    assert compiled.value == 1.2 and compiled.met is True
+    assert nanogpt_ratios(rows[:1]) == []

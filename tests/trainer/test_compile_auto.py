@@ -4,13 +4,15 @@ left; the arithmetic with a fake clock, and a real run on a tiny model that comp
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from trainer.checkpoint import read_state
-from trainer.run import precision
+from trainer.run import compile_memory, precision
+from trainer.run.compile_memory import ENV, CompileFigures, CompileMemory
 from trainer.run.loop import train
 from trainer.run.precision import MEASURE_STEPS, MeasuredCompile, compile_from_measurement
 from trainer.run.report import Callbacks
@@ -25,7 +27,7 @@ class FakeClock:
 
 
 def test_it_compiles_only_when_the_steps_left_pay_the_compile_back() -> None:
-    cost, speedup = precision.REGIONAL_COMPILE["cpu"]
+    cost, speedup = compile_memory.REGIONAL_COMPILE["cpu"]
     per_step_saving = 2.0 * (1 - 1 / speedup)  # eager steps of 2 s
     enough = int(precision.PAYBACK * cost / per_step_saving) + 1
     assert compile_from_measurement("cpu", 2.0, enough).value == "on"
@@ -73,13 +75,60 @@ def test_a_run_compiles_its_blocks_mid_run_when_auto_says_so(
     byte_tokenizer: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(precision.REGIONAL_COMPILE, "cpu", (0.0, 1.12))  # free: any run pays it back
+    monkeypatch.setitem(compile_memory.REGIONAL_COMPILE, "cpu", (0.0, 1.12))  # free: any run pays it back
+    memory_file = tmp_path / "compile-times.json"
+    monkeypatch.setenv(ENV, str(memory_file))
     notes = Notes()
-    cfg = tiny_train(max_steps=8, compile=None, checkpoint_every=0, eval_every=0)
-    result = train(tiny_model(), cfg, shakespeare_data, tmp_path, notes, tokenizer=byte_tokenizer)
-    assert result.step == 8
-    assert len(notes.notes) == 1 and notes.notes[0].startswith(
+    cfg = tiny_train(max_steps=2 * MEASURE_STEPS + 4, compile=None, checkpoint_every=0, eval_every=0)
+    out = tmp_path / "run"
+    result = train(tiny_model(), cfg, shakespeare_data, out, notes, tokenizer=byte_tokenizer)
+    assert result.step == 2 * MEASURE_STEPS + 4
+    assert len(notes.notes) == 2 and notes.notes[0].startswith(
         f"torch.compile on at step {MEASURE_STEPS + 1}"
     )
-    kept = read_state(tmp_path / "final")["precision"]
+    assert notes.notes[1].startswith("torch.compile measured: compiling took")
+    kept = read_state(out / "final")["precision"]
     assert kept["compile"] is True and "compiling the blocks" in kept["compile_reason"]
+    remembered = json.loads(memory_file.read_text())["cpu"]
+    assert remembered["newest"]["speedup"] > 0 and len(remembered) == 2  # this shape, and the newest
+
+
+def test_what_compiling_cost_and_gained_is_remembered_and_counted_on(tmp_path: Path) -> None:
+    memory = CompileMemory(tmp_path / "compile-times.json")
+    assert memory.figures("cpu", "shape A") == compile_memory.default_figures("cpu")
+    clock = FakeClock()
+    measured = MeasuredCompile("cpu", None, clock, memory=memory, shape="shape A")
+    # warm-up, 3 eager steps of 2 s, the compile (41 s step), 3 compiled steps of 1 s
+    for took in [30.0, 2.0, 2.0, 2.0, 41.0, 1.0, 1.0, 1.0]:
+        measured.observe(steps_left=10_000)
+        clock.now += took
+    assert not measured.done and measured.compiled
+    assert measured.observe(steps_left=10_000) is None and measured.done
+    assert measured.measured is not None and "compiling took 40.0 s" in measured.measured
+    figures = memory.figures("cpu", "shape A")
+    assert figures is not None and (figures.cost_s, figures.speedup) == (40.0, 2.0)
+    assert "this shape" in figures.source
+    other = memory.figures("cpu", "shape B")  # an unseen shape: the newest figures of this kind
+    assert other is not None and other.cost_s == 40.0 and "another shape" in other.source
+    assert memory.figures("cuda", "shape A") == compile_memory.default_figures("cuda")
+    # remembered figures change the decision: 40 s at 2x pays back (1.2x) over 49 steps of 2 s, not 40
+    assert compile_from_measurement("cpu", 2.0, 49, figures).value == "on"
+    assert compile_from_measurement("cpu", 2.0, 40, figures).value == "off"
+
+
+def test_a_run_that_stays_eager_measures_nothing_more() -> None:
+    clock = FakeClock()
+    measured = MeasuredCompile("cpu", None, clock)
+    for _ in range(MEASURE_STEPS + 1):
+        measured.observe(steps_left=3)
+        clock.now += 1.0
+    decided = measured.observe(steps_left=3)
+    assert decided is not None and decided.value == "off" and measured.done and measured.measured is None
+
+
+def test_an_unreadable_memory_file_falls_back_to_the_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "compile-times.json"
+    path.write_text("{half a file")
+    assert CompileMemory(path).figures("cuda", "s") == compile_memory.default_figures("cuda")
+    CompileMemory(path).remember("cuda", "s", 5.0, 1.5)
+    assert CompileMemory(path).figures("cuda", "s") == CompileFigures(5.0, 1.5, "measured here on this shape")

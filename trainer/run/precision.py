@@ -10,8 +10,10 @@ and torch.compile pays back its compile time only over a long enough run. So:
 - compile auto, one process: from measurement (`MeasuredCompile`). The run starts eager, times its
   first steps, and then compiles its transformer blocks (regional compilation: one block's code,
   compiled once, serves every layer, at half a whole-model compile's cost) when the time that saves
-  over the steps left pays back the compile time (REGIONAL_COMPILE, as measured per device kind)
-  PAYBACK times. A time_limit caps the steps left.
+  over the steps left pays back the compile time PAYBACK times. The compile time and speedup are
+  those measured before on this machine (trainer.run.compile_memory: a worker remembers them per
+  device kind and model shape), else REGIONAL_COMPILE's. A time_limit caps the steps left. After
+  compiling it times the compiled steps and remembers what compiling cost and gained.
 - compile auto, several processes: the whole model when the run's estimated length (its FLOPs at
   the probe's matmul rate, at a conservative share of it) exceeds COMPILE_PAYBACK times the compile
   time expected (COMPILE_SECONDS). `--compile` / `--no-compile` decide instead.
@@ -32,6 +34,7 @@ from pathlib import Path
 import torch
 
 from trainer.config import TrainConfig
+from trainer.run.compile_memory import CompileFigures, CompileMemory, default_figures
 
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 BF16_MIN_SPEEDUP = 1.1  # the probe must show bf16 at least this much faster than fp32
@@ -41,10 +44,6 @@ MATMUL_SHARE = 0.5  # the share of the probe's matmul rate a training step is as
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-# Regional compilation as measured (issue 23): (seconds compiling costs, eager step time / compiled
-# step time). H200, llama-110m ctx 1024 batch 16 bf16: first step 10.3 s vs 2.3 s eager, steps 25.4
-# vs 48.2 ms. 2-core AVX2 CPU, llama-15m ctx 128 batch 4 fp32: 32.2 s vs 2.3 s, 2.63 vs 2.94 s.
-REGIONAL_COMPILE = {"cuda": (8.0, 1.9), "cpu": (30.0, 1.12)}
 MEASURE_STEPS = 3  # eager steps timed (after the first, a warm-up) before compile auto decides
 PAYBACK = 1.2  # compile when it saves at least this many times what it costs
 
@@ -133,41 +132,78 @@ def choose_compile(
     )
 
 
-def compile_from_measurement(device_type: str, eager_step_s: float, steps_left: int) -> Choice:
-    """Whether compiling the blocks now pays back over `steps_left` steps of `eager_step_s` each."""
-    if device_type not in REGIONAL_COMPILE:
+def compile_from_measurement(
+    device_type: str, eager_step_s: float, steps_left: int, figures: CompileFigures | None = None
+) -> Choice:
+    """Whether compiling the blocks now pays back over `steps_left` steps of `eager_step_s` each,
+    by `figures` (REGIONAL_COMPILE's for the device kind when not given)."""
+    figures = figures or default_figures(device_type)
+    if figures is None:
         return Choice("off", f"auto: no compile on {device_type}")
-    cost, speedup = REGIONAL_COMPILE[device_type]
-    saves = steps_left * eager_step_s * (1 - 1 / speedup)
-    enough = saves > PAYBACK * cost
+    saves = steps_left * eager_step_s * (1 - 1 / figures.speedup)
+    enough = saves > PAYBACK * figures.cost_s
     return Choice(
         "on" if enough else "off",
-        f"auto: eager steps take {eager_step_s * 1000:,.0f} ms; compiling the blocks (~{cost:.0f} s) "
-        f"would save ~{_duration(saves)} over the {steps_left:,} steps left, "
-        f"{'over' if enough else 'under'} {PAYBACK:g}x its cost",
+        f"auto: eager steps take {eager_step_s * 1000:,.0f} ms; compiling the blocks (~{figures.cost_s:.0f} s, "
+        f"{figures.speedup:.2f}x, {figures.source}) would save ~{_duration(saves)} over the "
+        f"{steps_left:,} steps left, {'over' if enough else 'under'} {PAYBACK:g}x its cost",
     )
 
 
 class MeasuredCompile:
-    """compile auto's timing of the first eager steps: `observe()` at the start of every step; once
-    MEASURE_STEPS steps after the first are timed it returns the decision (then None again)."""
+    """compile auto's timing: `observe()` at the start of every step. Once MEASURE_STEPS steps after
+    the first are timed it returns the decision (then None). When it compiled, it goes on timing:
+    the first compiled step (the compile) and MEASURE_STEPS more, then `measured` says what
+    compiling cost and gained, and `memory` (when given) remembers it for this shape."""
 
     def __init__(
-        self, device_type: str, time_limit: float | None, clock: Callable[[], float] = time.perf_counter
+        self,
+        device_type: str,
+        time_limit: float | None,
+        clock: Callable[[], float] = time.perf_counter,
+        memory: CompileMemory | None = None,
+        shape: str = "",
     ):
         self.device_type, self.time_limit, self.clock = device_type, time_limit, clock
+        self.memory, self.shape = memory, shape
         self.marks: list[float] = []
         self.started = clock()
+        self.eager_s = 0.0
+        self.compiled = False
+        self.measured: str | None = None  # the sentence, once the compiled steps are timed
+
+    @property
+    def done(self) -> bool:
+        decided = len(self.marks) >= MEASURE_STEPS + 2
+        return decided and (not self.compiled or self.measured is not None)
 
     def observe(self, steps_left: int) -> Choice | None:
         self.marks.append(self.clock())
+        if len(self.marks) == 2 * MEASURE_STEPS + 3 and self.compiled:
+            self._measure_compiled()
         if len(self.marks) != MEASURE_STEPS + 2:  # the first mark ends the warm-up step
             return None
-        eager = (self.marks[-1] - self.marks[1]) / MEASURE_STEPS
+        self.eager_s = eager = (self.marks[-1] - self.marks[1]) / MEASURE_STEPS
         if self.time_limit is not None:  # the steps a time limit leaves time for
             left_s = max(0.0, self.time_limit - (self.marks[-1] - self.started))
             steps_left = min(steps_left, int(left_s / max(eager, 1e-9)))
-        return compile_from_measurement(self.device_type, eager, steps_left)
+        figures = self.memory.figures(self.device_type, self.shape) if self.memory else None
+        choice = compile_from_measurement(self.device_type, eager, steps_left, figures)
+        self.compiled = choice.value == "on"
+        return choice
+
+    def _measure_compiled(self) -> None:
+        decided = MEASURE_STEPS + 1  # the mark where compiling began
+        compiled_s = (self.marks[-1] - self.marks[decided + 1]) / MEASURE_STEPS
+        cost = max(0.0, self.marks[decided + 1] - self.marks[decided] - compiled_s)
+        speedup = self.eager_s / max(compiled_s, 1e-9)
+        if self.memory is not None:
+            self.memory.remember(self.device_type, self.shape, cost, speedup)
+        self.measured = (
+            f"torch.compile measured: compiling took {cost:.1f} s; compiled steps {compiled_s * 1000:,.0f} ms "
+            f"vs {self.eager_s * 1000:,.0f} ms eager ({speedup:.2f}x)"
+            + (" (remembered for the next run of this shape)" if self.memory is not None else "")
+        )
 
 
 def _duration(seconds: float) -> str:

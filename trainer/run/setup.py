@@ -33,10 +33,10 @@ from trainer.model import cpu_kernels
 from trainer.model.llama import Llama
 from trainer.optim.optimizers import make_optimizer
 from trainer.run.collectives import check_devices, local_rank, rank_and_world
+from trainer.run.compile_memory import REGIONAL_COMPILE, compile_memory, shape_key
 from trainer.run.precision import (
     DTYPES,
     MEASURE_STEPS,
-    REGIONAL_COMPILE,
     Choice,
     MeasuredCompile,
     choose_compile,
@@ -106,6 +106,8 @@ def start_run(
         rank=rank,
         world=world,
         auto=auto,
+        train_tokens=len(data.train),
+        val_tokens=0 if data.val is None else len(data.val),
     )
     if resumed is not None:
         restore_progress(run, resumed)
@@ -183,7 +185,10 @@ def choose_precision(run: TrainRun, dtype_choice: Choice) -> None:
     flops_per_step = run.model.flops_per_token() * run.tokens_per_step // run.world
     if run.cfg.compile is None and run.world == 1 and run.device.type in REGIONAL_COMPILE:
         # decided from the first steps' times (trainer.run.precision.MeasuredCompile)
-        run.compile_auto = MeasuredCompile(run.device.type, run.cfg.time_limit)
+        shape = shape_key(run.model_cfg, run.cfg.batch_size, dtype_choice.value)
+        run.compile_auto = MeasuredCompile(
+            run.device.type, run.cfg.time_limit, memory=compile_memory(), shape=shape
+        )
         compile_choice = Choice("off", f"auto: decided after timing the first {MEASURE_STEPS + 1} steps")
     else:
         compile_choice = choose_compile(

@@ -53,6 +53,8 @@ class StartInfo(TypedDict):
     kernels: str  # what the element-wise ops run on (trainer.model.cpu_kernels.for_run)
     auto: list[str]  # what each data-aware `auto` setting became, and why (trainer.config.data_aware)
     notes: list[str]  # settings that do nothing in this run, and why (shown, never an error)
+    train_tokens: int  # the training data's tokens (what the job page shows beside its files)
+    val_tokens: int  # the validation data's (0: none)
 
 
 @dataclass
@@ -82,6 +84,8 @@ class TrainRun:
     precision: dict[str, str | bool] = field(default_factory=dict)
     # what the data-aware `auto` settings became and why, "field value: reason" (trainer.config.data_aware)
     auto: list[str] = field(default_factory=list)
+    train_tokens: int = 0  # the training data's tokens, and the validation data's (StartInfo)
+    val_tokens: int = 0
     # progress, saved in every checkpoint
     step: int = 0
     tokens_seen: int = 0
@@ -165,6 +169,8 @@ class TrainRun:
             "kernels": str(self.precision.get("kernels", "")),
             "auto": list(self.auto),
             "notes": self.notes(),
+            "train_tokens": self.train_tokens,
+            "val_tokens": self.val_tokens,
         }
 
     def notes(self) -> list[str]:
@@ -243,12 +249,14 @@ class TrainRun:
         return decided
 
     def _decide_compile(self) -> str | None:
-        if self.compile_auto is None:
+        auto = self.compile_auto
+        if auto is None:
             return None
-        choice = self.compile_auto.observe(self.total_steps - self.step)
+        choice = auto.observe(self.total_steps - self.step)
+        if auto.done:
+            self.compile_auto = None
         if choice is None:
-            return None
-        self.compile_auto = None
+            return auto.measured if auto.done else None
         compiled = choice.value == "on"
         self.precision.update(compile=compiled, compile_reason=choice.reason)
         if compiled:  # regional: each block compiled in place; the first call of each compiles
