@@ -33,4 +33,5 @@ USER fromscratch
 VOLUME ["/data"]
 EXPOSE 8000
 
-CMD ["uvicorn", "api.main:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000"]
+# --http: request heads bounded (431), see api/http_server.py; `fromscratch serve` uses the same protocol
+CMD ["uvicorn", "api.main:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000", "--http", "api.http_server:BoundedHeadProtocol"]

@@ -20,6 +20,8 @@ from cli.server_settings import (
 from cli.worker_supervisor import WorkerSupervisor
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from core.settings import Settings
 
 DESCRIPTION = """Server-side subcommands: `fromscratch serve`, `fromscratch migrate`, `fromscratch keys ...`.
@@ -90,22 +92,32 @@ def run_serve(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        config = uvicorn.Config(
-            "api.main:create_app",
-            factory=True,
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            # open SSE streams must not hold the shutdown up for ever
-            timeout_graceful_shutdown=5,
-        )
-        uvicorn.Server(config).run()
+        uvicorn.Server(uvicorn_config(args)).run()
     finally:
         _stop_workers(supervisors)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print("fromscratch serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def uvicorn_config(args: argparse.Namespace) -> uvicorn.Config:
+    """The API's server: the factory, on the protocol that bounds request heads (as the Dockerfile's
+    and compose's `--http`, api/http_server.py)."""
+    import uvicorn
+
+    from api.http_server import BoundedHeadProtocol
+
+    return uvicorn.Config(
+        "api.main:create_app",
+        factory=True,
+        http=BoundedHeadProtocol,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        # open SSE streams must not hold the shutdown up for ever
+        timeout_graceful_shutdown=5,
+    )
 
 
 def _banner(host: str, port: int, settings: Settings, secret: str | None) -> str:

@@ -111,6 +111,20 @@ class Settings(BaseSettings):
 
     # -- robustness --
     upload_body_timeout_seconds: float = Field(default=30.0, gt=0, description="silence allowed mid-upload")
+    # request heads, refused by the HTTP protocol before the app sees them (api/http_server.py)
+    max_request_head_bytes: int = Field(
+        default=32 * 1024, ge=1024, description="request line + headers, bytes (431 past it)"
+    )
+    max_request_headers: int = Field(default=100, ge=8, description="header fields of a request (431)")
+    max_request_line_bytes: int = Field(
+        default=8 * 1024, ge=256, description="one header line (431) or the URL (414), bytes"
+    )
+    max_json_depth: int = Field(
+        default=64,
+        ge=2,
+        le=500,  # far below Python's recursion limit: the parsers never get near it
+        description="nesting of a JSON body or of a JSONL record (400 past it)",
+    )
     stream_key_recheck_seconds: float = Field(default=5.0, gt=0, description="SSE re-checks its key")
     db_retry_seconds: float = Field(
         default=120.0, gt=0, description="how long a worker retries a failing database write"

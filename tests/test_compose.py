@@ -184,3 +184,22 @@ def test_dockerfile_installs_the_package_and_pins_torch() -> None:
     fields = {name.upper() for name in Settings.model_fields}
     for var in re.findall(r"\b(FROMSCRATCH_\w+)=", text):
         assert var.removeprefix("FROMSCRATCH_") in fields, var
+
+
+def test_every_api_server_bounds_request_heads() -> None:
+    """The Dockerfile, compose and `fromscratch serve` serve the API with the same bounded protocol
+    (api/http_server.py: a huge header is a 431, not seconds of buffering)."""
+    from api.http_server import PROTOCOL, BoundedHeadProtocol
+
+    [cmd_line] = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("CMD ")]
+    dockerfile_cmd = json.loads(cmd_line.removeprefix("CMD "))
+    compose_cmd = _compose()["services"]["api"]["command"]
+    assert dockerfile_cmd == compose_cmd
+    assert compose_cmd[compose_cmd.index("--http") + 1] == PROTOCOL
+    module, _, name = PROTOCOL.partition(":")
+    assert getattr(__import__(module, fromlist=[name]), name) is BoundedHeadProtocol
+    from cli.main import build_parser
+    from cli.serve import uvicorn_config
+
+    args = build_parser(only="serve").parse_args(["serve", "--port", "8123"])
+    assert uvicorn_config(args).http is BoundedHeadProtocol

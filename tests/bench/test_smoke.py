@@ -22,6 +22,7 @@ SCRIPTS = {
     "transfer.py": "backend ",
     "devices.py": "run ",
     "regularization.py": "model ",
+    "header_flood.py": "server ",
 }
 
 
