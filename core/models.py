@@ -192,6 +192,11 @@ class Metric(Base):
     tokens_per_s: Mapped[float | None] = mapped_column(Float, default=None)
     tokens_seen: Mapped[int | None] = mapped_column(BigInteger, default=None)
     peak_memory_bytes: Mapped[float | None] = mapped_column(Float, default=None)
+    # the registry's system metrics, sampled by the worker on each metrics flush (worker.system_metrics)
+    cpu_percent: Mapped[float | None] = mapped_column(Float, default=None)
+    rss_bytes: Mapped[float | None] = mapped_column(Float, default=None)
+    gpu_utilization: Mapped[float | None] = mapped_column(Float, default=None)
+    gpu_memory_bytes: Mapped[float | None] = mapped_column(Float, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

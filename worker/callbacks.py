@@ -45,10 +45,11 @@ from trainer.config.metrics import (
 )
 from trainer.run.report import Callbacks
 from worker.checkpoint_store import store_checkpoint
-from worker.checkpoint_uploads import CheckpointUploads
+from worker.checkpoint_uploads import CheckpointUploads, checkpoint_costs_event
 from worker.db_retry import DbRetry
 from worker.lease import LeaseLost
 from worker.metric_rows import MetricValues, Requests, stored_metrics, write_progress
+from worker.system_metrics import SystemSampler
 
 if TYPE_CHECKING:
     from core.blobstore import BlobStore
@@ -119,6 +120,7 @@ class ServiceCallbacks(Callbacks):
         self.checkpoint_db = DbRetry("checkpoint writes", db_retry_seconds)
         self.uploads = CheckpointUploads(scratch / "uploading", db_retry_seconds)
         self.requests_db = DbRetry("cancel/pause checks", action="paused")  # metrics writes give up
+        self.system = SystemSampler()  # CPU, memory, device: on each flush's newest row
 
     # ------------------------------------------------------------------ trainer hooks
     def on_start(self, info: StartInfo) -> None:
@@ -309,6 +311,7 @@ class ServiceCallbacks(Callbacks):
         self.last_flush = time.monotonic()
         if self.lease_lost.is_set() or not (self.buffer or self.progress or self.events or self.warnings):
             return
+        self.system.add_to(self.buffer)
         try:
             if wait:
                 self.metrics_db.call(self._write_buffer)
@@ -371,29 +374,6 @@ class ServiceCallbacks(Callbacks):
         self.lease_lost.set()
         self.cause = "lease_lost"
         self.buffer.clear()
-
-
-def checkpoint_costs_event(
-    trained: CheckpointTimes, uploads: int, upload_seconds: float
-) -> tuple[str, dict[str, Any]]:
-    """The job's event about its background checkpoints: written, uploaded, and what training waited."""
-    data = {
-        "checkpoints": trained.count,
-        "tensor_bytes": trained.bytes,
-        "write_seconds": round(trained.write, 3),
-        "uploads": uploads,
-        "upload_seconds": round(upload_seconds, 3),
-        "stall_seconds": round(trained.stall, 3),
-        "snapshot_seconds": round(trained.snapshot, 3),
-        "waited_seconds": round(trained.waited, 3),
-        "reported_seconds": round(trained.reported, 3),
-    }
-    return (
-        f"Checkpoints in the background: {trained.count} written in {trained.write:.1f} s and "
-        f"{uploads} uploaded in {upload_seconds:.1f} s while training went on; training waited "
-        f"{trained.stall:.2f} s for them",
-        data,
-    )
 
 
 def _finite(x: float | None) -> float | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from core.blobstore import is_store_outage
 from core.db_faults import is_connection_error
@@ -24,6 +25,9 @@ from trainer.checkpoint import copy_checkpoint
 from trainer.run.checkpoint_writer import BACKGROUND_NICE
 from trainer.run.one_at_a_time import OneAtATime
 from worker.db_retry import DbRetry
+
+if TYPE_CHECKING:
+    from trainer.run.checkpoint_writer import CheckpointTimes
 
 StoreFolder = Callable[[int, Path, DbRetry], None]  # (step, staged folder, its retry) -> stored
 
@@ -74,3 +78,26 @@ class CheckpointUploads:
 
 def _what_was_away(error: BaseException) -> str:
     return "the database" if is_connection_error(error) else "the blob store"
+
+
+def checkpoint_costs_event(
+    trained: CheckpointTimes, uploads: int, upload_seconds: float
+) -> tuple[str, dict[str, Any]]:
+    """The job's event about its background checkpoints: written, uploaded, and what training waited."""
+    data = {
+        "checkpoints": trained.count,
+        "tensor_bytes": trained.bytes,
+        "write_seconds": round(trained.write, 3),
+        "uploads": uploads,
+        "upload_seconds": round(upload_seconds, 3),
+        "stall_seconds": round(trained.stall, 3),
+        "snapshot_seconds": round(trained.snapshot, 3),
+        "waited_seconds": round(trained.waited, 3),
+        "reported_seconds": round(trained.reported, 3),
+    }
+    return (
+        f"Checkpoints in the background: {trained.count} written in {trained.write:.1f} s and "
+        f"{uploads} uploaded in {upload_seconds:.1f} s while training went on; training waited "
+        f"{trained.stall:.2f} s for them",
+        data,
+    )

@@ -1,10 +1,11 @@
 """Loss and lifecycle of a job, three ways (all read from the database, the source of truth):
 
-GET /v1/fine_tuning/jobs/{id}/events   OpenAI's shape, newest first, `after`/`limit`.
+GET /v1/fine_tuning/jobs/{id}/events   OpenAI's shape, newest first, `after`/`limit`, `type`.
     Lifecycle Event rows are `type: "message"` events (their own ids); Metric rows are
     `type: "metrics"` events with `data {step, <each stored metric under its OpenAI name>}` (the
     names: trainer.config.metrics) and the id `ftevent-<job hex>-s<step>`. Both are ordered by
-    (created_at, kind, seq|step), message after metrics at the same instant.
+    (created_at, kind, seq|step), message after metrics at the same instant. `type=message` gives the
+    lifecycle alone (status, checkpoints, evaluations, warnings), `type=metrics` the steps alone.
 
 GET /v1/fine_tuning/jobs/{id}/metrics?after_step=N&limit=M&max_points=P
     `{object: "list", data: [{step, <each Metric column>, created_at}], has_more}` in step order,
@@ -22,8 +23,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from sqlalchemy import and_, case, func, or_, select
@@ -69,6 +71,10 @@ def list_events(
     key: CurrentKey,
     after: AfterId = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="page size")] = 20,
+    type: Annotated[
+        Literal["message", "metrics"] | None,
+        Query(description="only lifecycle messages, or only per-step metrics (OpenAI's event types)"),
+    ] = None,
 ) -> ListEnvelope[JobEvent]:
     job = owned_job(session, key.owner_id, job_id)
     mq = select(Metric).where(Metric.job_id == job.id)
@@ -81,10 +87,16 @@ def list_events(
         else:
             mq = mq.where(Metric.created_at <= at)
             eq = eq.where(or_(Event.created_at < at, and_(Event.created_at == at, Event.seq < n)))
-    metrics = session.scalars(
-        mq.order_by(Metric.created_at.desc(), Metric.step.desc()).limit(limit + 1)
-    ).all()
-    events = session.scalars(eq.order_by(Event.created_at.desc(), Event.seq.desc()).limit(limit + 1)).all()
+    metrics: Sequence[Metric] = []
+    events: Sequence[Event] = []
+    if type != "message":
+        metrics = session.scalars(
+            mq.order_by(Metric.created_at.desc(), Metric.step.desc()).limit(limit + 1)
+        ).all()
+    if type != "metrics":
+        events = session.scalars(
+            eq.order_by(Event.created_at.desc(), Event.seq.desc()).limit(limit + 1)
+        ).all()
     merged: list[tuple[datetime, int, int, JobEvent]] = [
         (m.created_at, RANK_METRIC, m.step, to_metric_event(job.id, m, job.total_steps)) for m in metrics
     ]

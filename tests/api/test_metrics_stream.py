@@ -53,6 +53,28 @@ def test_events_merge_metrics_and_messages_newest_first(
     assert walked == [e["id"] for e in body["data"]]
 
 
+def test_events_filtered_by_type(client: TestClient, tenant: Tenant, factory: Factory) -> None:
+    job_id = factory.job(tenant.owner_id, status="running")
+    t0 = datetime.now(UTC) - timedelta(minutes=5)
+    factory.event(job_id, "Job started", created_at=t0)
+    factory.metrics(job_id, range(1, 1201), start=t0 + timedelta(seconds=1))
+    factory.event(job_id, "Checkpoint saved", created_at=t0 + timedelta(seconds=2))
+    url = f"{JOBS}/{job_id}/events"
+    # the lifecycle is not buried under 1,200 steps
+    messages = client.get(f"{url}?type=message&limit=1000", headers=tenant.headers).json()
+    assert [e["message"] for e in messages["data"]] == ["Checkpoint saved", "Job started"]
+    assert messages["has_more"] is False
+    # and pages on its own cursor
+    first = client.get(f"{url}?type=message&limit=1", headers=tenant.headers).json()
+    assert first["has_more"] is True
+    rest = client.get(f"{url}?type=message&after={first['data'][0]['id']}", headers=tenant.headers).json()
+    assert [e["message"] for e in rest["data"]] == ["Job started"]
+    steps = client.get(f"{url}?type=metrics&limit=5", headers=tenant.headers).json()
+    assert {e["type"] for e in steps["data"]} == {"metrics"} and steps["has_more"] is True
+    assert [e["data"]["step"] for e in steps["data"]] == [1200, 1199, 1198, 1197, 1196]
+    assert_envelope(client.get(f"{url}?type=log", headers=tenant.headers), 400)
+
+
 def test_metrics_cursor_limit_and_downsampling(client: TestClient, tenant: Tenant, factory: Factory) -> None:
     job_id = factory.job(tenant.owner_id, status="running")
     factory.metrics(job_id, range(1, 1001), val_every=100)

@@ -1,7 +1,7 @@
 """A stand-in for the API inside the browser (Playwright request routing), for testing the dashboard's
 own code against the static files alone: each /v1 path answers from a Python function, and every
-request is counted. The statuses and download formats are the real ones (core.status, core.exports),
-as the API serves them.
+request is counted. The statuses, download formats and hyperparameter schema are the real ones
+(core.status, core.exports, trainer.config.schema), as the API serves them.
 
 Streamed answers (the completions endpoints) come from an EventStream: a real HTTP server that
 writes each Server-Sent Event only when the test releases it, so a test sees what the page shows
@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from core.exports import served_export_formats
 from core.status import status_sets
+from trainer.config import schema
 
 # (query parameters, JSON body or None) -> (HTTP status, JSON answer)
 Answer = Callable[[dict[str, str], Any], tuple[int, Any]]
@@ -49,6 +50,7 @@ class StubApi:
                 {"object": "fine_tuning.export_formats", **served_export_formats()}
             ),
             ("GET", "/fine_tuning/jobs"): ok({"object": "list", "data": [], "has_more": False}),
+            ("GET", "/fine_tuning/hyperparameters"): ok(schema.json_schema()),
         }
         page.route("**/v1/**", self._handle)
 
@@ -257,6 +259,12 @@ def job_object(
     }  # fmt: skip
 
 
+def stub_file(file_id: str, filename: str = "data.txt", n_bytes: int = 100_000) -> dict[str, Any]:
+    """A file object as GET /v1/files/{id} answers it."""
+    return {"id": file_id, "object": "file", "bytes": n_bytes, "created_at": 1_700_000_000,
+            "filename": filename, "purpose": "fine-tune", "format": "text", "sha256": "0" * 64}  # fmt: skip
+
+
 def metrics_page(points: list[dict[str, Any]], query: dict[str, str]) -> dict[str, Any]:
     """GET /fine_tuning/jobs/{id}/metrics over `points` (step order): after_step and limit as the API
     reads them; max_points is ignored (the stubs' jobs are short)."""
@@ -285,6 +293,8 @@ class StubJobs:
         self.jobs[job_id] = job
         self.points[job_id] = points
         self.api.on("GET", f"/fine_tuning/jobs/{job_id}", lambda query, sent: (200, self.jobs[job_id]))
+        for file_id in filter(None, (job.get("training_file"), job.get("validation_file"))):
+            self.api.on("GET", f"/files/{file_id}", ok(stub_file(file_id)))
         self.api.on(
             "GET",
             f"/fine_tuning/jobs/{job_id}/metrics",

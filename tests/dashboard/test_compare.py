@@ -177,8 +177,14 @@ def test_the_smoothing_slider_redraws_the_ema(new_page: Any, static_url: str) ->
     train = drawn(page, "train-loss")
     assert train[A]["smoothed"] == pytest.approx(py_ema(raw_a, 0.9))
     assert train[B]["smoothed"] == pytest.approx(py_ema([p["train_loss"] for p in POINTS_B], 0.9))
-    assert drawn(page, "val-loss")[A]["smoothed"] == pytest.approx(py_ema([p["val_loss"] for p in POINTS_A
-                                                                         if p["val_loss"] is not None], 0.9))  # fmt: skip
+    # a sparse series (4 evaluations) is never smoothed: its raw points, bold, and no faint copy
+    val = drawn(page, "val-loss")[A]
+    assert (
+        val["smoothed"]
+        == val["raw"]
+        == pytest.approx([p["val_loss"] for p in POINTS_A if p["val_loss"] is not None])
+    )
+    assert val["weight"] == 0 and page.get_attribute("#cmp-val-loss", f"data-points-{A}-raw") is None
     assert page.locator("#cmp-train-loss").evaluate("c => c.toDataURL()") != unsmoothed  # drawn anew
     assert page.get_attribute("#cmp-train-loss", f"data-points-{A}-raw") == "20"
 
@@ -201,6 +207,14 @@ def test_the_smoothing_slider_redraws_the_ema(new_page: Any, static_url: str) ->
     box = page.locator("#cmp-train-loss").bounding_box()
     page.mouse.move(box["x"] + box["width"] * 0.4, box["y"] + box["height"] * 0.5)
     page.wait_for_selector("#cmp-train-loss[data-readout^='tokens seen ']")
+
+    # x by wall-clock time: seconds since each run's first point
+    page.select_option("#cmp-x", "time")
+    train = drawn(page, "train-loss")
+    assert train[A]["xs"] == list(range(20)) and train[B]["xs"] == list(range(16))
+    painted(page)
+    assert page.get_attribute("#cmp-train-loss", "data-x-ticks").split("|")[0] == "0s"
+    assert page.get_attribute("#cmp-train-loss", "data-x-labels-fit") == "true"
     assert log.errors() == [], log.messages
 
 

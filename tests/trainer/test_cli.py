@@ -236,6 +236,8 @@ def test_progress_display(rich_bar):
             "kernels": "fused C kernels (cpu_kernels-0123.so)",
             "auto": ["dropout 0.1: auto: 900 training tokens for 1,234 parameters"],
             "notes": ["early_stopping_patience 3 does nothing in this run: it has no validation data."],
+            "train_tokens": 900,
+            "val_tokens": 0,
         }
     )
     for step in range(1, 5):

@@ -159,7 +159,10 @@ def test_metrics_callbacks_and_outputs(tmp_path, tiny_model, tiny_train, shakesp
         "kernels": rec.started["kernels"],
         "auto": [],  # tiny_train sets every data-aware field (tests/trainer/test_data_aware.py)
         "notes": [],
+        "train_tokens": rec.started["train_tokens"],
+        "val_tokens": rec.started["val_tokens"],
     }
+    assert rec.started["train_tokens"] > 0 and rec.started["val_tokens"] > 0
     assert rec.started["compile_reason"].startswith("auto: decided after timing the first ")
     assert rec.started["kernels"].startswith("fused C kernels (")  # tests/trainer/test_cpu_kernels.py
     assert [s[0] for s in rec.steps] == [2, 4, 6]

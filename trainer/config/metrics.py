@@ -28,8 +28,9 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 # When the loop measures it: every log_every steps (Callbacks.on_step), at each evaluation
-# (on_eval) or in the final full validation pass (on_full_eval).
-Phase = Literal["step", "eval", "full_eval"]
+# (on_eval) or in the final full validation pass (on_full_eval); `system` ones the worker samples on
+# each metrics flush (worker.system_metrics), onto the newest step's row.
+Phase = Literal["step", "eval", "full_eval", "system"]
 # How a run's series of values sums up into one (the trackers' run summary).
 Aggregate = Literal["last", "max"]
 
@@ -84,6 +85,12 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "peak_memory_bytes", "step", "bytes", "peak memory", openai="peak_memory_bytes", csv="peak_memory_bytes",
         tracker="peak_memory_bytes", tensorboard="memory/peak_bytes", aggregate="max",
+    ),
+    MetricSpec("cpu_percent", "system", "%", "process CPU", openai="cpu_percent"),
+    MetricSpec("rss_bytes", "system", "bytes", "process memory (RSS)", openai="rss_bytes", aggregate="max"),
+    MetricSpec("gpu_utilization", "system", "%", "device utilization", openai="gpu_utilization"),
+    MetricSpec(
+        "gpu_memory_bytes", "system", "bytes", "device memory reserved", openai="gpu_memory_bytes", aggregate="max"
     ),
     MetricSpec("val_ppl", "eval", "1", "perplexity", stored=False),
     MetricSpec(
@@ -141,11 +148,24 @@ class FullEvalMetrics:
     full_valid_mean_token_accuracy: float
 
 
-Measured = StepMetrics | EvalMetrics | FullEvalMetrics
+@dataclass(frozen=True, kw_only=True)
+class SystemMetrics:
+    """The machine as the worker sampled it at a metrics flush (worker.system_metrics); None: not
+    measurable here (no CUDA, no NVML)."""
+
+    step: int
+    cpu_percent: float | None = None  # the process's CPU time over wall time, x100 (400: four cores)
+    rss_bytes: float | None = None
+    gpu_utilization: float | None = None  # percent of the time a kernel ran (NVML)
+    gpu_memory_bytes: float | None = None  # reserved by this process's caching allocator
+
+
+Measured = StepMetrics | EvalMetrics | FullEvalMetrics | SystemMetrics
 PHASE_OF: dict[type[Measured], Phase] = {
     StepMetrics: "step",
     EvalMetrics: "eval",
     FullEvalMetrics: "full_eval",
+    SystemMetrics: "system",
 }
 
 

@@ -70,7 +70,6 @@ def start_run(
     if device.type == "cuda" and world > 1:
         device = torch.device("cuda", local_rank())
     out_dir.mkdir(parents=True, exist_ok=True)
-
     resume_path = resume_checkpoint_path(out_dir, resume)
     resumed = load_checkpoint(resume_path) if resume_path is not None else None
     check_same_optimizer(cfg, resumed)
@@ -106,8 +105,7 @@ def start_run(
         rank=rank,
         world=world,
         auto=auto,
-        train_tokens=len(data.train),
-        val_tokens=0 if data.val is None else len(data.val),
+        data_tokens=(len(data.train), 0 if data.val is None else len(data.val)),
     )
     if resumed is not None:
         restore_progress(run, resumed)

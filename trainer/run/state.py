@@ -84,8 +84,7 @@ class TrainRun:
     precision: dict[str, str | bool] = field(default_factory=dict)
     # what the data-aware `auto` settings became and why, "field value: reason" (trainer.config.data_aware)
     auto: list[str] = field(default_factory=list)
-    train_tokens: int = 0  # the training data's tokens, and the validation data's (StartInfo)
-    val_tokens: int = 0
+    data_tokens: tuple[int, int] = (0, 0)  # the training data's tokens, the validation data's (StartInfo)
     # progress, saved in every checkpoint
     step: int = 0
     tokens_seen: int = 0
@@ -169,8 +168,8 @@ class TrainRun:
             "kernels": str(self.precision.get("kernels", "")),
             "auto": list(self.auto),
             "notes": self.notes(),
-            "train_tokens": self.train_tokens,
-            "val_tokens": self.val_tokens,
+            "train_tokens": self.data_tokens[0],
+            "val_tokens": self.data_tokens[1],
         }
 
     def notes(self) -> list[str]:

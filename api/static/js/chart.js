@@ -6,9 +6,9 @@
 // The pieces: chart/scale.js (extent, ticks, the plot's frame), chart/paint.js (painting a frame).
 
 import { paintAxes, paintEmpty, paintReadout, paintSeries, readoutAt, readoutTexts } from "./chart/paint.js";
-import { chartFrame, dataExtent, formatNumber, lowerBound } from "./chart/scale.js";
+import { chartFrame, dataExtent, formatCompact, formatElapsed, formatNumber, lowerBound } from "./chart/scale.js";
 
-export { formatNumber, lowerBound };
+export { formatCompact, formatElapsed, formatNumber, lowerBound };
 
 export class Series {
   constructor({ name, color, max = 2000, markers = false, dashed = false, faint = false, key, detail }) {
@@ -69,9 +69,11 @@ const pointsAttribute = (s) => `data-points-${s.key.replace(/\W+/g, "-")}`;
 
 export class LineChart {
   /**
-   * canvas: the <canvas>; series: Series[]; options: {xLabel, yLabel, yFormat, log, xMax, emptyText}
+   * canvas: the <canvas>; series: Series[]; options: {xLabel, yLabel, yFormat, xFormat, xTime (round
+   * seconds as x ticks: a wall-clock axis), log, xMax, emptyText}
    * The canvas gets data-points (points drawn, all series) and data-points-<series key> attributes
-   * (e.g. data-points-train-loss), and while the pointer is over it data-readout (the read-out's
+   * (e.g. data-points-train-loss), data-x-ticks (the x tick labels, "|"-separated) and
+   * data-x-labels-fit (whether the last x label ends inside the canvas), and while the pointer is over it data-readout (the read-out's
    * lines, newline-separated).
    */
   constructor(canvas, series, options = {}) {
@@ -142,7 +144,9 @@ export class LineChart {
     }
     const frame = chartFrame(ctx, extent, surface, this.options);
     if (!frame) return;
-    paintAxes(ctx, frame, colors, this.options);
+    const xAxis = paintAxes(ctx, frame, colors, this.options);
+    this.canvas.dataset.xTicks = xAxis.labels.join("|"); // what the x axis reads, for tests
+    this.canvas.dataset.xLabelsFit = String(xAxis.right <= surface.width); // no label cut at the edge
     paintSeries(ctx, this.series, frame, colors, usable);
     const readout = readoutAt(this.series, frame, this.hoverX);
     if (readout) {
@@ -184,7 +188,7 @@ export class LineChart {
   #describe(total) {
     const { xLabel, yFormat } = this.options;
     const summary = this.series.filter((s) => s.length && !s.faint)
-      .map((s) => `${s.name} ${yFormat(s.lastY)} at ${xLabel || "x"} ${formatNumber(s.lastX)}`).join(", ");
+      .map((s) => `${s.name} ${yFormat(s.lastY)} at ${xLabel || "x"} ${(this.options.xFormat || formatNumber)(s.lastX)}`).join(", ");
     this.canvas.setAttribute("aria-label", `${this.options.title || "chart"}: ${total} points; latest ${summary}`);
   }
 }

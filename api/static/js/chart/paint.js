@@ -11,8 +11,9 @@ export function paintEmpty(ctx, colors, { width, height }, text) {
   ctx.fillText(text, width / 2, height / 2);
 }
 
-/** The grid lines, their tick labels, the plot's border and the axis labels. */
-export function paintAxes(ctx, frame, colors, { xLabel, yLabel, yFormat, log }) {
+/** The grid lines, their tick labels, the plot's border and the axis labels; returns the x tick
+ *  labels and the right edge of the last one (CSS pixels), for the chart's data attributes. */
+export function paintAxes(ctx, frame, colors, { xLabel, yLabel, yFormat, log, xFormat = formatNumber }) {
   const { m, W, H, fx, fy } = frame;
   ctx.lineWidth = 1;
   ctx.strokeStyle = colors.grid;
@@ -26,10 +27,15 @@ export function paintAxes(ctx, frame, colors, { xLabel, yLabel, yFormat, log }) 
   }
   ctx.textAlign = "center";
   ctx.textBaseline = "top";
+  const labels = [];
+  let right = 0;
   for (const t of frame.xTicks) {
     const x = Math.round(fx(t)) + 0.5;
     ctx.beginPath(); ctx.moveTo(x, m.t); ctx.lineTo(x, m.t + H); ctx.stroke();
-    ctx.fillText(formatNumber(t), x, m.t + H + 6);
+    const label = xFormat(t);
+    ctx.fillText(label, x, m.t + H + 6);
+    labels.push(label);
+    right = Math.max(right, x + ctx.measureText(label).width / 2);
   }
   ctx.strokeStyle = colors.axis;
   ctx.strokeRect(m.l + 0.5, m.t + 0.5, W, H);
@@ -42,6 +48,7 @@ export function paintAxes(ctx, frame, colors, { xLabel, yLabel, yFormat, log }) 
     ctx.fillText(yLabel + (log ? " (log)" : ""), 0, 0);
     ctx.restore();
   }
+  return { labels, right };
 }
 
 /** One series' line, broken where a value cannot be drawn, and its markers. */
@@ -108,8 +115,8 @@ export function readoutAt(series, frame, hoverX) {
 }
 
 /** The read-out's text lines: the step, then each series' value (and detail). */
-export function readoutTexts({ at, lines }, { xLabel, yFormat }) {
-  return [`${xLabel || "x"} ${formatNumber(at)}`,
+export function readoutTexts({ at, lines }, { xLabel, yFormat, xFormat = formatNumber }) {
+  return [`${xLabel || "x"} ${xFormat(at)}`,
     ...lines.map((l) => `${l.s.name}: ${yFormat(l.y)}${l.s.detail ? l.s.detail(l.i) : ""}`)];
 }
 

@@ -48,6 +48,33 @@ function logTicks(lo, hi) {
   return ticks;
 }
 
+// Wall-clock ticks: round numbers of seconds, minutes, hours or days.
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+
+function timeTicks(lo, hi, count) {
+  const raw = (hi - lo) / Math.max(1, count);
+  const step = TIME_STEPS.find((s) => s >= raw) ?? Math.ceil(raw / 86400) * 86400;
+  const ticks = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + 1e-9 && ticks.length < MAX_TICKS; v += step) ticks.push(v);
+  return ticks;
+}
+
+/** Seconds as the time axis shows them: "45s", "12m", "12m30s", "1h05m", "2d3h". */
+export function formatElapsed(v) {
+  const s = Math.round(v);
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return s % 60 ? `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s` : `${s / 60}m`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+  return `${Math.floor(s / 86400)}d${Math.floor((s % 86400) / 3600)}h`;
+}
+
+/** Large counts short: "950", "12k", "1.5M", "2.1B" (tokens). */
+export function formatCompact(v) {
+  const a = Math.abs(v);
+  for (const [d, u] of [[1e9, "B"], [1e6, "M"], [1e3, "k"]]) if (a >= d) return `${+(v / d).toPrecision(3)}${u}`;
+  return formatNumber(v);
+}
+
 export function formatNumber(v) {
   if (v === 0) return "0";
   const a = Math.abs(v);
@@ -94,17 +121,20 @@ function paddedYRange(yMin, yMax, log) {
  * null when the plot area would be too small to draw. options: the chart's options.
  */
 export function chartFrame(ctx, extent, { width, height }, options) {
-  const { log, xLabel, yLabel, yFormat } = options;
+  const { log, xLabel, yLabel, yFormat, xFormat = formatNumber, xTime } = options;
   const xMin = Math.min(0, extent.xMin);
   const xMax = Math.max(extent.xMax, options.xMax || 0, xMin + 1);
   const [yMin, yMax] = paddedYRange(extent.yMin, extent.yMax, log);
   const yTicks = log ? logTicks(yMin, yMax) : linearTicks(yMin, yMax, Math.max(3, Math.floor(height / 50)));
-  const xTicks = linearTicks(xMin, xMax, Math.max(2, Math.floor(width / 90))).filter((t) => t >= xMin);
+  const xCount = Math.max(2, Math.floor(width / 90));
+  const xTicks = (xTime ? timeTicks(xMin, xMax, xCount) : linearTicks(xMin, xMax, xCount)).filter((t) => t >= xMin);
 
-  // margins: room for the widest y label
+  // margins: room for the widest y label, and for half the last x label past the plot's right edge
+  // (it is centred on its tick, which may be the plot's last pixel: "2,000" must not lose its "0")
   let labelW = 0;
   for (const t of yTicks) labelW = Math.max(labelW, ctx.measureText(yFormat(t)).width);
-  const m = { l: Math.ceil(labelW) + (yLabel ? 26 : 12), r: 14, t: 10, b: xLabel ? 40 : 24 };
+  const lastX = xTicks.length ? ctx.measureText(xFormat(xTicks[xTicks.length - 1])).width : 0;
+  const m = { l: Math.ceil(labelW) + (yLabel ? 26 : 12), r: Math.max(14, Math.ceil(lastX / 2) + 4), t: 10, b: xLabel ? 40 : 24 };
   const W = width - m.l - m.r, H = height - m.t - m.b;
   if (W < 20 || H < 20) return null;
   const fx = (x) => m.l + ((x - xMin) / (xMax - xMin)) * W;

@@ -1,15 +1,18 @@
 // Job page: live loss and learning-rate charts, progress, controls, checkpoints, events, text
 // generation and downloads. This module wires the pieces in job/ together:
 //   header.js (title, status, live mode, errors)   actions.js (pause / resume / cancel)
-//   progress.js + metrics.js (stats, ETA)           charts.js (loss and learning-rate charts)
+//   progress.js + metrics.js (stats, ETA)           charts.js (loss, dynamics, system; x_axis.js)
 //   checkpoints.js, events.js, models.js            generate.js, downloads.js (the model cards)
+//   summary.js (files, model, metadata, timings, device)   config.js (every hyperparameter)
 //   live.js (history, then the SSE stream with a polling fallback)   endpoints.js (the URLs)
 // Client-side arrays are bounded (Series.max) and the events log is capped.
 
+import { loadHyperparameterSchema } from "../served.js";
 import { el, sleep, toast } from "../util.js";
 import { jobActions } from "./job/actions.js";
 import { jobCharts } from "./job/charts.js";
 import { checkpointsCard } from "./job/checkpoints.js";
+import { configCard } from "./job/config.js";
 import { downloadCard } from "./job/downloads.js";
 import { jobEndpoints } from "./job/endpoints.js";
 import { eventsCard } from "./job/events.js";
@@ -19,6 +22,7 @@ import { LiveFeed } from "./job/live.js";
 import { LiveMetrics } from "./job/metrics.js";
 import { jobModels } from "./job/models.js";
 import { progressCard } from "./job/progress.js";
+import { summaryCard } from "./job/summary.js";
 
 const REFRESH_MS = 10000; // job, checkpoints, events while live
 const SIDE_REFRESH_DELAY_MS = 300; // after a checkpoint event, let its row land first
@@ -42,7 +46,7 @@ class JobPage {
     this.abort = new AbortController();
     this.signal = this.abort.signal;
     this.endpoints = jobEndpoints(id, this.signal);
-    this.state = { job: null, checkpoints: [], mode: "loading" };
+    this.state = { job: null, checkpoints: [], mode: "loading", files: {}, schema: null };
     this.#createPieces();
   }
 
@@ -57,6 +61,8 @@ class JobPage {
     this.downloads = downloadCard({ signal });
     this.checkpoints = checkpointsCard();
     this.events = eventsCard();
+    this.summary = summaryCard();
+    this.config = configCard();
     this.feed = new LiveFeed({
       id, signal, endpoints, metrics: this.metrics, ended: () => this.ended(),
       on: {
@@ -71,10 +77,12 @@ class JobPage {
       this.header.node,
       this.header.errorBox,
       this.progress.node,
+      el("div", { class: "grid-2" }, this.summary.node, this.events.node),
       this.charts.lossCard,
-      el("div", { class: "grid-2" }, this.charts.lrCard, this.downloads.node),
-      el("div", { class: "grid-2" }, this.generate.node, this.checkpoints.node),
-      this.events.node];
+      el("div", { class: "grid-3" }, this.charts.lrCard, ...this.charts.dynamicsCards),
+      el("div", { class: "grid-2" }, ...this.charts.systemCards),
+      el("div", { class: "grid-2" }, this.generate.node, el("div", {}, this.downloads.node, this.checkpoints.node)),
+      this.config.node];
   }
 
   ended() { return this.statuses.terminal.has(this.state.job.status); }
@@ -85,6 +93,26 @@ class JobPage {
     this.actions.render(this.state.job.status);
     this.renderModels();
     this.progress.update(this.state.job);
+    this.renderRun();
+  }
+
+  /** The run's summary and configuration (each once what it needs has arrived). */
+  renderRun() {
+    const { job, files, schema } = this.state;
+    this.summary.render(job, files, this.events.all());
+    if (schema) this.config.render(job, schema);
+  }
+
+  /** The job's files and the served defaults, read once. */
+  async loadRunDetails() {
+    const job = this.state.job;
+    const ids = [job.training_file, job.validation_file].filter(Boolean);
+    const [schema, ...files] = await Promise.all([
+      loadHyperparameterSchema().catch(() => null),
+      ...ids.map((fid) => this.endpoints.file(fid).catch(() => null))]);
+    this.state.schema = schema;
+    for (const f of files) if (f) this.state.files[f.id] = f;
+    this.renderRun();
   }
 
   renderModels() {
@@ -120,6 +148,7 @@ class JobPage {
 
   addEvent(e) {
     this.events.prepend(e);
+    this.renderRun();
     if (/checkpoint/i.test(e.message || "")) this.refreshSideSoon();
   }
 
@@ -131,6 +160,7 @@ class JobPage {
       this.checkpoints.render(this.state.checkpoints);
       this.renderModels();
       this.events.render(ev.data || []);
+      this.renderRun();
     } catch (e) {
       if (e.name !== "AbortError") console.warn("refresh failed:", e.message);
     }
@@ -170,6 +200,7 @@ class JobPage {
     try {
       this.applyJob(await this.endpoints.job());
       document.title = `${id} · fromscratch`;
+      this.loadRunDetails();
       await this.feed.loadHistory();
       this.refreshSide();
       await this.start();

@@ -1,5 +1,5 @@
 // The comparison's settings: the smoothing weight (a slider from 0 to 0.99, as in TensorBoard) and
-// the x axis (step or tokens seen). Both are remembered in this browser.
+// the x axis (step, tokens seen or wall-clock time). Both are remembered in this browser.
 
 import { el } from "../../util.js";
 
@@ -12,7 +12,7 @@ function remembered() {
     const weight = Number(saved.weight);
     return {
       weight: Number.isFinite(weight) && weight >= 0 && weight <= 0.99 ? weight : DEFAULTS.weight,
-      xField: saved.xField === "tokens_seen" ? "tokens_seen" : DEFAULTS.xField,
+      xField: ["tokens_seen", "time"].includes(saved.xField) ? saved.xField : DEFAULTS.xField,
     };
   } catch {
     return { ...DEFAULTS };
@@ -26,13 +26,15 @@ export function compareControls(onChange) {
     value: start.weight, "aria-describedby": "cmp-smoothing-help" });
   const shown = el("output", { for: "cmp-smoothing", id: "cmp-smoothing-value", class: "mono" }, start.weight.toFixed(2));
   const xAxis = el("select", { id: "cmp-x" },
-    el("option", { value: "step" }, "step"), el("option", { value: "tokens_seen" }, "tokens seen"));
+    el("option", { value: "step" }, "step"), el("option", { value: "tokens_seen" }, "tokens seen"),
+    el("option", { value: "time" }, "wall-clock time"));
   xAxis.value = start.xField;
   const node = el("div", { class: "card cmp-controls" },
     el("div", { class: "cmp-control cmp-smoothing" },
       el("label", { for: "cmp-smoothing" }, "Smoothing"), slider, shown,
       el("span", { id: "cmp-smoothing-help", class: "help", hidden: true },
-        "Exponential moving average of each curve (debiased); the raw curve stays faint behind it.")),
+        "Exponential moving average of each curve (debiased); the raw curve stays faint behind it. "
+        + "A curve of fewer than 10 points (a few evaluations) is never smoothed.")),
     el("div", { class: "cmp-control" }, el("label", { for: "cmp-x" }, "X axis"), xAxis));
 
   const settings = () => ({ weight: Number(slider.value), xField: xAxis.value });

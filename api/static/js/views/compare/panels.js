@@ -1,10 +1,12 @@
 // The comparison's charts: train and validation loss, train and validation token accuracy, one
 // curve per run in its colour. With smoothing, each run's curve is the EMA of its points (ema.js)
-// drawn over the raw points, which stay faintly behind it; the read-out gives both.
+// drawn over the raw points, which stay faintly behind it; the read-out gives both. A sparse curve
+// (fewer than SMOOTH_MIN_POINTS: a few evaluations) is never smoothed: its raw points, bold.
 
 import { LineChart, Series, formatNumber } from "../../chart.js";
 import { el } from "../../util.js";
-import { ema } from "./ema.js";
+import { pointX, X_AXES } from "../x_axis.js";
+import { ema, weightFor } from "./ema.js";
 import { runColor } from "./runs.js";
 
 const percent = (v) => `${formatNumber(v * 100)}%`;
@@ -20,16 +22,16 @@ const PANELS = [
     empty: "no validation accuracy recorded for these runs" },
 ];
 
-const X_LABEL = { step: "step", tokens_seen: "tokens seen" };
 const finite = (v) => typeof v === "number" && Number.isFinite(v);
 
-/** A run's curve of `field` against `xField`: the points that have both. */
+/** A run's curve of `field` against `xField` (x_axis.js): the points that have both. */
 function curve(run, field, xField) {
   const xs = [], ys = [];
   for (const p of run.points) {
-    if (!finite(p[field]) || !finite(p[xField])) continue;
-    if (xs.length && p[xField] <= xs[xs.length - 1]) continue; // x must increase (tokens seen do)
-    xs.push(p[xField]);
+    const x = pointX(p, xField, run.points[0]);
+    if (!finite(p[field]) || !finite(x)) continue;
+    if (xs.length && x <= xs[xs.length - 1]) continue; // x must increase (tokens seen and time do)
+    xs.push(x);
     ys.push(p[field]);
   }
   return { xs, ys };
@@ -57,23 +59,26 @@ function panel(spec) {
         if (!run.job) continue;
         const color = runColor(run.index);
         const { xs, ys } = curve(run, spec.field, xField);
-        const smooth = ema(ys, weight);
+        const w = weightFor(xs.length, weight);
+        const smooth = ema(ys, w);
         const markers = xs.length <= MARKERS_UP_TO;
-        if (weight > 0) {
+        if (w > 0) {
           series.push(new Series({ name: `${run.label} raw`, key: `${run.id}-raw`, color, faint: true }));
           series[series.length - 1].setData(xs, ys);
         }
         const s = new Series({ name: run.label, key: run.id, color, markers,
-          detail: weight > 0 ? (i) => ` (raw ${fmt(ys[i])})` : undefined });
+          detail: w > 0 ? (i) => ` (raw ${fmt(ys[i])})` : undefined });
         s.setData(xs, smooth);
         series.push(s);
-        drawn.push({ id: run.id, xs, raw: ys, smoothed: smooth });
+        drawn.push({ id: run.id, xs, raw: ys, smoothed: smooth, weight: w });
       }
       // what is drawn, for tests and the curious (not serialised into the DOM: it can be long)
       canvas.drawn = drawn;
       canvas.dataset.smoothing = String(weight);
       canvas.dataset.xField = xField;
-      chart.set({ log: spec.y === "loss" && log, xLabel: X_LABEL[xField], xMax: xField === "step" ? xMax : 0 });
+      const axis = X_AXES[xField];
+      chart.set({ log: spec.y === "loss" && log, xLabel: axis.label, xFormat: axis.format, xTime: axis.time,
+        xMax: xField === "step" ? xMax : 0 });
       chart.setSeries(series);
       return drawn.some((d) => d.xs.length > 0);
     },

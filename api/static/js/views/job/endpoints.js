@@ -12,7 +12,10 @@ export function jobEndpoints(id, signal) {
     /** One page of metrics: {max_points} for the history, {after_step, limit} to catch up. */
     metrics: (params) => api(`${base}/metrics${query(params)}`, { signal }),
     checkpoints: () => api(`${base}/checkpoints${query({ limit: 100 })}`, { signal }),
-    events: () => api(`${base}/events${query({ limit: 100 })}`, { signal }),
+    /** The lifecycle events (status, checkpoints, evaluations, warnings), newest first: the
+     *  per-step metrics events are left out (the charts show them). */
+    events: () => api(`${base}/events${query({ limit: 100, type: "message" })}`, { signal }),
+    file: (fileId) => api(`/files/${encodeURIComponent(fileId)}`, { signal }),
     /** POST cancel | pause | resume; answers the job. */
     control: (action) => api(`${base}/${action}`, { method: "POST", signal }),
     generate: (model, body) => api(`/models/${encodeURIComponent(model)}/generate`, { method: "POST", body, signal }),
