@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import APIError, error_response, quote_input
+from trainer.data.json_depth import TooDeep, loads_bounded
 
 MAX_JSON_BODY_BYTES = 1 << 20  # the largest valid body (a job with every hyperparameter) is ~2 KiB
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -83,14 +84,25 @@ def _is_json(content_type: str | None) -> bool:
 
 
 async def check_json_body(request: Request) -> None:
-    """400 when the request's JSON body holds a string that is not storable text. A body that is
-    not JSON at all is left to FastAPI, which answers it with its own 400."""
-    if not _is_json(request.headers.get("content-type")) or not await request.body():
+    """400 when the request's JSON body nests deeper than the setting `max_json_depth` or holds a
+    string that is not storable text. A body that is not JSON at all is left to FastAPI, which
+    answers it with its own 400."""
+    body = await request.body()
+    if not _is_json(request.headers.get("content-type")) or not body:
         return
+    limit = request.app.state.settings.max_json_depth
     try:
-        document = await request.json()
-    except Exception:  # malformed JSON: FastAPI's parse reports it (json_invalid)
+        document = loads_bounded(body, limit)
+    except TooDeep as e:
+        raise APIError(
+            400,
+            f"The request body is JSON nested more than {limit} levels deep (setting "
+            "FROMSCRATCH_MAX_JSON_DEPTH).",
+            code="json_too_deep",
+        ) from e
+    except ValueError:  # malformed JSON: FastAPI's parse reports it (json_invalid)
         return
+    request._json = document  # what FastAPI's parse reads (Request.json() caches it there)
     found = first_unstorable_string(document)
     if found is not None:
         path, bad = found

@@ -142,17 +142,18 @@ def _validate_and_store(
     settings: Settings,
     store: BlobStore,
 ) -> FileObject:
-    from trainer.data.formats import DataError, validate_file
+    from trainer.data.formats import DataError, JSONTooDeep, validate_file
 
     limit = settings.max_upload_bytes
     if path.stat().st_size > limit:
         raise too_large(limit)
     try:
-        summary = validate_file(path, max_bytes=limit, name="the file")
+        summary = validate_file(path, max_bytes=limit, name="the file", max_depth=settings.max_json_depth)
     except DataError as e:
+        setting = " (setting FROMSCRATCH_MAX_JSON_DEPTH)" if isinstance(e, JSONTooDeep) else ""
         raise APIError(
             400,
-            f"Invalid training file {quote_input(filename)}: {e.message}",
+            f"Invalid training file {quote_input(filename)}: {e.message}{setting}",
             param="file",
             code="invalid_file",
         ) from e

@@ -12,3 +12,11 @@ class DataError(ValueError):
         self.message = message
         self.line = line
         self.offset = offset
+
+
+class JSONTooDeep(DataError):
+    """A JSON record nested deeper than `limit` arrays/objects (trainer.data.json_depth)."""
+
+    def __init__(self, line: int, limit: int):
+        super().__init__(f"line {line}: the JSON is nested more than {limit} levels deep", line)
+        self.limit = limit

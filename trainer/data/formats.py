@@ -54,16 +54,19 @@ from pathlib import Path
 from typing import Literal
 
 # re-exported: the API and the worker import them from here
-from trainer.data.errors import DataError
+from trainer.data.errors import DataError, JSONTooDeep
+from trainer.data.json_depth import MAX_JSON_DEPTH, TooDeep, loads_bounded
 from trainer.data.records import SHAPES_HELP, Document, chat_template, record_to_document
 
 __all__ = [
     "DEFAULT_CHUNK_CHARS",
     "MAX_LINE_BYTES",
     "SHAPES_HELP",
+    "MAX_JSON_DEPTH",
     "DataError",
     "Document",
     "FileSummary",
+    "JSONTooDeep",
     "chat_template",
     "detect_format",
     "iter_documents",
@@ -93,14 +96,17 @@ class FileSummary:
     n_bytes: int
 
 
-def parse_jsonl_line(raw: str, line: int) -> Document | None:
-    """Parse one JSONL line into its document; None for a blank line."""
+def parse_jsonl_line(raw: str, line: int, max_depth: int = MAX_JSON_DEPTH) -> Document | None:
+    """Parse one JSONL line into its document; None for a blank line. A record nested more than
+    `max_depth` levels is a JSONTooDeep (json.loads would recurse once per level)."""
     if line == 1:
         raw = raw.removeprefix(_BOM)
     if not raw.strip():
         return None
     try:
-        record = json.loads(raw)
+        record = loads_bounded(raw, max_depth)
+    except TooDeep:
+        raise JSONTooDeep(line, max_depth) from None
     except json.JSONDecodeError as e:
         raise DataError(
             f"line {line}: invalid JSON ({e.msg} at column {e.colno}); {SHAPES_HELP}", line
@@ -129,17 +135,22 @@ def detect_format(path: str | os.PathLike[str]) -> Format:
             if text.strip():
                 break
     try:
-        return "jsonl" if isinstance(json.loads(text), dict) else "text"
+        return "jsonl" if isinstance(loads_bounded(text), dict) else "text"
+    except TooDeep:  # validation names the line and the limit
+        return "jsonl" if text.lstrip().startswith("{") else "text"
     except json.JSONDecodeError:
         return "text"
 
 
 def validate_file(
-    path: str | os.PathLike[str], max_bytes: int | None = None, name: str | None = None
+    path: str | os.PathLike[str],
+    max_bytes: int | None = None,
+    name: str | None = None,
+    max_depth: int = MAX_JSON_DEPTH,
 ) -> FileSummary:
     """Check a training file without loading it whole; DataError says what is wrong and where.
     Messages call the file `name` (default: its file name; a service passes what its user knows
-    the file as, not the name of its temporary copy)."""
+    the file as, not the name of its temporary copy). `max_depth` bounds a JSONL record's nesting."""
     path = Path(path)
     name = name or path.name
     n_bytes = path.stat().st_size
@@ -148,7 +159,7 @@ def validate_file(
     if max_bytes is not None and n_bytes > max_bytes:
         raise DataError(f"{name} is {n_bytes} bytes, over the limit of {max_bytes} bytes")
     fmt = detect_format(path)
-    n_records = _validate_jsonl(path, name) if fmt == "jsonl" else _validate_text(path, name)
+    n_records = _validate_jsonl(path, name, max_depth) if fmt == "jsonl" else _validate_text(path, name)
     return FileSummary(fmt, n_records, n_bytes)
 
 
@@ -199,7 +210,7 @@ def _validate_text(path: Path, name: str) -> int:
     return newlines + (0 if ends_with_newline else 1)
 
 
-def _validate_jsonl(path: Path, name: str) -> int:
+def _validate_jsonl(path: Path, name: str, max_depth: int) -> int:
     n_records = 0
     offset = 0
     with open(path, "rb") as f:
@@ -214,7 +225,7 @@ def _validate_jsonl(path: Path, name: str) -> int:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise _not_utf8(offset + e.start, n, e) from e
-            if parse_jsonl_line(text, n) is not None:
+            if parse_jsonl_line(text, n, max_depth) is not None:
                 n_records += 1
             offset += len(raw)
     if n_records == 0:
