@@ -23,6 +23,8 @@ itself whether a retry may help (`retry`: the header `x-should-retry: true|false
 when jobs finish, storage when the owner deletes something), so the SDK raises at once instead of
 waiting out its retries (`Retry-After` stays, for clients that schedule a later try themselves).
 A throttling 429 (`rate_limit_exceeded`) and a 503 are retried by the SDK after `Retry-After`.
+A full disk (ENOSPC, EDQUOT: an upload's temporary file, an fs blob) is a 507 `insufficient_storage`
+with `x-should-retry: false`, not a 500 the SDK would retry.
 
 An error quotes what the caller sent only in part: `quote_input` cuts a quoted value to
 `MAX_QUOTED_CHARS`, `param` paths are cut the same way, and a message is never longer than
@@ -31,6 +33,7 @@ An error quotes what the caller sent only in part: `quote_input` cuts a quoted v
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -256,6 +259,36 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(400, message, param=param, code=code)
 
 
+STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def storage_full(error: BaseException) -> bool:
+    """True for a full disk (or quota), also when raised from or while handling one."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in STORAGE_FULL_ERRNOS:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+async def _os_error(request: Request, exc: Exception) -> JSONResponse:
+    """A full disk is a 507 the client cannot fix by retrying; any other OSError is a 500 (`_unhandled`,
+    re-raised to Starlette's outermost handler). What was being written is removed on the way out
+    (uploads' temporary files, partial blobs: api/uploads.py, core/blobstore.py)."""
+    if not storage_full(exc):
+        raise exc
+    log.error("no storage space left: %s %s answered 507 (%s)", request.method, request.url.path, exc)
+    return error_response(
+        507,
+        "The server has no storage space left for this request; nothing of it was kept. A retry "
+        "fails the same way until space is freed (the operators see this in the server log).",
+        code="insufficient_storage",
+        # never retried, and what is left of an upload's body is not read
+        headers={SHOULD_RETRY_HEADER: "false", "Connection": "close"},
+    )
+
+
 async def _unhandled(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     # Starlette answers this one outside every middleware: the request id is added here
@@ -272,4 +305,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http_exception)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(OSError, _os_error)
     app.add_exception_handler(Exception, _unhandled)

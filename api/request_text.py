@@ -13,7 +13,8 @@ inside it, `metadata.a` for a bad value, the query parameter; no id of this API 
 `json_router(...)` is an APIRouter for routes that take a JSON body (tests/api/test_openapi.py
 checks none is missed): its routes are `CheckedJSONRoute`s, which hand FastAPI a `BoundedRequest`
 (a body over `MAX_JSON_BODY_BYTES` is cut off with a 413 before it is read whole) and parse it
-through the request's own `json()` first (it caches the document: FastAPI does not parse it again).
+first, its nesting bounded by the setting `max_json_depth` (400 `json_too_deep` past it:
+trainer.data.json_depth), into the request's `json()` cache (FastAPI does not parse it again).
 `TextURLMiddleware` checks every request's URL.
 """
 
