@@ -26,7 +26,8 @@ COPY api ./api
 COPY worker ./worker
 COPY cli ./cli
 COPY migrations ./migrations
-RUN pip install .
+# the `gpu` extra: Triton for the fused CUDA kernels (the CUDA torch wheel usually brings it too)
+RUN pip install ".[gpu]"
 
 RUN useradd --create-home --uid 1000 fromscratch && mkdir -p /data && chown fromscratch /data
 USER fromscratch

@@ -114,7 +114,7 @@ def print_table(rows: list[Row], meter: PeakMeter, device: torch.device) -> None
                 name,
                 prec,
                 comp,
-                kern if prec == "fp32" and not r.variant.compile and device.type == "cpu" else "-",
+                kern if not r.variant.compile and (prec == "fp32" or device.type == "cuda") else "-",
                 f"{r.n_params / 1e6:.2f}M",
                 str(r.variant.tokens_per_step),
                 fmt(median(r.tps), ",.0f"),
@@ -141,7 +141,7 @@ def emit_rows(rows: list[Row], device: torch.device) -> None:
     sheet = datasheet_bf16(name) if device.type == "cuda" else None
     for r in rows:
         v = r.variant
-        label = f"{v.name} {v.precision} {'compiled' if v.compile else 'eager'}"
+        label = f"{v.name} {v.precision} {'compiled' if v.compile else 'eager'}{'' if v.kernels else ' torch-ops'}"
         tps = median(r.tps)
         emit(CheckRow("throughput", f"{label} tokens/s", tps, "tokens/s"))
         emit(CheckRow("throughput", f"{label} TFLOP/s", tps * r.flops_per_token / 1e12, "TFLOP/s"))

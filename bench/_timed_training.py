@@ -29,7 +29,7 @@ from trainer.config import ModelConfig, TrainConfig
 from trainer.config.metrics import StepMetrics
 from trainer.data.prepare import TokenData
 from trainer.data.tokenizers import ByteTokenizer
-from trainer.model import cpu_kernels
+from trainer.model import cpu_kernels, triton_kernels
 from trainer.run.loop import train
 from trainer.run.report import Callbacks
 from trainer.run.state import StartInfo
@@ -57,11 +57,18 @@ class Variant:
     batch_size: int
     precision: Precision
     compile: bool = False
-    kernels: bool = True  # the fused C kernels of trainer.model.cpu_kernels where a run can use them
+    # the fused kernels where a run can use them: C on the CPU (trainer.model.cpu_kernels), Triton on
+    # CUDA (trainer.model.triton_kernels); False: torch ops
+    kernels: bool = True
 
     @property
     def label(self) -> tuple[str, str, str, str]:
-        return self.name, self.precision, "on" if self.compile else "off", "C" if self.kernels else "torch"
+        return (
+            self.name,
+            self.precision,
+            "on" if self.compile else "off",
+            "fused" if self.kernels else "torch",
+        )
 
     @property
     def tokens_per_step(self) -> int:
@@ -251,8 +258,10 @@ def run_training(
             base_kib = reset_rss_peak()
         if threads:
             torch.set_num_threads(threads)
-        os.environ[cpu_kernels.DISABLE_ENV] = "1" if v.kernels else "0"
-        cpu_kernels._load.cache_clear()  # reads the switch anew
+        for switch in (cpu_kernels.DISABLE_ENV, triton_kernels.DISABLE_ENV):
+            os.environ[switch] = "1" if v.kernels else "0"
+        cpu_kernels._load.cache_clear()  # both read the switch anew
+        triton_kernels.available.cache_clear()
         train(v.model, cfg, data, out, timer, tokenizer=ByteTokenizer())
     finally:
         shutil.rmtree(out, ignore_errors=True)

@@ -20,7 +20,7 @@ whether they are met, and writes it to DIR/gpu_check.json. The default steps (al
    tests/trainer's conftest loads (`--confcutdir`): the suite's root conftest starts PostgreSQL and
    Redis, which a GPU box need not have. A consumer package the box lacks fails its test, by name.
 4. `throughput`: bench/trainer_throughput.py on CUDA (llama-42m/110m at ctx 1024, a 1.2B llama at
-   ctx 2048; compile off/on; one round): tokens/s, TFLOP/s, MFU against the matmul peak measured
+   ctx 2048; compile off/on, eager with the Triton kernels and with torch ops; one round): tokens/s, TFLOP/s, MFU against the matmul peak measured
    beside it and against the GPU's datasheet, peak memory against the trainer's estimate.
    `nanogpt` (with --nanogpt): nanoGPT's own bench.py eager and compiled (bench/nanogpt_bench.py);
    the table divides our llama-110m's FLOP rate by its.
@@ -111,7 +111,8 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], int]]:
     py = sys.executable
     smoke = ["--smoke"] if args.smoke else []
     pytest = [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--confcutdir=tests/trainer"]
-    throughput = [py, "bench/trainer_throughput.py", *(smoke or ["--device", args.device, "--rounds", "1"])]
+    full = ["--device", args.device, "--rounds", "1", "--kernels-ab"]  # eager: Triton and torch ops
+    throughput = [py, "bench/trainer_throughput.py", *(smoke or full)]
     nanogpt = [py, "bench/nanogpt_bench.py", "--nanogpt", str(Path(args.nanogpt or ".").resolve())]
     service = [py, "bench/gpu_service.py", "--device", args.device, *smoke]
     return {

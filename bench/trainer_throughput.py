@@ -12,6 +12,7 @@ round's peak, and the table shows medians over rounds.
     .venv/bin/python bench/trainer_throughput.py --smoke      # seconds; what CI runs
     .venv/bin/python bench/trainer_throughput.py --loss-check 300   # + fp32 vs bf16 loss curves
     .venv/bin/python bench/trainer_throughput.py --kernels-ab --precisions fp32   # C kernels vs torch ops
+    python3 bench/trainer_throughput.py --device cuda --kernels-ab   # Triton kernels vs torch ops
     .venv/bin/python bench/trainer_throughput.py --device cuda      # 42m, 110m at ctx 1024, bf16,
                                                                      # compile off/on
 
@@ -174,7 +175,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--kernels-ab",
         action="store_true",
-        help="CPU fp32: each config with the fused C kernels and with torch ops, side by side",
+        help="eager runs with the fused kernels (CPU fp32: C; CUDA: Triton) and with torch ops, side by side",
     )
     ap.add_argument("--batch-size", type=int, default=16, help="CUDA batch size (CPU configs fix their own)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -221,7 +222,7 @@ def benchmark_rows(args: argparse.Namespace, cuda: bool) -> list[Row]:
         for name, m, bs in configs
         for c in compiles
         for p in precisions
-        for kernels in ([True, False] if args.kernels_ab and p == "fp32" and not c and not cuda else [True])
+        for kernels in ([True, False] if args.kernels_ab and not c and (cuda or p == "fp32") else [True])
     ]
     rows = []
     for v in variants:

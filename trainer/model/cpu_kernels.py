@@ -135,6 +135,10 @@ def for_run(device_type: str, dtype: torch.dtype, compiled: bool) -> str:
     """What a run's element-wise ops run on, for its start-up output and checkpoint metadata."""
     if compiled:
         return "torch.compile (inductor fuses them)"
+    if device_type == "cuda":
+        from trainer.model import triton_kernels
+
+        return triton_kernels.description()
     if device_type != "cpu" or dtype != torch.float32:
         return "torch ops"
     return description()

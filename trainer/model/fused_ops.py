@@ -2,16 +2,32 @@
 RoPE, SwiGLU (trainer/model/llama.py uses them). Autograd through the plain ops of these makes several
 passes over the activations per op, where a hand-written backward needs one or two; on a float32
 CPU run they go one step further and call the fused C kernels of trainer.model.cpu_kernels (one pass
-each), falling back to the torch ops below where those are unavailable. While compiling
-(torch.compiler.is_compiling()) every function here returns plain ops, which inductor fuses itself.
+each), falling back to the torch ops below where those are unavailable. On CUDA they call the
+fused Triton kernels of trainer.model.triton_ops where Triton is installed (one pass each way).
+While compiling (torch.compiler.is_compiling()) every function here returns plain ops, which
+inductor fuses itself.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
 from trainer.model import cpu_kernels
+
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64 (numerics checks): torch ops
+
+
+def _triton(*tensors: torch.Tensor) -> ModuleType | None:
+    """trainer.model.triton_ops when it takes these tensors (CUDA, not float64, not compiling);
+    imported on the first CUDA call, so a CPU process never loads Triton."""
+    if torch.compiler.is_compiling() or not all(t.is_cuda and t.dtype in TRITON_DTYPES for t in tensors):
+        return None
+    from trainer.model import triton_ops
+
+    return triton_ops if triton_ops.usable(*tensors) else None
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -29,6 +45,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if torch.compiler.is_compiling():  # plain ops, fused by inductor
         xf, wf = _f32(x), _f32(weight)
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * wf).to(out_dtype)
+    if (fused := _triton(x, weight)) is not None:
+        return fused.RMSNorm.apply(x, weight, eps, out_dtype)
     kernel = out_dtype == torch.float32 and cpu_kernels.usable(x, weight)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return _RMSNormKernel.apply(x, weight, eps) if kernel else _RMSNorm.apply(x, weight, eps, out_dtype)
@@ -241,6 +259,11 @@ def qkv_heads(
             for t in qkv[:, :, : H + KV].split((H, KV), dim=2)
         )
         return q, k, qkv[:, :, H + KV :].transpose(1, 2).to(attn_dtype)
+    if (fused := _triton(qkv)) is not None:
+        tables = fused.rope_tables(cos, sin)
+        if torch.is_grad_enabled() and qkv.requires_grad:
+            return fused.QKV.apply(qkv, *tables, heads, attn_dtype)
+        return fused.split_qkv(qkv, tables, heads, attn_dtype)
     if attn_dtype == torch.float32 and cpu_kernels.usable(qkv, cos, sin):
         tables = cos.reshape(-1, cos.shape[-1]).contiguous(), sin.reshape(-1, sin.shape[-1]).contiguous()
         if torch.is_grad_enabled() and qkv.requires_grad:
@@ -312,6 +335,10 @@ class _SwiGLUKernel(torch.autograd.Function):
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up from h = [gate | up] on the last axis."""
+    if (fused := _triton(h)) is not None:
+        return (
+            fused.SwiGLU.apply(h) if torch.is_grad_enabled() and h.requires_grad else fused.swiglu_forward(h)
+        )
     if not torch.compiler.is_compiling():
         kernel = cpu_kernels.usable(h)
         if torch.is_grad_enabled() and h.requires_grad:

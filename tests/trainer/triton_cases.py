@@ -1,0 +1,132 @@
+"""The Triton kernels (trainer/model/triton_ops.py) against the plain torch ops they replace, forward
+and backward, in float32 and bfloat16. Not collected by itself (no test_ prefix):
+tests/trainer/test_triton_kernels.py runs this file in a process of its own, under Triton's
+interpreter on a CPU (TRITON_INTERPRET=1, set before Triton loads) and on the GPU with -m cuda."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainer.model import triton_ops
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(a.double(), b.double(), rtol=tol, atol=tol)
+
+
+def leaf(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(DEVICE, dtype).requires_grad_()
+
+
+def ref_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+    xf = x.double()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.double()).to(out_dtype)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [48, 100])  # a power of two's share, and a padded row
+def test_rms_norm(out_dtype: torch.dtype, width: int) -> None:
+    x, w = leaf(3, 5, width), leaf(width, seed=1)
+    grad = torch.randn(3, 5, width).to(DEVICE, out_dtype)
+    y = triton_ops.RMSNorm.apply(x, w, 1e-5, out_dtype)
+    assert y.dtype == out_dtype and y.shape == x.shape
+    dx, dw = torch.autograd.grad(y, (x, w), grad)
+    x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
+    y2 = ref_rms_norm(x2, w2, 1e-5, out_dtype)
+    dx2, dw2 = torch.autograd.grad(y2, (x2, w2), grad)
+    close(y, y2, out_dtype)
+    close(dx, dx2, out_dtype)
+    close(dw, dw2, out_dtype)
+    assert dx.dtype == x.dtype and dw.dtype == w.dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu(dtype: torch.dtype) -> None:
+    h = leaf(2, 7, 2 * 40, dtype=dtype)  # 40: not a power of two
+    grad = torch.randn(2, 7, 40).to(DEVICE, dtype)
+    y = triton_ops.SwiGLU.apply(h)
+    (dh,) = torch.autograd.grad(y, (h,), grad)
+    h2 = h.detach().float().requires_grad_()
+    gate, up = h2.chunk(2, dim=-1)
+    y2 = F.silu(gate) * up
+    (dh2,) = torch.autograd.grad(y2, (h2,), grad.float())
+    assert y.dtype == dtype and dh.dtype == dtype
+    close(y, y2, dtype)
+    close(dh, dh2, dtype)
+    close(triton_ops.swiglu_forward(h.detach()), y2, dtype)
+
+
+def ref_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, T, heads, hd) turned by RoPE over its first n_rot dims; cos/sin (T, n_rot)."""
+    n_rot = cos.shape[-1]
+    half = n_rot // 2
+    c, s = cos[:, None, :], sin[:, None, :]
+    x1, x2, rest = x[..., :half], x[..., half:n_rot], x[..., n_rot:]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return torch.cat((x[..., :n_rot] * c + rotated * s, rest), dim=-1)
+
+
+def rope(T: int, n_rot: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(0, n_rot, 2).float() / n_rot))
+    freqs = torch.outer(torch.arange(T).float(), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(DEVICE), emb.sin().to(DEVICE)
+
+
+@pytest.mark.parametrize("attn_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n_rot", [16, 8])  # every dim, and partial rotary
+def test_qkv_split_with_rope(attn_dtype: torch.dtype, n_rot: int) -> None:
+    B, T, H, KV, hd = 2, 5, 4, 2, 16
+    qkv = leaf(B, T, H + 2 * KV, hd, dtype=attn_dtype)
+    cos, sin = rope(T, n_rot)
+    q, k, v = triton_ops.QKV.apply(qkv, cos, sin, (H, KV), attn_dtype)
+    assert q.shape == (B, H, T, hd) and k.shape == v.shape == (B, KV, T, hd) and q.is_contiguous()
+    grads = [torch.randn(t.shape).to(DEVICE, attn_dtype) for t in (q, k, v)]
+    (dqkv,) = torch.autograd.grad((q, k, v), (qkv,), grads)
+    x = qkv.detach().float().requires_grad_()
+    q2 = ref_rotate(x[:, :, :H], cos, sin).transpose(1, 2)
+    k2 = ref_rotate(x[:, :, H : H + KV], cos, sin).transpose(1, 2)
+    v2 = x[:, :, H + KV :].transpose(1, 2)
+    (dqkv2,) = torch.autograd.grad((q2, k2, v2), (x,), [g.float() for g in grads])
+    for ours, theirs in ((q, q2), (k, k2), (v, v2), (dqkv, dqkv2)):
+        close(ours, theirs, attn_dtype)
+    no_grad = triton_ops.split_qkv(qkv.detach(), (cos, sin), (H, KV), attn_dtype)
+    for ours, theirs in zip(no_grad, (q, k, v), strict=True):
+        close(ours, theirs, attn_dtype)
+
+
+def test_the_model_uses_them_on_cuda_with_the_same_loss() -> None:
+    """On a GPU only: a bf16 forward and backward of a small llama through fused_ops with the Triton
+    kernels and with torch ops (FROMSCRATCH_TRITON_KERNELS=0) give the same loss and gradients."""
+    if DEVICE != "cuda":
+        pytest.skip("the model takes the Triton path on CUDA tensors only (the cases above ran here)")
+    import os
+
+    from trainer.config import ModelConfig
+    from trainer.model import triton_kernels
+    from trainer.model.llama import Llama
+
+    cfg = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=128, ctx=64, vocab_size=258)
+    torch.manual_seed(0)
+    model = Llama(cfg).to(DEVICE)
+    idx = torch.randint(0, 258, (4, 64), device=DEVICE)
+    results = []
+    for switch in ("1", "0"):
+        os.environ[triton_kernels.DISABLE_ENV] = switch
+        triton_kernels.available.cache_clear()
+        model.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(idx, idx)[1]
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+    os.environ.pop(triton_kernels.DISABLE_ENV)
+    triton_kernels.available.cache_clear()
+    assert abs(results[0][0] - results[1][0]) < 1e-2
+    for ours, theirs in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=5e-2, atol=5e-3)

@@ -1,0 +1,142 @@
+"""Fused Triton kernels for the element-wise ops of a CUDA step: RMSNorm, the q/k/v split with RoPE,
+and SwiGLU (issue 23). The eager CUDA step spends as long in these ops' torch form (mul, copy_,
+addcmul_, silu_backward: each a pass over the activations) as in its matmuls; each kernel here reads
+its inputs once and writes its outputs once, computing in float32 whatever the storage dtype.
+trainer/model/triton_ops.py wraps them in autograd functions; trainer.model.fused_ops picks them.
+
+Triton is optional (the `gpu` extra; CUDA builds of torch bring it). Without it, or with
+FROMSCRATCH_TRITON_KERNELS=0, or on a CPU, `available()` is False and the torch ops run. Under
+Triton's interpreter (TRITON_INTERPRET=1) the same kernels run on CPU tensors: that is how the
+tests check their numerics on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU install has no Triton
+    triton = None
+
+DISABLE_ENV = "FROMSCRATCH_TRITON_KERNELS"  # "0": use torch ops on CUDA too
+
+
+@functools.cache
+def available() -> bool:
+    return triton is not None and os.environ.get(DISABLE_ENV, "1") != "0"
+
+
+def description() -> str:
+    """What a CUDA run's element-wise ops run on, for its start-up output and checkpoints."""
+    if available():
+        return f"Triton {triton.__version__} kernels (RMSNorm, RoPE + q/k/v split, SwiGLU)"
+    return "torch ops" + (f" ({DISABLE_ENV}=0)" if triton is not None else " (no Triton installed)")
+
+
+def interpreted() -> bool:
+    """Whether Triton runs its kernels in its interpreter (on CPU tensors): the tests' mode."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def block_size(n: int) -> int:
+    """The power of two a row of n values is padded to (Triton's blocks are powers of two)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+if triton is not None:
+
+    @triton.jit
+    def rms_norm_forward_kernel(X, W, Y, RSTD, stride_x, stride_y, D, eps, BLOCK: tl.constexpr):
+        """One row: y = x * rstd * w in float32, stored as Y's dtype; rstd kept for the backward."""
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < D
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+        tl.store(RSTD + row, rstd)
+        tl.store(Y + row * stride_y + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def rms_norm_backward_kernel(
+        G, X, W, RSTD, DX, DW_PARTS, stride_g, stride_x, stride_dx, n_rows, D,
+        ROWS_PER_PROGRAM: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        """A run of rows: dx = rstd * (g w - xhat mean(g w xhat)) per row, and this program's share of
+        dw = sum over rows of g xhat (summed over the programs by the caller)."""
+        pid = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < D
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        dw = tl.zeros((BLOCK,), dtype=tl.float32)
+        # a run of rows (a compile-time count: one kernel per batch shape); the last run may end early
+        for i in range(0, ROWS_PER_PROGRAM):
+            row = pid * ROWS_PER_PROGRAM + i
+            in_rows = mask & (row < n_rows)
+            g = tl.load(G + row * stride_g + cols, mask=in_rows, other=0.0).to(tl.float32)
+            x = tl.load(X + row * stride_x + cols, mask=in_rows, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + row, mask=row < n_rows, other=0.0)
+            xhat = x * rstd
+            gw = g * w
+            dot = tl.sum(gw * xhat, axis=0) / D
+            tl.store(
+                DX + row * stride_dx + cols, (rstd * (gw - xhat * dot)).to(DX.dtype.element_ty), mask=in_rows
+            )
+            dw += g * xhat
+        tl.store(DW_PARTS + pid * D + cols, dw, mask=mask)
+
+    @triton.jit
+    def swiglu_forward_kernel(H, Y, stride_h, stride_y, F, BLOCK: tl.constexpr):
+        """y = silu(gate) * up for a block of one row of h = [gate | up]."""
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < F
+        gate = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(H + row * stride_h + F + cols, mask=mask, other=0.0).to(tl.float32)
+        y = gate * tl.sigmoid(gate) * up
+        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def swiglu_backward_kernel(G, H, DH, stride_g, stride_h, stride_dh, F, BLOCK: tl.constexpr):
+        """d gate = g up silu'(gate), d up = g silu(gate), the sigmoid recomputed from h."""
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < F
+        g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+        gate = tl.load(H + row * stride_h + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(H + row * stride_h + F + cols, mask=mask, other=0.0).to(tl.float32)
+        s = tl.sigmoid(gate)
+        d_gate = g * up * s * (1.0 + gate * (1.0 - s))
+        tl.store(DH + row * stride_dh + cols, d_gate.to(DH.dtype.element_ty), mask=mask)
+        tl.store(DH + row * stride_dh + F + cols, (g * gate * s).to(DH.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def rope_heads_kernel(
+        SRC, DST, COS, SIN, src_b, src_t, src_h, dst_b, dst_t, dst_h, T, hd, n_rot, sin_sign,
+        ROTATE: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        """One head of one token, moved between layouts by strides (the last axis contiguous) and,
+        when ROTATE, turned by RoPE over its first n_rot dims: y = x cos + rotate_half(x) sin, with
+        sin_sign -1 turning it back (the backward). cos/sin: rope_cache tables (T, n_rot)."""
+        bt = tl.program_id(0)
+        head = tl.program_id(1)
+        b = bt // T
+        t = bt % T
+        cols = tl.arange(0, BLOCK)
+        mask = cols < hd
+        src = SRC + b * src_b + t * src_t + head * src_h
+        x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
+        if ROTATE:
+            half = n_rot // 2
+            rotated = cols < n_rot
+            partner = tl.where(cols < half, cols + half, cols - half)
+            x_partner = tl.load(src + partner, mask=mask & rotated, other=0.0).to(tl.float32)
+            sign = tl.where(cols < half, -1.0, 1.0) * sin_sign
+            cos = tl.load(COS + t * n_rot + cols, mask=mask & rotated, other=1.0)
+            sin = tl.load(SIN + t * n_rot + cols, mask=mask & rotated, other=0.0)
+            x = x * cos + sign * x_partner * sin
+        dst = DST + b * dst_b + t * dst_t + head * dst_h
+        tl.store(dst + cols, x.to(DST.dtype.element_ty), mask=mask)

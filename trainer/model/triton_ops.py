@@ -1,0 +1,199 @@
+"""Autograd functions over trainer/model/triton_kernels.py: RMSNorm, the q/k/v split with RoPE and
+SwiGLU as one fused kernel each way, with the signatures of their torch-op forms in
+trainer.model.fused_ops (which calls these for CUDA tensors when `usable`). Each saves the least its
+backward needs: RMSNorm its input and one float per row, SwiGLU its input (the sigmoid is recomputed),
+the q/k/v split nothing but the RoPE tables."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.model import triton_kernels as tk
+
+MAX_WARPS = 16
+SWIGLU_BLOCK = 1024  # columns of one SwiGLU program
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the Triton kernels take these tensors: CUDA tensors, and Triton is there."""
+    return tk.available() and all(t.is_cuda for t in tensors)
+
+
+def _warps(block: int) -> int:
+    """Warps for a program of `block` columns: about 256 columns each, from 4 to MAX_WARPS."""
+    return max(4, min(MAX_WARPS, block // 256))
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t as (rows, last axis) with a contiguous last axis (a copy only when it is not)."""
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _programs(t: torch.Tensor, rows: int) -> int:
+    """How many programs share RMSNorm's backward: a few per SM, each summing its rows' dw."""
+    sms = torch.cuda.get_device_properties(t.device).multi_processor_count if t.is_cuda else 4
+    return max(1, min(rows, 4 * sms))
+
+
+class RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        x2 = _rows(x)
+        rows, d = x2.shape
+        y = torch.empty(rows, d, dtype=out_dtype, device=x.device)
+        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+        block = tk.block_size(d)
+        tk.rms_norm_forward_kernel[(rows,)](
+            x2, weight, y, rstd, x2.stride(0), y.stride(0), d, eps, BLOCK=block, num_warps=_warps(block)
+        )
+        ctx.save_for_backward(x2, weight, rstd)
+        ctx.shape = x.shape  # type: ignore[attr-defined]
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        x2, weight, rstd = ctx.saved_tensors  # type: ignore[attr-defined]
+        g2 = _rows(grad)
+        rows, d = x2.shape
+        dx = torch.empty_like(x2)
+        programs = _programs(x2, rows)
+        per_program = -(-rows // programs)
+        programs = -(-rows // per_program)
+        parts = torch.empty(programs, d, dtype=torch.float32, device=x2.device)
+        block = tk.block_size(d)
+        tk.rms_norm_backward_kernel[(programs,)](
+            g2, x2, weight, rstd, dx, parts, g2.stride(0), x2.stride(0), dx.stride(0), rows, d,
+            ROWS_PER_PROGRAM=per_program, BLOCK=block, num_warps=_warps(block),
+        )  # fmt: skip
+        dw = parts.sum(0).to(weight.dtype)
+        return dx.view(ctx.shape), dw, None, None  # type: ignore[attr-defined]
+
+
+def swiglu_forward(h: torch.Tensor) -> torch.Tensor:
+    h2 = _rows(h)
+    rows, f = h2.shape[0], h2.shape[1] // 2
+    y = torch.empty(rows, f, dtype=h.dtype, device=h.device)
+    block = min(SWIGLU_BLOCK, tk.block_size(f))
+    grid = (rows, -(-f // block))
+    tk.swiglu_forward_kernel[grid](h2, y, h2.stride(0), y.stride(0), f, BLOCK=block, num_warps=_warps(block))
+    return y.view(*h.shape[:-1], f)
+
+
+class SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, h: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(h)
+        return swiglu_forward(h)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
+        (h,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        h2, g2 = _rows(h), _rows(grad)
+        rows, f = g2.shape
+        dh = torch.empty(rows, 2 * f, dtype=h.dtype, device=h.device)
+        block = min(SWIGLU_BLOCK, tk.block_size(f))
+        tk.swiglu_backward_kernel[(rows, -(-f // block))](
+            g2, h2, dh, g2.stride(0), h2.stride(0), dh.stride(0), f, BLOCK=block, num_warps=_warps(block)
+        )
+        return dh.view(h.shape)
+
+
+def _move_heads(
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    sizes: tuple[int, int, int],
+    strides: tuple[tuple[int, ...], tuple[int, ...]],
+    tables: tuple[torch.Tensor, torch.Tensor] | None,
+    sin_sign: float = 1.0,
+) -> None:
+    """Copies every (batch, token, head) row of `src` into `dst` (sizes: batch, tokens, heads;
+    strides: each one's (batch, token, head) strides, as the layouts differ), turned by RoPE when
+    `tables` (cos, sin: (T, n_rot) float32) are given, turned back when sin_sign is -1."""
+    batch, tokens, heads = sizes
+    hd = src.shape[-1]
+    cos, sin = tables if tables is not None else (src, src)  # not read when not rotating
+    n_rot = cos.shape[-1] if tables is not None else 0
+    block = tk.block_size(hd)
+    tk.rope_heads_kernel[(batch * tokens, heads)](
+        src, dst, cos, sin, *strides[0], *strides[1], tokens, hd, n_rot, sin_sign,
+        ROTATE=tables is not None, BLOCK=block, num_warps=1 if block <= 128 else 4,
+    )  # fmt: skip
+
+
+def _bth(t: torch.Tensor, heads_first: bool) -> tuple[int, int, int]:
+    """t's (batch, token, head) strides: t is (B, H, T, hd) when heads_first, else (B, T, H, hd)."""
+    return (t.stride(0), t.stride(2), t.stride(1)) if heads_first else (t.stride(0), t.stride(1), t.stride(2))
+
+
+def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def split_qkv(
+    qkv: torch.Tensor,
+    tables: tuple[torch.Tensor, torch.Tensor],
+    heads: tuple[int, int],
+    attn_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (B, H, T, hd), k and v (B, KV, T, hd), contiguous, in attn_dtype, q and k turned by RoPE,
+    from the fused projection's (B, T, H + 2 KV, hd) output."""
+    qkv = _last_contiguous(qkv)
+    H, KV = heads
+    B, T, _, hd = qkv.shape
+    out = []
+    for first, n, rotate in ((0, H, True), (H, KV, True), (H + KV, KV, False)):
+        part = qkv[:, :, first : first + n]
+        dst = torch.empty(B, n, T, hd, dtype=attn_dtype, device=qkv.device)
+        _move_heads(part, dst, (B, T, n), (_bth(part, False), _bth(dst, True)), tables if rotate else None)
+        out.append(dst)
+    return out[0], out[1], out[2]
+
+
+class QKV(torch.autograd.Function):
+    """split_qkv with its backward: the three gradients written, turned back, into one tensor."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        heads: tuple[int, int],
+        attn_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(cos, sin)
+        ctx.heads, ctx.in_dtype = heads, qkv.dtype  # type: ignore[attr-defined]
+        return split_qkv(qkv, (cos, sin), heads, attn_dtype)
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        cos, sin = ctx.saved_tensors  # type: ignore[attr-defined]
+        H, KV = ctx.heads  # type: ignore[attr-defined]
+        B, _, T, hd = dq.shape
+        grad = torch.empty(B, T, H + 2 * KV, hd, dtype=ctx.in_dtype, device=dq.device)  # type: ignore[attr-defined]
+        for d, first, n, rotate in ((dq, 0, H, True), (dk, H, KV, True), (dv, H + KV, KV, False)):
+            d = _last_contiguous(d)
+            part = grad[:, :, first : first + n]
+            strides = (_bth(d, True), _bth(part, False))
+            _move_heads(d, part, (B, T, n), strides, (cos, sin) if rotate else None, sin_sign=-1.0)
+        return grad, None, None, None, None
+
+
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (T, n_rot) float32 contiguous tables the kernel reads, from the attention's views."""
+    n_rot = cos.shape[-1]
+    return (
+        cos.reshape(-1, n_rot).to(torch.float32).contiguous(),
+        sin.reshape(-1, n_rot).to(torch.float32).contiguous(),
+    )
