@@ -137,7 +137,7 @@ def admit_job(session: Session, owner_id: str, body: JobCreate, settings: Settin
         base_model_id=parent.id if parent else None,
         training_file=train_file.id,
         validation_file=val_file.id if val_file else None,
-        status=JobStatus.VALIDATING_FILES,
+        status=JobStatus.QUEUED,  # waiting for a worker, which validates the files (worker.job_run)
         hyperparameters=resolved.hyperparameters,
         model_config=resolved.model_config.to_dict(),
         train_config=resolved.train_config.to_dict(),

@@ -74,7 +74,6 @@ def insert_job(
             f"Created fine-tuning job: {job.id}",
             data={"status": job.status, "model": job.model},
         )
-        jobstates.add_event(session, job.id, f"Validating training file: {job.training_file}")
         session.commit()
     except IntegrityError:  # a concurrent request with the same Idempotency-Key won
         session.rollback()

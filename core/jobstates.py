@@ -1,10 +1,12 @@
 """The job state machine: the one place job statuses change.
 
-    validating_files ─▶ queued ─▶ running ─▶ succeeded | failed | cancelled
-          │   ▲           │  ▲       │
-          │   └───────────┘  └───────┤ (lease expired: re-queued, attempts < max_attempts)
-          └──────────────▶ paused ◀──┘ (resume: paused ─▶ queued)
+    queued ─▶ validating_files ─▶ running ─▶ succeeded | failed | cancelled
+      ▲ │              │              │
+      │ └─────────────▶├──▶ paused ◀──┤ (resume: paused ─▶ queued)
+      └────────────────┴──────────────┘ (lease expired: re-queued, attempts < max_attempts)
 
+A new job is `queued` (waiting for a worker, OpenAI's meaning); the worker that takes it moves it to
+`validating_files` while it validates and tokenizes the files, then to `running`.
 Who holds a job: a worker that claimed it (`lease_owner`, lease renewed by heartbeat). A held
 job's status changes only through its worker, with one exception: cancel. A pause is recorded as
 a flag (`pause_requested`) the worker obeys between steps (it saves a checkpoint first), so the
@@ -38,11 +40,11 @@ from core.models import Event, Job, utcnow
 from core.status import TERMINAL, JobStatus
 
 TRANSITIONS: dict[str, frozenset[str]] = {
-    # validating -> running directly when the worker that validated goes on to train
+    # the worker that validated the files goes on to train
     JobStatus.VALIDATING_FILES: frozenset(
         {JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.FAILED, JobStatus.CANCELLED}
     ),
-    # a claimed queued job is validated again (cheap, cached) or goes straight to running
+    # the worker that takes a queued job validates its files first (cheap when cached)
     JobStatus.QUEUED: frozenset(
         {
             JobStatus.VALIDATING_FILES,

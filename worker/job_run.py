@@ -85,6 +85,7 @@ class JobRun(JobEnding):
     def _run(self) -> JobStatus | None:
         self.job_dir.mkdir(parents=True, exist_ok=True)
         snapshot = self._read_snapshot()
+        self._mark_validating(snapshot)
         if (stopped := self._requested_stop()) is not None:
             return stopped
         inputs = self.db.call(  # downloads and caches: safe to run again after a dropped connection
@@ -113,6 +114,25 @@ class JobRun(JobEnding):
                 return JobSnapshot.of(self.held(session), session)
 
         return self.db.call(read)
+
+    def _mark_validating(self, snapshot: JobSnapshot) -> None:
+        """queued -> validating_files: the job waited for a worker until now (`queued`), and this
+        worker validates (and tokenizes) its files next. A job cancelled meanwhile stays cancelled
+        (core.jobstates.transition); a row from before this rule may already read validating_files."""
+        message = f"Validating training file: {snapshot.training_file}"
+        if snapshot.validation_file:
+            message += f" and validation file: {snapshot.validation_file}"
+
+        def write() -> None:
+            with self.sf() as session:
+                job = self.held(session)
+                if job.status != JobStatus.QUEUED:
+                    return
+                transition(session, job, JobStatus.VALIDATING_FILES)
+                add_event(session, self.job_id, message)
+                session.commit()
+
+        self.db.call(write)
 
     def _requested_stop(self) -> JobStatus | None:
         """Honour cancel/pause/shutdown that arrived before training started."""

@@ -4,8 +4,9 @@ The Celery message carries only the job id; everything else is read from the dat
 replayed or duplicated message is harmless:
 
 1. **Claim.** `core.jobstates.claim_job` is an atomic conditional UPDATE that only succeeds for a
-   job in `validating_files`/`queued` that nobody holds. `None` means the job is running elsewhere,
-   finished, paused or cancelled: the message is logged and dropped. A job whose owner already
+   job in `queued` (or `validating_files`: rows from before jobs were created queued) that nobody
+   holds. `None` means the job is running elsewhere, finished, paused or cancelled: the message is
+   logged and dropped. A job whose owner already
    has `max_running_jobs_per_key` jobs running is deferred (worker/running_quota.py): it waits
    `queued`, and is sent again when one of them ends (`resend_deferred`, after every job).
 2. **Lease.** A heartbeat thread renews the lease every `heartbeat_seconds`. If a renewal finds the
@@ -13,8 +14,9 @@ replayed or duplicated message is harmless:
    step and this worker writes nothing more for the job.
 3. **Files.** The training/validation files are downloaded from the blob store into
    `work_dir/cache/files/<sha256>` (once per content) and validated while the job is
-   `validating_files`. The tokenizer is cached per (file sha256, tokenizer kind, vocab_size) under
-   `work_dir/cache/tokenizers/`, the tokenized data per (file sha256, tokenizer hash) under
+   `validating_files` (the worker moves it there from `queued`: a job waiting for a worker is
+   `queued`, as in OpenAI's API). The tokenizer is cached per (file sha256, tokenizer kind,
+   vocab_size) under `work_dir/cache/tokenizers/`, the tokenized data per (file sha256, tokenizer hash) under
    `work_dir/cache/tokens/` (see `trainer.data.prepare.prepare_data`).
 4. **Start or resume.** The newest stored Checkpoint of the job (a tar in the blob store) is
    extracted and training resumes from it; metric rows after its step are deleted first so the

@@ -1,8 +1,9 @@
 """/v1/fine_tuning/jobs: create, list, retrieve, cancel, pause, resume; and /v1/fine_tuning/presets.
 
 Create: api.job_admission checks everything before writing anything (400 with `error.param`, no
-job row); api.job_insert commits the job in `validating_files` with its lifecycle events and only
-then sends the job id to the broker, so a worker never sees a job that is not committed. A retry
+job row); api.job_insert commits the job in `queued` (a worker validates its files when it takes
+it: `validating_files`) with its lifecycle events and only then sends the job id to the broker, so
+a worker never sees a job that is not committed. A retry
 with the same `Idempotency-Key` gets the job the first request created, with the same status code.
 
 Quota: a create (or a resume) that would give the key more than `max_active_jobs_per_key` jobs

@@ -1,8 +1,10 @@
 """GET /v1/fine_tuning/jobs/{id}/stream   Server-Sent Events (text/event-stream), resumable:
 event: metrics   data: one point as in /metrics
-event: status    data: {status, message, created_at, job: <the job object>} — from each
-                 lifecycle row that records a status change (and a snapshot if ever needed)
-event: message   data: an OpenAI event object, other lifecycle rows (warnings, requests)
+event: status    data: {status, message, created_at, job: <the job object>} — from a lifecycle
+                 row that records a change to the status the job has now (so `status` and
+                 `job.status` always agree, as REST does), or a snapshot when no row told it yet
+event: message   data: an OpenAI event object: the other lifecycle rows (warnings, requests, and
+                 the changes to statuses the job has since left: its history)
 event: error     data: the error envelope, just before the stream closes because its key was
                  revoked (the key is re-checked every `stream_key_recheck_seconds`)
 Every event has `id: <S>.<Q>`: S = the highest metric step sent so far (-1 for none), Q = the
@@ -88,9 +90,16 @@ def _sse(event: str, data: Any, id: str | None = None) -> str:
 def _poll(
     factory: sessionmaker[Session], job_id: str, cursor: StreamCursor
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[Event]]:
-    """One poll: the job (read first, so a terminal status implies its last metrics are visible
-    too), then newer final metric rows (see the module docstring) and lifecycle rows."""
+    """One poll: the newer lifecycle rows, then the job (so every status a row records is one the
+    job has now or has left), then newer final metric rows (read after the job, so a terminal
+    status implies its last metrics are visible too; see the module docstring)."""
     with factory() as session:
+        events = session.scalars(
+            select(Event)
+            .where(Event.job_id == job_id, Event.seq > cursor.seq)
+            .order_by(Event.seq)
+            .limit(STREAM_BATCH)
+        ).all()
         job = session.get(Job, job_id)
         if job is None:
             return None, [], []
@@ -107,12 +116,6 @@ def _poll(
             metrics = metrics[:STREAM_BATCH]  # a later row exists: these are final
         elif metrics and job.status in ACTIVE:
             metrics = metrics[:-1]  # the newest row may still gain its val_loss
-        events = session.scalars(
-            select(Event)
-            .where(Event.job_id == job_id, Event.seq > cursor.seq)
-            .order_by(Event.seq)
-            .limit(STREAM_BATCH)
-        ).all()
         points = [metric_point(m) for m in metrics]
         for e in events:
             session.expunge(e)
@@ -191,7 +194,7 @@ class _JobStream:
         for e in events:
             self.cursor.seq = max(self.cursor.seq, e.seq)
             changed_to = _status_of(e)
-            if changed_to is None:
+            if changed_to is None or changed_to != job["status"]:  # not a change, or to a status since left
                 out.append(_sse("message", to_event(e).model_dump(mode="json"), str(self.cursor)))
             else:
                 self.sent_status = changed_to

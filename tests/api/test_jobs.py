@@ -54,7 +54,7 @@ def test_create_job_openai_shape_and_enqueued(
     assert resp.status_code == 200, resp.text
     job = resp.json()
     assert job["object"] == "fine_tuning.job" and job["id"].startswith("ftjob-")
-    assert job["status"] == "validating_files"
+    assert job["status"] == "queued"  # waiting for a worker
     assert job["model"] == "llama-tiny" and job["training_file"] == file_id and job["validation_file"] is None
     assert job["seed"] == 7 and job["metadata"] == {"team": "a"} and job["suffix"] == "mine"
     assert job["fine_tuned_model"] is None and job["finished_at"] is None and job["error"] is None
@@ -78,7 +78,7 @@ def test_create_job_openai_shape_and_enqueued(
         row = s.get(Job, job["id"])
         assert row is not None and row.queue == "cpu"
     got = client.get(f"{JOBS}/{job['id']}", headers=tenant.headers).json()
-    assert got["id"] == job["id"] and got["status"] == "validating_files"
+    assert got["id"] == job["id"] and got["status"] == "queued"
     events = client.get(f"{JOBS}/{job['id']}/events", headers=tenant.headers).json()["data"]
     assert any("Created fine-tuning job" in e["message"] for e in events)
 

@@ -19,7 +19,7 @@ def test_sdk_files_jobs_events_checkpoints(client: TestClient, tenant: Tenant, f
     job = sdk.fine_tuning.jobs.create(
         model="llama-tiny", training_file=f.id, seed=1, hyperparameters={"n_epochs": 1, "batch_size": 4}
     )
-    assert job.status == "validating_files" and job.hyperparameters.batch_size == 4
+    assert job.status == "queued" and job.hyperparameters.batch_size == 4
     assert sdk.fine_tuning.jobs.retrieve(job.id).id == job.id
     assert job.id in [j.id for j in sdk.fine_tuning.jobs.list(limit=5)]
     events = sdk.fine_tuning.jobs.list_events(job.id, limit=10)

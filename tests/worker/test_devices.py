@@ -81,7 +81,7 @@ def test_a_one_device_worker_leaves_a_two_device_job_in_its_queue(
         wait_for_status(session_factory, narrow, "succeeded", diagnostics=worker_proc.output)
         assert "consuming cpu" in worker_proc.output()
         untouched = get_job(session_factory, wide)
-        assert untouched.status == "validating_files" and untouched.lease_owner is None, untouched
+        assert untouched.status == "queued" and untouched.lease_owner is None, untouched
         assert untouched.attempts == 0
         assert queued_job_ids(celery, TRAIN_TASK, ["cpu.2"]) == [wide]
     finally:
