@@ -43,6 +43,7 @@ from trainer.config.metrics import (
     StepMetrics,
     values,
 )
+from trainer.config.throughput import StepRate
 from trainer.run.report import Callbacks
 from worker.checkpoint_store import store_checkpoint
 from worker.checkpoint_uploads import CheckpointUploads, checkpoint_costs_event
@@ -114,6 +115,8 @@ class ServiceCallbacks(Callbacks):
         self.events: list[tuple[str, dict[str, Any]]] = []  # info events written with the next flush
         self.warnings: list[str] = []  # warn events (settings without effect), with the next flush
         self.latest_step = 0  # the step of the newest measurement (`latest`)
+        self.tokens_per_step = 0
+        self.rate = StepRate()  # the job's tokens/s and ETA: smoothed over measured steps
         self.stored_steps: list[int] = []
         self.first_step_written = False  # the first loss of a run is written at once (time to first loss)
         self.metrics_db = DbRetry("metrics writes", db_retry_seconds)
@@ -124,7 +127,11 @@ class ServiceCallbacks(Callbacks):
 
     # ------------------------------------------------------------------ trainer hooks
     def on_start(self, info: StartInfo) -> None:
-        self.progress.update(total_steps=int(info["total_steps"]), step=int(info["start_step"]))
+        # an attempt's rate is its own: none until its first steps are measured (not the last attempt's)
+        self.tokens_per_step, self.rate = int(info["tokens_per_step"]), StepRate(int(info["start_step"]))
+        self.progress.update(
+            total_steps=int(info["total_steps"]), step=int(info["start_step"]), tokens_per_s=None
+        )
         self.latest_step = int(info["start_step"])
         where = info["device"]
         if info["processes"] > 1:  # device: rank 0's
@@ -141,6 +148,7 @@ class ServiceCallbacks(Callbacks):
         self.flush()
 
     def on_step(self, metrics: StepMetrics) -> None:
+        self.rate.observe_log(metrics.step, metrics.tokens_per_s, self.tokens_per_step)
         self._record(metrics)
 
     def on_eval(self, metrics: EvalMetrics) -> None:
@@ -154,7 +162,10 @@ class ServiceCallbacks(Callbacks):
         row = {name: _finite(value) for name, value in values(measured).items() if BY_NAME[name].stored}
         self.buffer.setdefault(measured.step, {}).update(row)
         self.latest.update(row)
-        self.progress.update({PROGRESS_COLUMNS[name]: row[name] for name in row if name in PROGRESS_COLUMNS})
+        progress = {PROGRESS_COLUMNS[name]: row[name] for name in row if name in PROGRESS_COLUMNS}
+        if "tokens_per_s" in row:  # the job shows the smoothed rate; the step's row keeps its own
+            progress[PROGRESS_COLUMNS["tokens_per_s"]] = self.rate.tokens_per_s(self.tokens_per_step)
+        self.progress.update(progress)
         self.progress["step"] = max(measured.step, self.progress.get("step", 0))
         self.latest_step = max(measured.step, self.latest_step)
         self.maybe_flush()

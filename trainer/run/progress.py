@@ -13,6 +13,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, TextIO, TypeAlias
 
 from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
+from trainer.config.throughput import StepRate
 from trainer.run.report import Callbacks
 
 if TYPE_CHECKING:  # rich is imported only when a bar is shown
@@ -25,7 +26,9 @@ if TYPE_CHECKING:  # rich is imported only when a bar is shown
 SignalHandler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
-def _eta(seconds: float) -> str:
+def _eta(seconds: float | None) -> str:
+    if seconds is None:  # no measured steps yet (trainer.config.throughput)
+        return "-"
     seconds = int(max(seconds, 0))
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
@@ -41,10 +44,11 @@ class ProgressCallbacks(Callbacks):
         self.min_interval = min_interval  # plain mode: at most one step line per this many seconds
         self.total = 0
         self.start_step = 0
+        self.tokens_per_step = 0
+        self.rate = StepRate()  # ETA and tok/s: smoothed, measured steps only
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         self._last_print = -float("inf")
-        self._t0 = time.perf_counter()
         self._stop_requested = False
         self._old_handler: SignalHandler = None
 
@@ -66,7 +70,7 @@ class ProgressCallbacks(Callbacks):
 
     def on_start(self, info: StartInfo) -> None:
         self.total, self.start_step = info["total_steps"], info["start_step"]
-        self._t0 = time.perf_counter()
+        self.tokens_per_step, self.rate = info["tokens_per_step"], StepRate(info["start_step"])
         try:
             self._old_handler = signal.signal(signal.SIGINT, self._on_sigint)
         except ValueError:  # not the main thread
@@ -90,7 +94,6 @@ class ProgressCallbacks(Callbacks):
                 Progress,
                 TextColumn,
                 TimeElapsedColumn,
-                TimeRemainingColumn,
             )
 
             self._progress = Progress(
@@ -100,36 +103,37 @@ class ProgressCallbacks(Callbacks):
                 TextColumn("loss {task.fields[loss]}"),
                 TextColumn("{task.fields[tps]} tok/s"),
                 TimeElapsedColumn(),
-                TextColumn("eta"),
-                TimeRemainingColumn(),
+                TextColumn("eta {task.fields[eta]}"),
                 console=Console(file=self.stream),
                 transient=False,
             )
             self._progress.start()
             self._task = self._progress.add_task(
-                "train", total=self.total, completed=self.start_step, loss="-", tps="-"
+                "train", total=self.total, completed=self.start_step, loss="-", tps="-", eta="-"
             )
 
     def on_step(self, metrics: StepMetrics) -> None:
         step, accuracy = metrics.step, metrics.train_accuracy
         acc = "" if accuracy is None else f" | acc {accuracy:.3f}"
+        self.rate.observe_log(step, metrics.tokens_per_s, self.tokens_per_step)
+        smoothed = self.rate.tokens_per_s(self.tokens_per_step)
+        tps, eta = "-" if smoothed is None else f"{smoothed:,.0f}", _eta(self.rate.eta(self.total - step))
         if self._progress is not None and self._task is not None:  # set together in on_start
             self._progress.update(
                 self._task,
                 completed=step,
                 loss=f"{metrics.train_loss:.4f}{acc.replace(' | ', ' ')}",
-                tps=f"{metrics.tokens_per_s:,.0f}",
+                tps=tps,
+                eta=eta,
             )
             return
         now = time.perf_counter()
         if now - self._last_print < self.min_interval and step not in (self.start_step + 1, self.total):
             return
         self._last_print = now
-        done = step - self.start_step
-        eta = (now - self._t0) / done * (self.total - step) if done else 0.0
         self._print(
             f"step {step}/{self.total} | loss {metrics.train_loss:.4f}{acc} | lr {metrics.lr:.2e} | "
-            f"grad {metrics.grad_norm:.3f} | {metrics.tokens_per_s:,.0f} tok/s | eta {_eta(eta)}"
+            f"grad {metrics.grad_norm:.3f} | {tps} tok/s | eta {eta}"
         )
 
     def on_eval(self, metrics: EvalMetrics) -> None:
