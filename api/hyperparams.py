@@ -17,6 +17,7 @@ or under `method.supervised.hyperparameters`; it is also the name a user types o
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,15 +58,23 @@ def _config_error(e: ConfigError) -> HyperparameterError:
     return HyperparameterError(f"Invalid hyperparameters: {details}", e.param)
 
 
+def _unknown(name: str, accepted: list[str]) -> str:
+    """An unknown name: the accepted one it is closest to, else them all."""
+    close = difflib.get_close_matches(name, accepted, n=1, cutoff=0.6)
+    if close:
+        return (
+            f"Unknown hyperparameter {quote(name)}: did you mean {close[0]}? "
+            "(GET /v1/fine_tuning/hyperparameters lists them all)"
+        )
+    return f"Unknown hyperparameter {quote(name)}. Accepted: {', '.join(accepted)}"
+
+
 def _check_names(raw: dict[str, Any], accepted: dict[str, schema.Hyperparameter], continuing: bool) -> None:
     for name in raw:
         if name in NOT_HYPERPARAMETERS:
             raise HyperparameterError(f"{name} is not a hyperparameter: {NOT_HYPERPARAMETERS[name]}", name)
         if name not in accepted:
-            shown = quote(name)
-            raise HyperparameterError(
-                f"Unknown hyperparameter {shown}. Accepted: {', '.join(accepted)}", name
-            )
+            raise HyperparameterError(_unknown(name, list(accepted)), name)
         if continuing and (accepted[name].section == "model" or name in TOKENIZER_FIELDS):
             raise HyperparameterError(
                 f"hyperparameter {name} cannot be set when continuing training from an existing model: "

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from api.errors import APIError
 from api.hyperparams import HyperparameterError, Resolved, check_context, resolve
 from api.integration_models import disallowed_tracker
-from api.job_limits import JobTooLarge, check_job_limits
+from api.job_limits import JobTooLarge, check_job_limits, check_max_steps
 from api.placement import training_queue
 from api.queries import ModelRef, find_model, live_files
 from api.request_models import MAX_SEED, JobCreate
@@ -87,6 +87,14 @@ def _resolve(
     return resolved
 
 
+def _check_max_steps(body: JobCreate, settings: Settings) -> None:
+    """max_steps over the service's limit: refused as too long before the trainer's bound is checked."""
+    try:
+        check_max_steps((body.requested_hyperparameters() or {}).get("max_steps"), settings.max_job_steps)
+    except JobTooLarge as e:
+        raise _bad(e.message, e.param, JobTooLarge.code) from e
+
+
 def _check_limits(
     body: JobCreate,
     resolved: Resolved,
@@ -121,6 +129,7 @@ def admit_job(session: Session, owner_id: str, body: JobCreate, settings: Settin
         val_file = _owned_training_file(session, owner_id, body.validation_file, "validation_file")
     parent = _base_model(session, owner_id, body.model)
     seed = body.seed if body.seed is not None else secrets.randbelow(MAX_SEED)
+    _check_max_steps(body, settings)
     resolved = _resolve(body, parent, seed, train_file, val_file)
     queue = training_queue(session, resolved.train_config.device, settings)  # api/placement.py
     _check_limits(body, resolved, queue, train_file, val_file is not None, parent is not None, settings)

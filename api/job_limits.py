@@ -22,6 +22,7 @@ the limit and the estimate in GiB or tokens; the route answers it as a 400 `job_
 from __future__ import annotations
 
 import math
+import typing
 
 from api.hyperparams import HyperparameterError
 from core.settings import Settings
@@ -117,6 +118,23 @@ def _length_param(train_cfg: TrainConfig) -> str:
     return "n_epochs" if train_cfg.max_steps is None and train_cfg.n_epochs is not None else "max_steps"
 
 
+def check_max_steps(max_steps: object, limit: int) -> None:
+    """A requested max_steps over the service's limit, checked before the trainer's own bound (10^7)
+    would answer in other words: a job too long is refused in the same words whatever its length."""
+    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and max_steps > limit:
+        _too_many_steps(
+            max_steps, f"max_steps={max_steps:,}", f"Use max_steps <= {limit:,}.", limit, "max_steps"
+        )
+
+
+def _too_many_steps(steps: int, how: str, fix: str, limit: int, param: str) -> typing.NoReturn:
+    raise JobTooLarge(
+        f"The job would run up to {steps:,} optimizer steps ({how}), more than the {limit:,} steps a job "
+        f"may run (FROMSCRATCH_MAX_JOB_STEPS). {fix}",
+        param,
+    )
+
+
 def _check_steps(train_cfg: TrainConfig, steps: int, windows: int, limit: int) -> None:
     if steps <= limit:
         return
@@ -129,11 +147,7 @@ def _check_steps(train_cfg: TrainConfig, steps: int, windows: int, limit: int) -
     else:
         how = f"max_steps={steps:,}" if train_cfg.max_steps is not None else "the default length"
         fix = f"Use max_steps <= {limit:,}."
-    raise JobTooLarge(
-        f"The job would run up to {steps:,} optimizer steps ({how}), more than the {limit:,} steps a job "
-        f"may run (FROMSCRATCH_MAX_JOB_STEPS). {fix}",
-        _length_param(train_cfg),
-    )
+    _too_many_steps(steps, how, fix, limit, _length_param(train_cfg))
 
 
 def _check_tokens(model_cfg: ModelConfig, train_cfg: TrainConfig, steps: int, limit: int) -> None:

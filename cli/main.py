@@ -7,6 +7,8 @@ import argparse
 import importlib
 import sys
 
+from cli.parser import Parser
+
 # subcommand -> module providing register(subparsers) for it (several may share a module)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trainer.cli", "train a llama from scratch on a text/JSONL file"),
@@ -23,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fromscratch", description="Train small llamas from scratch.")
+    parser = Parser(prog="fromscratch", description="Train small llamas from scratch.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     registered: set[str] = set()
     for name, (module, help_text) in COMMANDS.items():

@@ -205,6 +205,25 @@ def read_state(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a checkpoint folder (no state.json)") from None
 
 
+def model_folder(path: Path) -> Path:
+    """The checkpoint folder `path` names: itself, or the model of a run folder (`train --out OUT`:
+    OUT/final). CheckpointError otherwise, naming the checkpoints the folder holds, if any."""
+    path = Path(path)
+    if (path / "state.json").exists():
+        return path
+    if (path / "final" / "state.json").exists():
+        return path / "final"
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such folder")
+    held = [path / "best"] if (path / "best" / "state.json").exists() else []
+    held += [d for _, d in list_step_checkpoints(path / "checkpoints")]
+    if held:
+        why = f"no final/ (the run has not ended as a model); its checkpoints: {', '.join(map(str, held))}"
+    else:
+        why = "no state.json (a checkpoint folder) and no final/ (a run folder's model, OUT/final)"
+    raise CheckpointError(f"{path}: {why}")
+
+
 def load_checkpoint(path: Path) -> Checkpoint:
     """Read a checkpoint folder (model weights on CPU, fp32; optimizer tensors are not loaded)."""
     from trainer.data.tokenizers import tokenizer_from_json  # lazy: keeps this module light for the API

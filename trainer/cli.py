@@ -238,13 +238,26 @@ def _write_exports(ckpt: Path, formats: typing.Sequence[str], out_dir: Path) -> 
             print(f"warning: no {fmt} export: {written}", file=sys.stderr)
 
 
+_CKPT_HELP = "checkpoint folder (e.g. OUT/final), or a run folder OUT (its model, OUT/final)"
+
+
+def _model_folder(args: argparse.Namespace) -> Path:
+    """CKPT, or the model of the run folder it names (said on stderr)."""
+    from trainer.checkpoint import model_folder
+
+    folder = model_folder(args.ckpt)
+    if folder != args.ckpt:
+        print(f"using {folder}", file=sys.stderr)
+    return folder
+
+
 def _add_sample_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "sample",
         help="generate text from a checkpoint",
         description="Print the prompt followed by a generated continuation.",
     )
-    p.add_argument("ckpt", metavar="CKPT", type=Path, help="checkpoint folder (e.g. OUT/final)")
+    p.add_argument("ckpt", metavar="CKPT", type=Path, help=_CKPT_HELP)
     p.add_argument(
         "--prompt", default="", metavar="TEXT", help="prompt text (default: empty = start from BOS)"
     )
@@ -287,7 +300,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from trainer.sampling import generate
 
     try:
-        model, tokenizer = load_model(args.ckpt, device=args.device)
+        model, tokenizer = load_model(_model_folder(args), device=args.device)
     except (CheckpointError, FileNotFoundError) as err:
         parser.error(f"CKPT: {err}")
     text = generate(
@@ -310,7 +323,7 @@ def _add_export_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         help=f"export a checkpoint as {', '.join(f.title for f in FORMATS)}",
         description="Export a checkpoint folder: " + "; ".join(f"{f.name}: {f.description}" for f in FORMATS),
     )
-    p.add_argument("ckpt", metavar="CKPT", type=Path, help="checkpoint folder (e.g. OUT/final)")
+    p.add_argument("ckpt", metavar="CKPT", type=Path, help=_CKPT_HELP)
     p.add_argument("--format", required=True, choices=[f.name for f in FORMATS], help="output format")
     folders = [f.name for f in FORMATS if f.is_folder]
     p.add_argument(
@@ -335,11 +348,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     from trainer.export import export
 
     try:
-        read_state(args.ckpt)
+        ckpt = _model_folder(args)
+        read_state(ckpt)
     except CheckpointError as err:
         parser.error(f"CKPT: {err}")
     try:
-        out = export(args.ckpt, args.format, args.out, dtype=args.dtype)
+        out = export(ckpt, args.format, args.out, dtype=args.dtype)
     except ValueError as err:  # e.g. a dtype the format does not support
         parser.error(str(err))
     print(out)

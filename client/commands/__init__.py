@@ -5,13 +5,16 @@ Every command takes `--server` (env FROMSCRATCH_SERVER, default http://127.0.0.1
 
 Output conventions: commands that create something print its id alone on stdout (so
 `FILE=$(fromscratch files upload data.txt)` works) and the human details on stderr; list and show
-commands print a table, or the API's JSON with `--json`. Progress bars go to stderr.
+commands print a table (on a terminal; anywhere else tab-separated lines of the full values, a header
+line first), or the API's JSON with `--json`. Progress goes to stderr: a live bar on a terminal,
+plain lines as things happen otherwise.
 Exit codes: 0 ok; 1 an API or network error (printed as one line); 2 bad usage;
 `jobs follow`: 1 when the job failed, 3 when it was cancelled, 130 on Ctrl-C (the job goes on).
 
 Modules: `registration` (the argparse tree; `register` is what cli/main.py calls), `runner` (exit
 codes, usage errors, the server connection, error handling), `output` (consoles, JSON, table
-cells), `files`, `jobs` and `models` (the commands), `follow` (the live progress of `jobs follow`).
+cells, tables), `files`, `jobs` and `models` (the commands), `follow` and `follow_display` (the live
+progress of `jobs follow`). Unknown options get "did you mean" (cli/parser.py).
 jobs create's hyperparameter options are in client.hyperparameter_options.
 """
 

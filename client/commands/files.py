@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from client.commands.output import add_id_column, format_size, format_time, make_console, print_json
+from client.commands.output import format_size, format_time, make_console, print_json, print_rows
 from client.commands.runner import EXIT_OK, UsageError, connect
 
 
@@ -43,24 +43,20 @@ def cmd_files_upload(args: argparse.Namespace) -> int:
 
 def cmd_files_list(args: argparse.Namespace) -> int:
     """`files list`: your uploaded files as a table."""
-
-    from rich.table import Table
-
     with connect(args) as client:
         page = client.list_files()
     if args.json:
         print_json(page)
         return EXIT_OK
-    files = page.get("data", [])
-    table = Table("Filename", "Size", "Purpose", "Created")
-    add_id_column(table, files)
-    for f in files:
-        table.add_row(
+    rows = [
+        [
             f.get("id", "?"),
             f.get("filename", "-"),
             format_size(f.get("bytes")),
             f.get("purpose", "-"),
             format_time(f.get("created_at")),
-        )
-    make_console().print(table)
+        ]
+        for f in page.get("data", [])
+    ]
+    print_rows(["ID", "Filename", "Size", "Purpose", "Created"], rows)
     return EXIT_OK

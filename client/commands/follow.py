@@ -1,20 +1,21 @@
-"""`fromscratch jobs follow` (and `jobs create --follow`): a live progress bar fed by the job's
-event stream, falling back to polling when the stream drops, then a summary table."""
+"""`fromscratch jobs follow` (and `jobs create --follow`): the job's progress fed by its event
+stream, falling back to polling when the stream drops, then a summary (the display:
+client.commands.follow_display)."""
 
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
-from client.commands.output import format_duration, format_number, make_console, print_json
+from client.commands.follow_display import BarDisplay, LineDisplay, summary_rows
+from client.commands.output import print_details, print_json
 from client.commands.runner import EXIT_CANCELLED, EXIT_ERROR, EXIT_OK
 from core.status import TERMINAL, JobStatus
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
     from client.http import Client
 
 # `jobs follow`'s exit code by the job's final status (any other: EXIT_ERROR)
@@ -33,16 +34,30 @@ class _FollowState:
         self.train_loss: float | None = p.get("train_loss")
         self.val_loss: float | None = p.get("val_loss")
         self.tokens_per_s: float | None = p.get("tokens_per_s")
-        self.eta: float | None = p.get("eta_seconds")
+        # the server's smoothed rate (trainer.config.throughput) as of the last job read, so the ETA
+        # counts down with the steps the stream brings in between
+        self.seconds_per_step: float | None = None
+        self._rate_from(p)
         self.last_event_id: str | None = None
-        self._rate_origin: tuple[float, int] | None = None  # (created_at, step) for a local ETA
         self.plain_stream = False  # the server refused a made-up Last-Event-ID: start from scratch
+
+    @property
+    def eta(self) -> float | None:
+        if self.seconds_per_step is None or not self.total:
+            return None
+        return max(self.total - self.step, 0) * self.seconds_per_step
+
+    def _rate_from(self, p: dict[str, Any]) -> None:
+        eta, left = p.get("eta_seconds"), (self.total or 0) - self.step
+        self.seconds_per_step = eta / left if isinstance(eta, int | float) and left > 0 else None
 
     def job_update(self, job: dict[str, Any]) -> None:
         """Merge a fresh read of the job; its progress counts only if it is not older than ours."""
         self.job = {**self.job, **job}
         self.status = job.get("status", self.status)
         p = job.get("progress") or {}
+        if p.get("total_steps"):
+            self.total = p["total_steps"]
         if isinstance(p.get("step"), int) and p["step"] >= self.step:
             self.step = p["step"]
             for attr, key in (
@@ -52,12 +67,11 @@ class _FollowState:
             ):
                 if p.get(key) is not None:
                     setattr(self, attr, p[key])
-            self.eta = p.get("eta_seconds")
-        if p.get("total_steps"):
-            self.total = p["total_steps"]
+            self._rate_from(p)
 
     def metric(self, m: dict[str, Any]) -> None:
-        """Apply one metrics point (from the stream or a /metrics poll) and update the ETA."""
+        """Apply one metrics point (from the stream or a /metrics poll). Throughput and the ETA stay
+        the server's smoothed ones: a single step's tokens/s swings too much to show."""
         step = m.get("step")
         if not isinstance(step, int):
             return
@@ -69,19 +83,6 @@ class _FollowState:
         self.step = step
         if m.get("train_loss") is not None:
             self.train_loss = m["train_loss"]
-        if m.get("tokens_per_s") is not None:
-            self.tokens_per_s = m["tokens_per_s"]
-        # ETA from the steps' own timestamps (server time), so a burst of replayed points does not
-        # look infinitely fast; the server's eta_seconds stands until a second of history exists.
-        t = m.get("created_at")
-        if not isinstance(t, int | float):
-            return
-        if self._rate_origin is None or step < self._rate_origin[1]:
-            self._rate_origin = (t, step)
-        else:
-            t0, s0 = self._rate_origin
-            if step > s0 and t - t0 >= 1.0 and self.total:
-                self.eta = max(0.0, (self.total - step) * (t - t0) / (step - s0))
 
     def event(self, name: str, data: Any) -> None:
         """Apply one SSE event of the job stream: `metrics` (a point as in /metrics), `status`
@@ -176,75 +177,23 @@ class _Follower:
         self.refresh()
 
 
-def follow_job(client: Client, job_id: str, json_summary: bool = False, poll_seconds: float = 2.0) -> int:
-    """Show a live progress bar until the job is terminal: SSE first, polling /metrics when the
-    stream drops (reconnecting with Last-Event-ID now and then). Returns the exit code."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
+def follow_job(
+    client: Client,
+    job_id: str,
+    json_summary: bool = False,
+    poll_seconds: float = 2.0,
+    progress_stream: TextIO | None = None,
+) -> int:
+    """Show the job's progress until it is terminal (on stderr: a live bar on a terminal, plain lines
+    as they come otherwise): SSE first, polling /metrics when the stream drops (reconnecting with
+    Last-Event-ID now and then); then a summary on stdout. Returns the exit code."""
     state = _FollowState(client.get_job(job_id))
-
-    def describe() -> str:
-        eta = format_duration(state.eta) if state.eta is not None else "-"
-        tps = format_number(state.tokens_per_s, ",.0f")
-        return (
-            f"loss {format_number(state.train_loss)}  val {format_number(state.val_loss)}  "
-            f"{tps} tok/s  ETA {eta}"
-        )
-
-    with Progress(
-        TextColumn("[bold]{task.fields[status]:<16}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        console=make_console(stderr=True),
-        transient=False,
-    ) as bar:
-        task = bar.add_task(
-            "train", total=state.total, completed=state.step, status=state.status, info=describe()
-        )
-
-        def refresh() -> None:
-            bar.update(task, total=state.total, completed=state.step, status=state.status, info=describe())
-
-        _Follower(client, job_id, state, refresh).run(poll_seconds)
-
+    stream = progress_stream or sys.stderr
+    with BarDisplay(state) if stream.isatty() else LineDisplay(state, stream) as display:
+        _Follower(client, job_id, state, display.refresh).run(poll_seconds)
     job = state.job
     if json_summary:
         print_json(job)
     else:
-        make_console().print(_summary_table(job, state))
+        print_details(summary_rows(job, state.step, state.total, state.train_loss, state.val_loss))
     return EXIT_CODES.get(job.get("status", ""), EXIT_ERROR)
-
-
-def _summary_table(job: dict[str, Any], state: _FollowState) -> Table:
-    """The table printed when the followed job has ended."""
-
-    from rich.table import Table
-
-    table = Table(title=f"job {job.get('id')}", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    started, finished = job.get("created_at"), job.get("finished_at")
-    rows = [
-        ("status", job.get("status")),
-        ("steps", f"{state.step}/{state.total}" if state.total else str(state.step)),
-        ("final train loss", format_number(state.train_loss)),
-        ("final val loss", format_number(state.val_loss)),
-        (
-            "trained tokens",
-            f"{job['trained_tokens']:,}" if isinstance(job.get("trained_tokens"), int) else "-",
-        ),
-        ("model", job.get("fine_tuned_model") or "-"),
-        (
-            "wall time",
-            format_duration(finished - started)
-            if isinstance(finished, int | float) and isinstance(started, int | float)
-            else "-",
-        ),
-    ]
-    err = job.get("error") or {}
-    if err.get("message"):
-        rows.append(("error", f"{err['message']} [{err.get('code') or '-'}]"))
-    for key, value in rows:
-        table.add_row(key, str(value))
-    return table

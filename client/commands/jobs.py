@@ -5,24 +5,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from client.commands.follow import follow_job
 from client.commands.output import (
-    add_id_column,
     format_duration,
     format_number,
     format_progress,
     format_time,
-    make_console,
+    print_details,
     print_json,
+    print_rows,
 )
 from client.commands.runner import EXIT_OK, UsageError, connect
 from client.hyperparameter_options import hyperparameters_from_args
 from core.status import TERMINAL
-
-if TYPE_CHECKING:
-    from rich.table import Table
 
 
 def cmd_jobs_create(args: argparse.Namespace) -> int:
@@ -59,46 +56,42 @@ def cmd_jobs_create(args: argparse.Namespace) -> int:
 
 def cmd_jobs_list(args: argparse.Namespace) -> int:
     """`jobs list`: one page of your jobs, newest first, as a table."""
-
-    from rich.table import Table
-
     with connect(args) as client:
         page = client.list_jobs(after=args.after, limit=args.limit)
     if args.json:
         print_json(page)
         return EXIT_OK
-    jobs = page.get("data", [])
-    table = Table("Status", "Model", "Step", "Train loss", "Val loss", "Created", "Finished")
-    add_id_column(table, jobs)
-    for job in jobs:
-        p = job.get("progress") or {}
-        table.add_row(
-            job.get("id", "?"),
-            job.get("status", "?"),
-            job.get("model", "-"),
-            format_progress(job),
-            format_number(p.get("train_loss")),
-            format_number(p.get("val_loss")),
-            format_time(job.get("created_at"), short=True),
-            format_time(job.get("finished_at"), short=True),
-        )
-    console = make_console()
-    console.print(table)
+    print_rows(*jobs_rows(page.get("data", [])))
     if page.get("has_more") and page.get("data"):
-        console.print(f"more: fromscratch jobs list --after {page['data'][-1]['id']}")
+        print(f"more: fromscratch jobs list --after {page['data'][-1]['id']}", file=sys.stderr)
     return EXIT_OK
 
 
-def _job_table(job: dict[str, Any]) -> Table:
-    """The details of one job as a two-column table (empty fields left out)."""
+def jobs_rows(jobs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The columns of `jobs list` and a row per job."""
+    headers = ["ID", "Status", "Model", "Step", "Train loss", "Val loss", "Created", "Finished"]
+    rows = []
+    for job in jobs:
+        p = job.get("progress") or {}
+        rows.append(
+            [
+                job.get("id", "?"),
+                job.get("status", "?"),
+                job.get("model", "-"),
+                format_progress(job),
+                format_number(p.get("train_loss")),
+                format_number(p.get("val_loss")),
+                format_time(job.get("created_at"), short=True),
+                format_time(job.get("finished_at"), short=True),
+            ]
+        )
+    return headers, rows
 
-    from rich.table import Table
 
+def job_details(job: dict[str, Any]) -> list[tuple[str, object]]:
+    """The fields of `jobs show`, in order (empty ones are left out when printed)."""
     p = job.get("progress") or {}
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
-    rows = [
+    rows: list[tuple[str, object]] = [
         ("id", job.get("id")),
         ("status", job.get("status")),
         ("model", job.get("model")),
@@ -123,10 +116,7 @@ def _job_table(job: dict[str, Any]) -> Table:
     hp = job.get("hyperparameters") or {}
     if hp:
         rows.append(("hyperparameters", ", ".join(f"{k}={v}" for k, v in hp.items())))
-    for key, value in rows:
-        if value not in (None, ""):
-            table.add_row(key, str(value))
-    return table
+    return rows
 
 
 def cmd_jobs_show(args: argparse.Namespace) -> int:
@@ -136,7 +126,7 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json(job)
     else:
-        make_console().print(_job_table(job))
+        print_details(job_details(job))
     return EXIT_OK
 
 

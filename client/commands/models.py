@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import BinaryIO
 
-from client.commands.output import add_id_column, format_size, format_time, make_console, print_json
+from client.commands.output import format_size, format_time, make_console, print_json, print_rows
 from client.commands.runner import EXIT_OK, connect
 from core.exports import DOWNLOADS
 
@@ -17,20 +17,16 @@ DEFAULT_WAIT = 600.0  # seconds `models download` waits for a worker to prepare 
 
 def cmd_models_list(args: argparse.Namespace) -> int:
     """`models list`: your models as a table."""
-
-    from rich.table import Table
-
     with connect(args) as client:
         page = client.list_models()
     if args.json:
         print_json(page)
         return EXIT_OK
-    models = page.get("data", [])
-    table = Table("Created", "Owned by")
-    add_id_column(table, models)
-    for m in models:
-        table.add_row(m.get("id", "?"), format_time(m.get("created")), m.get("owned_by", "-"))
-    make_console().print(table)
+    rows = [
+        [m.get("id", "?"), format_time(m.get("created")), m.get("owned_by", "-")]
+        for m in page.get("data", [])
+    ]
+    print_rows(["ID", "Created", "Owned by"], rows)
     return EXIT_OK
 
 

@@ -1,14 +1,20 @@
-"""Output shared by the client commands: rich consoles, JSON, and the text of table cells."""
+"""Output shared by the client commands: rich consoles, JSON, tables, and the text of table cells.
+
+A table goes to a terminal as a rich table fitted to its width; anywhere else (a pipe, a file) as
+tab-separated lines of the full values, a header line first, so `cut -f`, `awk -F'\t'` and
+spreadsheets read it and nothing is cut to 80 columns. `--json` prints the API's JSON instead.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.table import Table
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -30,12 +36,53 @@ def format_time(ts: object, short: bool = False) -> str:
     return datetime.fromtimestamp(ts).strftime("%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S")
 
 
-def add_id_column(table: Table, rows: list[dict[str, Any]]) -> None:
-    """A first ID column that is never cut or wrapped: ids are what users copy."""
-    from rich.table import Column
+def _tab_separated(lines: Sequence[Sequence[object]], stream: TextIO) -> None:
+    """Full values, one line each, tabs between; a tab or line break inside a value becomes a space."""
+    for line in lines:
+        stream.write("\t".join(" ".join(str(v).split()) if v is not None else "-" for v in line) + "\n")
+    stream.flush()
 
-    width = max([len(str(r.get("id", ""))) for r in rows] + [2])
-    table.columns.insert(0, Column("ID", no_wrap=True, min_width=width))
+
+def print_rows(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], *, stream: TextIO | None = None
+) -> None:
+    """A list (jobs, files, models): its first column the id, which is never cut on a terminal."""
+    stream = stream or sys.stdout
+    if not stream.isatty():
+        _tab_separated([headers, *rows], stream)
+        return
+    from rich.table import Column, Table
+
+    width = max([len(str(r[0])) for r in rows] + [2])
+    table = Table(Column(headers[0], no_wrap=True, min_width=width), *headers[1:])
+    for row in rows:
+        table.add_row(*(str(v) for v in row))
+    _console(stream).print(table)
+
+
+def print_details(
+    pairs: Sequence[tuple[str, object]], *, title: str | None = None, stream: TextIO | None = None
+) -> None:
+    """One thing's fields as `key value` lines (empty ones left out)."""
+    stream = stream or sys.stdout
+    shown = [(key, value) for key, value in pairs if value not in (None, "")]
+    if not stream.isatty():
+        _tab_separated(shown, stream)
+        return
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in shown:
+        table.add_row(key, str(value))
+    _console(stream).print(table)
+
+
+def _console(stream: TextIO) -> Console:
+    from rich.console import Console
+
+    return Console(file=stream, highlight=False)
 
 
 def format_number(value: object, fmt: str = ".4f") -> str:

@@ -109,6 +109,14 @@ def test_method_supervised_and_multiplier(client: TestClient, tenant: Tenant, fi
         ({"hyperparameters": {"n_embd": 100, "n_head": 3}}, "n_embd", "divisible"),
         ({"hyperparameters": {"learning_rate": -0.1}}, "learning_rate", "positive"),
         ({"hyperparameters": {"bogus_knob": 1}}, "bogus_knob", "Unknown hyperparameter"),
+        ({"hyperparameters": {"max_step": 5}}, "max_step", "did you mean max_steps?"),
+        # past the service's limit or past the trainer's bound too: the same limit in the same words
+        (
+            {"hyperparameters": {"max_steps": 2_000_000}},
+            "max_steps",
+            "than the 1,000,000 steps a job may run",
+        ),
+        ({"hyperparameters": {"max_steps": 10**9}}, "max_steps", "than the 1,000,000 steps a job may run"),
         ({"hyperparameters": {"max_steps": "ten"}}, "max_steps", "integer"),
         ({"hyperparameters": {"n_epochs": 0}}, "n_epochs", "positive"),
         ({"hyperparameters": {"schedule": "zigzag"}}, "schedule", "one of"),

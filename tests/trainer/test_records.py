@@ -110,7 +110,12 @@ def test_content_parts_are_joined() -> None:
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
             "line 1: messages[0].content[0].type must be \"text\" (only text parts are supported), got 'image_url'",
         ),
-        ({"role": "user", "content": [{"text": "x"}]}, 'messages[0].content[0].type must be "text"'),
+        ({"role": "user", "content": [{"text": "x"}]}, "messages[0].content[0].type is missing"),
+        ({"role": "user", "content": [{"type": "text"}]}, "messages[0].content[0].text is missing"),
+        (
+            {"role": "user", "content": [{"type": "tool", "text": "x"}]},
+            'messages[0].content[0].type must be "text"',
+        ),
         ({"role": "user", "content": ["x"]}, "messages[0].content[0] must be an object"),
         (
             {"role": "user", "content": [{"type": "text", "text": None}]},
@@ -127,6 +132,7 @@ def test_content_parts_are_joined() -> None:
         ),
         ({"role": "assistant", "content": "x", "weight": "1"}, "messages[0].weight must be 0 or 1, got str"),
         ({"role": None, "content": "x"}, "messages[0].role must be a string, got null"),
+        ({"content": "x"}, "messages[0].role is missing"),
     ],
 )
 def test_bad_messages_are_refused_naming_line_and_field(tmp_path: Path, message: dict, needle: str) -> None:

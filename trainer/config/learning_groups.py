@@ -68,7 +68,7 @@ class DataFields(StrictConfig):
     train_on_inputs: bool = param(
         False,
         "train on every token of prompt/completion and chat data, prompts and other roles' messages "
-        "too (default: completions and assistant messages only; plain text always trains on all)",
+        "too (off: completions and assistant messages only; plain text always trains on all)",
         title="Train on inputs",
     )
     samples_after_nl: bool = param(

@@ -109,7 +109,9 @@ def parse_jsonl_line(raw: str, line: int, max_depth: int = MAX_JSON_DEPTH) -> Do
         raise JSONTooDeep(line, max_depth) from None
     except json.JSONDecodeError as e:
         raise DataError(
-            f"line {line}: invalid JSON ({e.msg} at column {e.colno}); {SHAPES_HELP}", line
+            # json's messages end in "at" ("Invalid control character at"), ours adds the place
+            f"line {line}: invalid JSON ({e.msg.removesuffix(' at')} at column {e.colno}); {SHAPES_HELP}",
+            line,
         ) from e
     return record_to_document(record, line)
 

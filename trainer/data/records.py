@@ -68,10 +68,12 @@ def record_to_document(record: Any, line: int | None = None) -> Document:
         return _chat_document(record["messages"], where, line)
     if "prompt" in record or "completion" in record:
         for key in ("prompt", "completion"):
-            if not isinstance(record.get(key), str):
+            if key not in record:
+                raise DataError(f'{where}"{key}" is missing (prompt/completion records need both)', line)
+            if not isinstance(record[key], str):
                 raise DataError(
                     f'{where}"{key}" must be a string (prompt/completion records need both), '
-                    f"got {type_name(record.get(key))}",
+                    f"got {type_name(record[key])}",
                     line,
                 )
         return _document([(record["prompt"], False), (record["completion"], True)], eos_trained=True)
@@ -97,7 +99,9 @@ def _chat_document(messages: Any, where: str, line: int | None) -> Document:
             raise DataError(
                 f'{where}messages[{i}] must be an object with "role" and "content", got {type_name(m)}', line
             )
-        role = m.get("role")
+        if "role" not in m:
+            raise DataError(f"{where}messages[{i}].role is missing; it must be a string", line)
+        role = m["role"]
         if not isinstance(role, str):
             raise DataError(f"{where}messages[{i}].role must be a string, got {type_name(role)}", line)
         content = message_content(m, f"{where}messages[{i}]", line)
@@ -132,12 +136,16 @@ def message_content(m: dict[str, Any], where: str, line: int | None) -> str:
             raise DataError(
                 f'{at} must be an object {{"type": "text", "text": string}}, got {type_name(part)}', line
             )
-        if part.get("type") != "text":
-            kind = part.get("type")
+        if "type" not in part:
+            raise DataError(f'{at}.type is missing; a text part is {{"type": "text", "text": string}}', line)
+        if part["type"] != "text":
+            kind = part["type"]
             shown = _quote(kind) if isinstance(kind, str) else type_name(kind)
             raise DataError(f'{at}.type must be "text" (only text parts are supported), got {shown}', line)
-        if not isinstance(part.get("text"), str):
-            raise DataError(f"{at}.text must be a string, got {type_name(part.get('text'))}", line)
+        if "text" not in part:
+            raise DataError(f"{at}.text is missing; it must be a string", line)
+        if not isinstance(part["text"], str):
+            raise DataError(f"{at}.text must be a string, got {type_name(part['text'])}", line)
         texts.append(part["text"])
     return "".join(texts)
 

@@ -1,0 +1,125 @@
+"""The client's output where it is not a terminal (a pipe, a file): tables as tab-separated full
+values, and `jobs follow`'s progress as lines written and flushed as they come."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from client.commands.follow import _FollowState
+from client.commands.follow_display import LineDisplay, summary_rows
+from client.commands.jobs import job_details, jobs_rows
+from client.commands.output import print_details, print_rows
+
+LONG_MODEL = "ft:llama-tiny:a-rather-long-suffix-that-would-not-fit-in-eighty-columns:0123456789abcdef"
+
+
+def job(**over: Any) -> dict[str, Any]:
+    return {
+        "id": "ftjob-0123456789abcdef0123456789abcdef",
+        "status": "running",
+        "model": LONG_MODEL,
+        "created_at": 1_700_000_000,
+        "finished_at": None,
+        "training_file": "file-0123456789abcdef",
+        "hyperparameters": {"max_steps": 300},
+        "progress": {
+            "step": 30,
+            "total_steps": 300,
+            "train_loss": 2.5,
+            "val_loss": None,
+            "eta_seconds": 270.0,
+        },
+        **over,
+    }
+
+
+class Flushed(io.StringIO):
+    """A stream that is not a terminal and counts its flushes."""
+
+    flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+        super().flush()
+
+
+def test_a_list_is_tab_separated_full_values_with_a_header() -> None:
+    out = Flushed()
+    print_rows(*jobs_rows([job(), job(id="ftjob-2", status="queued", progress={})]), stream=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].split("\t") == [
+        "ID",
+        "Status",
+        "Model",
+        "Step",
+        "Train loss",
+        "Val loss",
+        "Created",
+        "Finished",
+    ]
+    first = lines[1].split("\t")
+    assert first[:4] == ["ftjob-0123456789abcdef0123456789abcdef", "running", LONG_MODEL, "30/300"]
+    assert first[4:6] == ["2.5000", "-"]
+    assert lines[2].split("\t")[:4] == ["ftjob-2", "queued", LONG_MODEL, "-"]
+    assert "…" not in out.getvalue() and out.flushes == 1
+
+
+def test_details_are_key_tab_value_lines_without_the_empty_ones() -> None:
+    out = io.StringIO()
+    print_details([*job_details(job()), ("note", "two\tcells\nand lines")], stream=out)
+    pairs = [line.split("\t") for line in out.getvalue().splitlines()]
+    assert all(len(p) == 2 for p in pairs)  # a tab or newline inside a value cannot split it
+    shown = dict(pairs)
+    assert shown["id"] == "ftjob-0123456789abcdef0123456789abcdef" and shown["model"] == LONG_MODEL
+    assert shown["ETA"] == "4m30s" and "validation file" not in shown and "fine-tuned model" not in shown
+    assert shown["note"] == "two cells and lines"
+
+
+def test_follow_prints_a_line_per_change_at_once() -> None:
+    now = [0.0]
+    state = _FollowState(job(status="queued", progress={"step": 0, "total_steps": 300}))
+    out = Flushed()
+    with LineDisplay(state, out, clock=lambda: now[0]) as display:
+        assert out.getvalue().splitlines()[-1].startswith("queued")  # at once, before any event
+        state.event("status", {"status": "running", "job": job(progress={"step": 0, "total_steps": 300})})
+        display.refresh()
+        for step in range(1, 21):  # a replayed history arrives in one burst: no line per step
+            state.metric({"step": step, "train_loss": 3.0 - step / 100})
+            display.refresh()
+        now[0] = 1.5
+        state.metric({"step": 21, "train_loss": 2.7})
+        display.refresh()
+        display.refresh()  # nothing new: no line
+    lines = out.getvalue().splitlines()
+    assert [line.split()[:3] for line in lines] == [
+        ["queued", "step", "0/300"],
+        ["running", "step", "0/300"],
+        ["running", "step", "21/300"],
+    ]
+    assert "loss 2.7000" in lines[-1]
+    assert out.flushes == len(lines)  # every line leaves at once (no 12 s of silence in a pipe)
+
+
+def test_follow_eta_counts_down_from_the_servers_smoothed_rate() -> None:
+    state = _FollowState(job())  # step 30 of 300, the server's ETA 270 s: 1 s per step
+    assert state.eta == 270.0
+    state.metric({"step": 60, "train_loss": 2.0, "tokens_per_s": 99999.0})
+    assert state.eta == 240.0 and state.tokens_per_s is None  # a single step's rate is not shown
+    state.job_update(
+        job(progress={"step": 100, "total_steps": 300, "eta_seconds": 400.0, "tokens_per_s": 512.0})
+    )
+    assert state.eta == 400.0 and state.tokens_per_s == 512.0
+    state.job_update(job(status="succeeded", progress={"step": 300, "total_steps": 300, "eta_seconds": None}))
+    assert state.eta is None
+
+
+def test_the_summary_is_plain_lines_too() -> None:
+    out = io.StringIO()
+    done = job(
+        status="succeeded", finished_at=1_700_000_125, trained_tokens=123456, fine_tuned_model=LONG_MODEL
+    )
+    print_details(summary_rows(done, 300, 300, 1.5, None), stream=out)
+    shown = dict(line.split("\t") for line in out.getvalue().splitlines())
+    assert shown["status"] == "succeeded" and shown["steps"] == "300/300" and shown["model"] == LONG_MODEL
+    assert shown["trained tokens"] == "123,456" and shown["wall time"] == "2m05s"
