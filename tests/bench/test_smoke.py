@@ -23,6 +23,7 @@ SCRIPTS = {
     "devices.py": "run ",
     "regularization.py": "model ",
     "header_flood.py": "server ",
+    "compile_policy.py": "eager min ",
 }
 
 
