@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import UTC, datetime
 
 from cli.server_settings import add_data_dir_option, load_settings, migrate_database, session_factory
 
@@ -21,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     create.set_defaults(func=run_keys_create)
     lst = keys_sub.add_parser("list", help="list keys (never their secrets)")
+    lst.add_argument("--json", action="store_true", help="print JSON instead of a table")
     lst.set_defaults(func=run_keys_list)
     revoke = keys_sub.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
@@ -53,20 +55,45 @@ def run_keys_create(args: argparse.Namespace) -> int:
 
 
 def run_keys_list(args: argparse.Namespace) -> int:
+    """A table (full values tab-separated when not on a terminal: client.commands.output), or --json."""
     settings = load_settings(args)
     from sqlalchemy import select
 
+    from client.commands.output import print_json, print_rows
     from core.models import ApiKey
 
     with session_factory(settings)() as session:
         keys = session.execute(select(ApiKey).order_by(ApiKey.created_at)).scalars().all()
-        print(f"{'id':<30} {'name':<20} {'owner':<30} {'created':<20} revoked")
-        for k in keys:
-            revoked = k.revoked_at.strftime("%Y-%m-%d %H:%M") if k.revoked_at else ""
-            print(
-                f"{k.id:<30} {k.name[:20]:<20} {k.owner_id[:30]:<30} {k.created_at:%Y-%m-%d %H:%M}     {revoked}"
-            )
+    if args.json:
+        data = [
+            {
+                "id": k.id,
+                "name": k.name,
+                "owner_id": k.owner_id,
+                "created_at": _unix(k.created_at),
+                "revoked_at": _unix(k.revoked_at) if k.revoked_at else None,
+            }
+            for k in keys
+        ]
+        print_json({"object": "list", "data": data})
+        return 0
+    rows = [
+        [
+            k.id,
+            k.name,
+            k.owner_id,
+            f"{k.created_at:%Y-%m-%d %H:%M}",
+            f"{k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else "",
+        ]
+        for k in keys
+    ]
+    print_rows(["ID", "Name", "Owner", "Created", "Revoked"], rows)
     return 0
+
+
+def _unix(dt: datetime) -> int:
+    """Unix seconds; naive datetimes (SQLite) are UTC."""
+    return int((dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp())
 
 
 def run_keys_revoke(args: argparse.Namespace) -> int:

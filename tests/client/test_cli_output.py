@@ -4,6 +4,7 @@ values, and `jobs follow`'s progress as lines written and flushed as they come."
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
 from client.commands.follow import _FollowState
@@ -123,3 +124,20 @@ def test_the_summary_is_plain_lines_too() -> None:
     shown = dict(line.split("\t") for line in out.getvalue().splitlines())
     assert shown["status"] == "succeeded" and shown["steps"] == "300/300" and shown["model"] == LONG_MODEL
     assert shown["trained tokens"] == "123,456" and shown["wall time"] == "2m05s"
+
+
+def test_keys_list_is_tab_separated_or_json(tmp_path: Any, capsys: Any, monkeypatch: Any) -> None:
+    from cli.main import main
+
+    monkeypatch.delenv("FROMSCRATCH_DATABASE_URL", raising=False)
+    monkeypatch.setenv("FROMSCRATCH_DATA_DIR", str(tmp_path))  # --data-dir sets it: restored after the test
+    name = "a key name longer than the twenty characters the list used to keep"
+    assert main(["keys", "create", "--name", name, "--data-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["keys", "list", "--data-dir", str(tmp_path)]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split("\t") == ["ID", "Name", "Owner", "Created", "Revoked"]
+    assert row.split("\t")[1] == name and row.split("\t")[0].startswith("key-")
+    assert main(["keys", "list", "--json", "--data-dir", str(tmp_path)]) == 0
+    [key] = json.loads(capsys.readouterr().out)["data"]
+    assert key["name"] == name and key["revoked_at"] is None and isinstance(key["created_at"], int)
