@@ -11,6 +11,7 @@ The quota and the insert come after it (api.job_insert).
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
@@ -120,9 +121,21 @@ def _check_limits(
         raise _bad(e.message, e.param, JobTooLarge.code) from e
 
 
-def admit_job(session: Session, owner_id: str, body: JobCreate, settings: Settings) -> Job:
-    """The job row for a request whose types the model has checked; here what needs the database
-    and the limits of settings (api.job_limits: memory, steps, tokens, checkpoints kept)."""
+@dataclass(frozen=True)
+class ResolvedRequest:
+    """A create request resolved: its files, base model, seed, trainer configs and training queue."""
+
+    train_file: File
+    val_file: File | None
+    parent: ModelRef | None
+    seed: int
+    resolved: Resolved
+    queue: str  # cpu | gpu (api/placement.py)
+
+
+def resolve_request(session: Session, owner_id: str, body: JobCreate, settings: Settings) -> ResolvedRequest:
+    """Every check before the limits (400 naming the field); the live estimate stops here too
+    (api/job_estimate.py), then shows the limits' verdict beside its numbers."""
     train_file = _owned_training_file(session, owner_id, body.training_file, "training_file")
     val_file = None
     if body.validation_file is not None:
@@ -131,8 +144,36 @@ def admit_job(session: Session, owner_id: str, body: JobCreate, settings: Settin
     seed = body.seed if body.seed is not None else secrets.randbelow(MAX_SEED)
     _check_max_steps(body, settings)
     resolved = _resolve(body, parent, seed, train_file, val_file)
-    queue = training_queue(session, resolved.train_config.device, settings)  # api/placement.py
-    _check_limits(body, resolved, queue, train_file, val_file is not None, parent is not None, settings)
+    queue = training_queue(session, resolved.train_config.device, settings)
+    return ResolvedRequest(train_file, val_file, parent, seed, resolved, queue)
+
+
+def check_limits(body: JobCreate, request: ResolvedRequest, settings: Settings) -> None:
+    """400 `job_too_large` naming the field to lower when the job exceeds a limit of the service."""
+    _check_limits(
+        body,
+        request.resolved,
+        request.queue,
+        request.train_file,
+        request.val_file is not None,
+        request.parent is not None,
+        settings,
+    )
+
+
+def admit_job(session: Session, owner_id: str, body: JobCreate, settings: Settings) -> Job:
+    """The job row for a request whose types the model has checked; here what needs the database
+    and the limits of settings (api.job_limits: memory, steps, tokens, checkpoints kept)."""
+    request = resolve_request(session, owner_id, body, settings)
+    check_limits(body, request, settings)
+    train_file, val_file, parent, seed, resolved, queue = (
+        request.train_file,
+        request.val_file,
+        request.parent,
+        request.seed,
+        request.resolved,
+        request.queue,
+    )
     if (param := disallowed_tracker(body.integrations, settings.tracker_hosts)) is not None:
         raise _bad(
             f"{param}: this host is not one the service may send runs to (allowed_tracker_hosts="

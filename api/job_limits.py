@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import typing
+from dataclasses import dataclass
 
 from api.hyperparams import HyperparameterError
 from core.settings import Settings
@@ -75,17 +76,42 @@ def check_job_limits(
     continues a model, so its architecture cannot change."""
     _check_devices(train_cfg.devices, queue, settings)
     _check_checkpoints(train_cfg, settings.max_checkpoints_per_job)
+    size = job_size(model_cfg, train_cfg, queue, training_bytes, has_validation_file)
+    _check_steps(train_cfg, size.steps, size.windows, settings.max_job_steps)
+    _check_tokens(model_cfg, train_cfg, size.steps, settings.max_job_tokens)
+    limit = worker_memory_limit(queue, settings)
+    _check_memory(model_cfg, size.train_cfg, size.device, queue, limit, given, continuing)
+
+
+@dataclass(frozen=True)
+class JobSize:
+    """A job's size as admission counts it (upper bounds where the data decides: see the module
+    docstring); the new-job form's live estimate shows the same numbers (api/job_estimate.py)."""
+
+    train_cfg: TrainConfig  # with dropout as auto would decide it (its activations count)
+    device: Device
+    windows: int  # training windows per epoch, at most
+    steps: int
+    tokens: int
+    memory: MemoryEstimate
+
+
+def job_size(
+    model_cfg: ModelConfig, train_cfg: TrainConfig, queue: str, training_bytes: int, has_validation_file: bool
+) -> JobSize:
     train_tokens = max_train_tokens(train_cfg, training_bytes, has_validation_file)
     windows = max_windows_per_epoch(train_tokens, model_cfg.ctx, train_cfg.samples_after_nl)
     steps = total_steps(train_cfg, windows)
-    _check_steps(train_cfg, steps, windows, settings.max_job_steps)
-    _check_tokens(model_cfg, train_cfg, steps, settings.max_job_tokens)
     device: Device = "cuda" if queue == "gpu" else "cpu"
-    limit = settings.gpu_worker_memory_bytes if queue == "gpu" else settings.cpu_worker_memory_bytes
     dropout = admission_dropout(train_cfg, train_tokens, model_cfg.num_params())
-    _check_memory(
-        model_cfg, train_cfg.model_copy(update={"dropout": dropout}), device, queue, limit, given, continuing
-    )
+    sized = train_cfg.model_copy(update={"dropout": dropout})
+    memory = estimate_memory(model_cfg, sized, device)
+    return JobSize(sized, device, windows, steps, total_tokens(train_cfg, model_cfg.ctx, steps), memory)
+
+
+def worker_memory_limit(queue: str, settings: Settings) -> int:
+    """The memory of the largest worker of a training queue (cpu or gpu)."""
+    return settings.gpu_worker_memory_bytes if queue == "gpu" else settings.cpu_worker_memory_bytes
 
 
 def worker_devices_limit(queue: str, settings: Settings) -> int:

@@ -36,6 +36,7 @@ from api.response_headers import ResponseHeadersMiddleware
 from api.routes import (
     checkpoints,
     completions,
+    estimates,
     events,
     export_formats,
     files,
@@ -53,6 +54,7 @@ from core.settings import Settings, get_settings
 ROUTER_MODULES = (
     health,
     files,
+    estimates,
     jobs,
     hyperparameters,
     statuses,

@@ -7,7 +7,8 @@ from typing import Any
 # Reads every hyperparameter field of the new-job form (wrappers with data-field and data-kind; the
 # top-level `seed` has no data-kind): a checkbox gives its state, a group of checkboxes (a list) the
 # values checked, a select its value (or, when the empty option is chosen, that option's text), a
-# text box its value or, when empty, its placeholder.
+# text box its value or, when empty, what empty means (its placeholder, shortened, and the note
+# under it say it; data-null-means holds the whole text).
 _READ_FORM = """() => Object.fromEntries(
     [...document.querySelectorAll('form.new-job [data-field][data-kind]')].map((wrap) => {
         const name = wrap.dataset.field;
@@ -17,9 +18,10 @@ _READ_FORM = """() => Object.fromEntries(
         }
         if (input.type === 'checkbox') return [name, input.checked];
         if (input.tagName === 'SELECT') {
-            return [name, input.value !== '' ? input.value : input.selectedOptions[0].textContent];
+            if (input.value !== '') return [name, input.value];
+            return [name, input.dataset.nullMeans || input.selectedOptions[0].textContent];
         }
-        return [name, input.value !== '' ? input.value : input.placeholder];
+        return [name, input.value !== '' ? input.value : (input.dataset.nullMeans || input.placeholder)];
     }))"""
 
 

@@ -37,12 +37,19 @@ def error(status: int, message: str, param: str | None = None) -> Answer:
     return lambda query, sent: (status, body)
 
 
+# what POST /fine_tuning/jobs/estimate answers (api/job_estimate.py), for the new-job form's panel
+ESTIMATE = {"object": "fine_tuning.job.estimate", "queue": "cpu", "device": "cpu", "parameters": 1234,
+            "memory_bytes": 5_000_000, "memory_limit_bytes": 8_000_000_000, "steps": 100, "tokens_per_step": 64,
+            "tokens": 6400, "seconds": None, "rate_jobs": 0, "problem": None}  # fmt: skip
+
+
 class StubApi:
     """Routes the page's /v1 requests to `answers[(method, path)]`; anything else is a 404."""
 
     def __init__(self, page: Any) -> None:
         self.calls: Counter[str] = Counter()  # "GET /fine_tuning/statuses" -> how many times
         self.sent: list[Any] = []  # the JSON bodies of POSTs, in order
+        self.posted: dict[str, list[Any]] = {}  # path -> the JSON bodies POSTed to it, in order
         self.streams: dict[tuple[str, str], EventStream] = {}
         self.answers: dict[tuple[str, str], Answer] = {
             ("GET", "/fine_tuning/statuses"): ok({"object": "fine_tuning.statuses", **status_sets()}),
@@ -51,8 +58,13 @@ class StubApi:
             ),
             ("GET", "/fine_tuning/jobs"): ok({"object": "list", "data": [], "has_more": False}),
             ("GET", "/fine_tuning/hyperparameters"): ok(schema.json_schema()),
+            ("POST", "/fine_tuning/jobs/estimate"): ok(ESTIMATE),
         }
         page.route("**/v1/**", self._handle)
+
+    def bodies(self, path: str) -> list[Any]:
+        """The JSON bodies POSTed to `path`, in order."""
+        return self.posted.get(path, [])
 
     def on(self, method: str, path: str, answer: Answer) -> None:
         self.answers[(method, path)] = answer
@@ -70,6 +82,7 @@ class StubApi:
         body = json.loads(request.post_data) if request.post_data else None
         if body is not None:
             self.sent.append(body)
+            self.posted.setdefault(path, []).append(body)
         events = self.streams.get((request.method, path))
         if events is not None:
             # route.fulfill hands the page a whole body at once: the stream comes from a real server

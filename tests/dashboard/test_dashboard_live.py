@@ -57,6 +57,14 @@ def test_train_watch_and_download_in_the_browser(
     page.fill("#hp-eval_every", "10")
     page.fill("#hp-checkpoint_every", "20")
     page.fill("#hp-batch_size", "8")
+    # the live estimate: the server's admission arithmetic for what the form holds now
+    page.wait_for_selector(
+        f"#est-tokens:has-text('up to {STEPS * 8 * 128:,} ')"
+    )  # x batch x llama-tiny's ctx
+    assert page.inner_text("#est-steps") == f"up to {STEPS}"
+    page.click("#metadata-add")
+    page.fill("#metadata-key-0", "purpose")
+    page.fill("#metadata-value-0", "live-test")
     page.click("button:has-text('Start training')")
 
     # job page: the chart gains points live; every value the canvas reports is recorded
@@ -86,6 +94,15 @@ def test_train_watch_and_download_in_the_browser(
     assert page.get_attribute("#loss-chart", "data-points-val-loss") == str(n_val)
     assert page.get_attribute("#lr-chart", "data-points") == str(STEPS)
     assert page.inner_text("#stat-step") == f"{STEPS} / {STEPS}"
+    # the run: its file with the tokens the worker counted, its metadata, its timings
+    assert "tiny_shakespeare_100k.txt" in page.inner_text("#run-training-file")
+    assert "tokens" in page.inner_text("#run-training-file")
+    assert page.inner_text("#run-metadata") == "purpose = live-test"
+    assert page.inner_text("#run-device").startswith("cpu")
+    assert page.get_attribute("#cpu-chart", "data-points-process-cpu") not in (
+        None,
+        "0",
+    )  # sampled by the worker
     assert page.inner_text("#stat-train-loss") == f"{metrics[-1]['train_loss']:.4f}"
 
     # controls follow the status: a finished job can be neither paused, resumed nor cancelled

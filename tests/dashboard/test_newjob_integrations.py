@@ -56,7 +56,7 @@ def test_integrations_are_sent_in_openais_shape_and_errors_mark_their_field(
         ),
     )
     submit_and_wait_for(page, "integrations.wandb.project")
-    assert api.sent[-1]["integrations"] == [
+    assert api.bodies("/fine_tuning/jobs")[-1]["integrations"] == [
         {"type": "wandb", "wandb": {"name": "run-7", "entity": "team", "tags": ["tiny", "shakespeare"]}},
         {"type": "mlflow", "mlflow": {"tracking_uri": "http://mlflow:5000", "run_name": "r7"}},
     ]
@@ -77,7 +77,7 @@ def test_integrations_are_sent_in_openais_shape_and_errors_mark_their_field(
         error(400, "tracking_uri must be an http(s) URL", "integrations[1].mlflow.tracking_uri"),
     )
     submit_and_wait_for(page, "integrations.mlflow.tracking_uri")
-    assert api.sent[-1]["integrations"][0] == {
+    assert api.bodies("/fine_tuning/jobs")[-1]["integrations"][0] == {
         "type": "wandb",
         "wandb": {
             "project": "fromscratch",
@@ -94,7 +94,7 @@ def test_integrations_are_sent_in_openais_shape_and_errors_mark_their_field(
     page.uncheck("#int-wandb")
     api.on("POST", "/fine_tuning/jobs", error(400, "no such experiment", "integrations[0].mlflow.experiment"))
     submit_and_wait_for(page, "integrations.mlflow.experiment")
-    assert api.sent[-1]["integrations"] == [
+    assert api.bodies("/fine_tuning/jobs")[-1]["integrations"] == [
         {"type": "mlflow", "mlflow": {"tracking_uri": "http://mlflow:5000", "run_name": "r7"}}
     ]
     assert page.get_attribute("#int-mlflow-experiment", "aria-invalid") == "true"
@@ -112,5 +112,5 @@ def test_integrations_are_sent_in_openais_shape_and_errors_mark_their_field(
     page.uncheck("#int-mlflow")
     api.on("POST", "/fine_tuning/jobs", error(400, "width must be even", "width"))
     submit_and_wait_for(page, "width")
-    assert "integrations" not in api.sent[-1]
+    assert "integrations" not in api.bodies("/fine_tuning/jobs")[-1]
     assert log.errors(allow=("400 (Bad Request)",)) == [], log.messages

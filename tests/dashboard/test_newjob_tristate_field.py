@@ -43,11 +43,11 @@ def test_an_unset_bool_is_unset_on_or_off(new_page: Any, static_url: str) -> Non
     page.select_option("#training_file", "file-1")
 
     def submit() -> dict[str, Any]:
-        before = len(api.sent)
+        before = len(api.bodies("/fine_tuning/jobs"))
         page.click("button:has-text('Start training')")
         page.wait_for_function("document.getElementById('err-speedup').textContent !== ''")
-        assert len(api.sent) == before + 1
-        sent: dict[str, Any] = api.sent[-1].get("hyperparameters", {})
+        assert len(api.bodies("/fine_tuning/jobs")) == before + 1
+        sent: dict[str, Any] = api.bodies("/fine_tuning/jobs")[-1].get("hyperparameters", {})
         page.evaluate("document.getElementById('err-speedup').textContent = ''")
         return sent
 

@@ -3,15 +3,18 @@
 // (GET /v1/fine_tuning/hyperparameters, fetched once and cached); only the fields changed from
 // their defaults are sent. An API validation error is shown next to the field `error.param` names.
 //   newjob/files.js (data)   newjob/fields.js + schema.js (hyperparameters)   newjob/errors.js
-//   newjob/integrations.js (W&B and MLflow)
+//   newjob/integrations.js (W&B and MLflow)   newjob/metadata.js (key/value rows)
+//   newjob/estimate.js (the live estimate beside the form, the server's admission arithmetic)
 
 import { ApiError, api } from "../api.js";
 import { loadHyperparameterSchema } from "../served.js";
 import { el, toast } from "../util.js";
 import { FieldErrors } from "./newjob/errors.js";
 import { fieldId, hyperparameterFields } from "./newjob/fields.js";
+import { estimatePanel } from "./newjob/estimate.js";
 import { dataFieldset } from "./newjob/files.js";
 import { integrationsSection } from "./newjob/integrations.js";
+import { metadataSection } from "./newjob/metadata.js";
 import { defaultPreset, presetNames } from "./newjob/schema.js";
 
 export function mountNewJob(root) {
@@ -21,7 +24,7 @@ export function mountNewJob(root) {
   loadHyperparameterSchema().then((schema) => {
     if (abort.signal.aborted) return;
     loading.remove();
-    root.append(newJobForm(schema, abort.signal));
+    root.append(newJobPage(schema, abort.signal));
   }, (e) => {
     if (abort.signal.aborted) return;
     loading.className = "error-banner";
@@ -38,12 +41,23 @@ function typedNumber(text) {
   return Number.isFinite(n) ? n : text;
 }
 
-function newJobForm(schema, signal) {
+/** The form, with the live estimate beside it (asked again on every edit). */
+function newJobPage(schema, signal) {
+  let requestBody = () => null;
+  const estimate = estimatePanel({ body: () => requestBody(), signal });
+  const form = newJobForm(schema, signal, estimate);
+  requestBody = form.requestBody;
+  for (const type of ["input", "change"]) form.node.addEventListener(type, () => estimate.update());
+  return el("div", { class: "new-job-layout" }, form.node, estimate.node);
+}
+
+function newJobForm(schema, signal, estimate) {
   const errors = new FieldErrors();
-  const data = dataFieldset({ errors, signal });
+  const data = dataFieldset({ errors, signal, onLoaded: () => estimate.update() });
   const hyperparameters = hyperparameterFields({ schema, errors });
   const integrations = integrationsSection({ errors });
   const request = requestFields({ schema, errors, hyperparameters });
+  const metadata = metadataSection({ errors });
 
   const submit = el("button", { type: "submit", class: "primary" }, "Start training");
   const form = el("form", { class: "card new-job", novalidate: true },
@@ -51,7 +65,7 @@ function newJobForm(schema, signal) {
     errors.banner,
     data.node,
     request.node,
-    hyperparameters.architecture, hyperparameters.training, hyperparameters.advanced, integrations.node,
+    hyperparameters.architecture, hyperparameters.training, hyperparameters.advanced, metadata.node, integrations.node,
     el("div", { class: "actions" }, submit, el("a", { href: "#/jobs", class: "button secondary" }, "Cancel")));
 
   /** The request: only what the user chose; everything left alone gets the server's default. */
@@ -63,6 +77,8 @@ function newJobForm(schema, signal) {
     if (Object.keys(changed).length) body.hyperparameters = changed;
     const chosen = integrations.body();
     if (chosen) body.integrations = chosen;
+    const labels = metadata.body();
+    if (labels) body.metadata = labels;
     return body;
   }
 
@@ -89,7 +105,7 @@ function newJobForm(schema, signal) {
   });
 
   data.load();
-  return form;
+  return { node: form, requestBody: () => (data.trainingFile() ? requestBody() : null) };
 }
 
 /** The request's own fields: model (the preset) and suffix in the Model fieldset (node), and the

@@ -7,6 +7,10 @@ import { defaultPreset, defaultValue, schemaFields } from "./schema.js";
 
 export const fieldId = (name) => `hp-${name}`;
 
+/** What an empty box shows: the null-means text up to its reason ("auto: 20 evaluations ..." shows
+ *  "auto"), so it fits the box; the whole text is the note under it (fieldNode). */
+const shortNullMeans = (text) => (text ? text.split(": ")[0] : "default");
+
 /** The control of one field: a select (choice, or a bool left unset by default: unset/on/off), a
  *  checkbox (bool), a group of checkboxes (list: a set of choices) or a text box (numbers, "auto"). */
 function control(f) {
@@ -17,13 +21,14 @@ function control(f) {
     f.choices.map((c) => el("label", { class: "choice" },
       el("input", { type: "checkbox", id: `${attrs.id}-${c}`, name: f.name, value: c }), c)));
   }
+  const nullMeans = f.nullMeans || "default"; // the whole text: data-null-means (tests read it)
   if (f.tristate) {
-    return el("select", attrs, el("option", { value: "" }, f.nullMeans || "default"),
+    return el("select", { ...attrs, dataset: { nullMeans } }, el("option", { value: "" }, shortNullMeans(f.nullMeans)),
       el("option", { value: "true" }, "on"), el("option", { value: "false" }, "off"));
   }
   if (f.kind === "choice") {
-    const empty = f.default === null ? el("option", { value: "" }, f.nullMeans || "default") : null;
-    return el("select", attrs, empty, f.choices.map((c) => el("option", { value: c }, c)));
+    const empty = f.default === null ? el("option", { value: "" }, shortNullMeans(f.nullMeans)) : null;
+    return el("select", { ...attrs, dataset: { nullMeans } }, empty, f.choices.map((c) => el("option", { value: c }, c)));
   }
   if (f.kind === "bool") return el("input", { ...attrs, type: "checkbox" });
   return el("input", { ...attrs, type: "text", inputmode: f.kind === "int" ? "numeric" : "decimal",
@@ -45,6 +50,7 @@ function parse(f, input) {
 
 const shown = (value) => (value === null || value === undefined ? "" : String(value));
 
+
 /** Two values of a field are the same; lists are sets (the order of their choices does not matter). */
 const same = (a, b) => (Array.isArray(a) && Array.isArray(b)
   ? a.length === b.length && a.every((x) => b.includes(x))
@@ -64,6 +70,9 @@ function fieldNode(f, input, errors) {
     wrap.append(el("span", { class: "label", id: `label-${f.name}` }, f.label,
       el("span", { class: "param-name" }, f.name)), input);
   } else wrap.append(el("label", { for: input.id }, f.label, el("span", { class: "param-name" }, f.name)), input);
+  if (f.nullMeans && shortNullMeans(f.nullMeans) !== f.nullMeans && f.kind !== "list" && (f.kind !== "bool" || f.tristate)) {
+    wrap.append(el("p", { class: "help null-means", id: `null-${f.name}` }, `Empty: ${f.nullMeans}`));
+  }
   wrap.append(help, errors.slot(f.name, input));
   return wrap;
 }
@@ -77,7 +86,9 @@ function showDefault(f, input, d) {
   } else if (f.kind === "choice") input.value = shown(d);
   else {
     input.value = shown(d);
-    input.placeholder = d === null || d === undefined ? f.nullMeans || "default" : "";
+    const empty = d === null || d === undefined;
+    input.placeholder = empty ? shortNullMeans(f.nullMeans) : "";
+    input.dataset.nullMeans = empty ? f.nullMeans || "default" : ""; // the whole text (tests read it)
   }
   input.dataset.default = shown(d);
 }

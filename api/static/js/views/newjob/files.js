@@ -1,17 +1,21 @@
 // The form's data: upload a training file (with a progress bar), or pick an uploaded one; an
-// optional validation file.
+// optional validation file. Only `purpose=fine-tune` files are offered: a job's result CSVs
+// (fine-tune-results) are files too, but a job cannot train on them.
 
-import { api, uploadFile } from "../../api.js";
+import { api, query, uploadFile } from "../../api.js";
 import { clear, el, fmtBytes, fmtTime, progressBar, setProgress } from "../../util.js";
 
 const ACCEPT = ".txt,.jsonl,.json,.md,text/plain,application/jsonl";
+const TRAINABLE = "fine-tune"; // the one purpose a job's training and validation files may have
 
 const labelled = (id, text, name) => el("label", { for: id }, text, el("span", { class: "param-name" }, name));
 
-/** errors: FieldErrors; signal aborts uploads and listings when the page goes away. */
-export function dataFieldset({ errors, signal }) {
+/** errors: FieldErrors; signal aborts uploads and listings when the page goes away; onLoaded()
+ *  after each listing (the selects may have changed). */
+export function dataFieldset({ errors, signal, onLoaded = () => {} }) {
   const parts = dataNodes(errors);
-  const load = fileLister(parts, { errors, signal });
+  const listing = fileLister(parts, { errors, signal });
+  const load = async (selectId) => { await listing(selectId); onLoaded(); };
   parts.upload.addEventListener("change", () => uploadChosenFile(parts, { errors, signal, load }));
   return {
     node: parts.node,
@@ -50,7 +54,7 @@ function fileLister({ trainingFile, validationFile }, { errors, signal }) {
   return async function load(selectId) {
     const mine = ++listing;
     try {
-      const page = await api("/files", { signal });
+      const page = await api(`/files${query({ purpose: TRAINABLE })}`, { signal });
       if (mine !== listing) return;
       const files = (page.data || []).slice().sort((a, b) => (b.created_at || 0) - (a.created_at || 0));
       for (const sel of [trainingFile, validationFile]) {

@@ -1,0 +1,107 @@
+"""POST /v1/fine_tuning/jobs/estimate: the new-job form's live estimate. Its numbers are admission's
+own (api.job_limits.job_size), a job too large comes back with the same words a create would answer
+(beside the numbers, not as a 400), other bad requests are the create's 400s, nothing is written,
+and the time is the request's compute over what this worker class achieved on finished jobs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from api.job_estimate import RATE_JOBS
+from api.job_limits import job_size
+from core.models import Job
+from core.settings import Settings
+from tests.api.conftest import SHAKESPEARE, Factory, Tenant, count, upload
+from tests.api.test_errors import assert_envelope
+from trainer.config import TrainConfig, model_config_from_preset
+
+URL = "/v1/fine_tuning/jobs/estimate"
+
+
+def uploaded(client: TestClient, tenant: Tenant) -> dict[str, Any]:
+    r = upload(client, tenant, SHAKESPEARE.read_bytes(), "shakespeare.txt")
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_the_estimate_is_admissions_arithmetic(
+    client: TestClient, tenant: Tenant, session_factory: Any, settings: Settings
+) -> None:
+    f = uploaded(client, tenant)
+    body = {
+        "model": "llama-tiny",
+        "training_file": f["id"],
+        "hyperparameters": {"max_steps": 300, "device": "cpu"},
+    }
+    r = client.post(URL, headers=tenant.headers, json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    model_cfg = model_config_from_preset("llama-tiny")
+    train_cfg = TrainConfig(max_steps=300, device="cpu")
+    size = job_size(model_cfg, train_cfg, "cpu", f["bytes"], False)
+    assert got["object"] == "fine_tuning.job.estimate" and got["queue"] == "cpu" and got["device"] == "cpu"
+    assert got["steps"] == 300 == size.steps
+    assert got["tokens"] == size.tokens == 300 * got["tokens_per_step"]
+    assert got["memory_bytes"] == size.memory.total > 0
+    assert got["memory_limit_bytes"] == settings.cpu_worker_memory_bytes
+    assert got["parameters"] > 0 and got["problem"] is None
+    assert got["seconds"] is None and got["rate_jobs"] == 0  # no job of this class has finished
+    assert count(session_factory, Job, Job.owner_id == tenant.owner_id) == 0  # nothing written
+
+
+def test_a_job_too_large_comes_with_its_numbers(client: TestClient, tenant: Tenant) -> None:
+    f = uploaded(client, tenant)
+    big = {"n_layer": 256, "n_embd": 768, "n_head": 12, "device": "cpu"}
+    body = {"model": "llama-tiny", "training_file": f["id"], "hyperparameters": big}
+    got = client.post(URL, headers=tenant.headers, json=body).json()
+    create = assert_envelope(client.post("/v1/fine_tuning/jobs", headers=tenant.headers, json=body), 400)
+    assert (
+        got["problem"] == {"message": create["message"], "param": create["param"]}
+        and create["param"] == "n_embd"
+    )
+    assert got["memory_bytes"] > got["memory_limit_bytes"]
+
+
+def test_other_bad_requests_are_the_creates_400s(client: TestClient, tenant: Tenant) -> None:
+    f = uploaded(client, tenant)
+    err = assert_envelope(
+        client.post(URL, headers=tenant.headers, json={"model": "llama-tiny", "training_file": "file-nope"}),
+        400,
+    )
+    assert err["param"] == "training_file"
+    bad = {"model": "llama-tiny", "training_file": f["id"], "hyperparameters": {"n_embd": 65}}
+    assert assert_envelope(client.post(URL, headers=tenant.headers, json=bad), 400)["param"] == "n_embd"
+    assert client.post(URL, json=bad).status_code == 401
+
+
+def test_the_time_comes_from_finished_jobs_of_the_worker_class(
+    client: TestClient, tenant: Tenant, factory: Factory
+) -> None:
+    # the newest finished jobs of the class (RATE_JOBS of them, so the median is theirs): llama-tiny
+    # cpu jobs that each trained 1,000,000 tokens in 100 s
+    started = datetime.now(UTC)
+    for _ in range(RATE_JOBS):
+        factory.job(
+            tenant.owner_id,
+            status="succeeded",
+            queue="cpu",
+            trained_tokens=1_000_000,
+            started_at=started,
+            finished_at=started + timedelta(seconds=100),
+        )
+    f = uploaded(client, tenant)
+    body = {
+        "model": "llama-tiny",
+        "training_file": f["id"],
+        "hyperparameters": {"max_steps": 300, "device": "cpu"},
+    }
+    got = client.post(URL, headers=tenant.headers, json=body).json()
+    # the same model: its tokens at the measured 10,000 tokens/s
+    assert got["rate_jobs"] == RATE_JOBS
+    assert got["seconds"] == round(got["tokens"] / 10_000, 1)
+    # a gpu job's class has its own rate (none measured here)
+    gpu = {**body, "hyperparameters": {"max_steps": 300, "device": "cuda"}}
+    assert client.post(URL, headers=tenant.headers, json=gpu).json()["seconds"] is None
