@@ -1,5 +1,5 @@
 """`fromscratch`'s argument parser: argparse's, saying "did you mean --max-steps?" for an option it
-does not know. Every subcommand's parser is one of these (argparse makes subparsers of the parent's
+does not know (and "did you mean jobs?" for a command or choice). Every subcommand's parser is one of these (argparse makes subparsers of the parent's
 class), so `train`, `sample`, `export` and the client commands all get it."""
 
 from __future__ import annotations
@@ -16,6 +16,16 @@ def did_you_mean(word: str, known: Sequence[str]) -> str:
 
 
 class Parser(argparse.ArgumentParser):
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        """An invalid choice (a command, a --format...): argparse's message, and the closest choice."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as e:
+            if action.choices is None or not isinstance(value, str):
+                raise
+            guess = did_you_mean(value, [str(c) for c in action.choices])
+            raise argparse.ArgumentError(action, f"{e.message}{guess}") from None
+
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:

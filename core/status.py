@@ -10,10 +10,11 @@ from enum import StrEnum
 
 
 class JobStatus(StrEnum):
-    """A job's lifecycle, in the order a successful job passes through it (OpenAI's names)."""
+    """A job's lifecycle, in the order a successful job passes through it (OpenAI's names): queued
+    while it waits for a worker, validating_files while that worker validates its files."""
 
-    VALIDATING_FILES = "validating_files"
     QUEUED = "queued"
+    VALIDATING_FILES = "validating_files"
     RUNNING = "running"
     PAUSED = "paused"
     SUCCEEDED = "succeeded"
@@ -23,8 +24,9 @@ class JobStatus(StrEnum):
 
 # A job in one of these never changes again.
 TERMINAL: frozenset[JobStatus] = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
-# A worker may claim a job in one of these (when no lease is held).
-CLAIMABLE: frozenset[JobStatus] = frozenset({JobStatus.VALIDATING_FILES, JobStatus.QUEUED})
+# A worker may claim a job in one of these (when no lease is held); validating_files: a row written
+# before jobs were created queued.
+CLAIMABLE: frozenset[JobStatus] = frozenset({JobStatus.QUEUED, JobStatus.VALIDATING_FILES})
 # A job in one of these is being worked on: its worker holds a lease.
 ACTIVE: frozenset[JobStatus] = frozenset({JobStatus.VALIDATING_FILES, JobStatus.RUNNING})
 

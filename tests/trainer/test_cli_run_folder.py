@@ -88,3 +88,19 @@ def test_help_says_each_default_once(capsys, monkeypatch, command: list[str]) ->
     doubled = [line.strip() for line in text.splitlines() if len(re.findall(r"\(default", line)) > 1]
     assert doubled == []
     assert "--train-on-inputs" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [
+        (["job", "list"], "invalid choice: 'job'"),
+        (["jobs", "lst"], "(did you mean list?)"),
+        (["train", "data.txt", "--out", "o", "--schedule", "cosin"], "(did you mean cosine?)"),
+    ],
+)
+def test_an_invalid_choice_says_the_closest(capsys, argv: list[str], suggestion: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and suggestion in err, err
+    assert err.rstrip().endswith("?)")
