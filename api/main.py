@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.db_errors import install_database_error_handler
 from api.errors import ERROR_RESPONSES, install_error_handlers
+from api.head_requests import HeadAsGetMiddleware
 from api.logs import install_log_redaction
 from api.openapi import api_routes, install_openapi
 from api.rate_limit import RateLimiter
@@ -168,4 +169,5 @@ def _install_handlers_and_middleware(app: FastAPI, engine: Engine, latency: Hist
     install_log_redaction()
     app.add_middleware(TextURLMiddleware)  # a URL holding NUL is a 400 (api/request_text.py)
     app.add_middleware(LatencyMiddleware, histogram=latency)
+    app.add_middleware(HeadAsGetMiddleware)  # HEAD on GET routes: their head, no body
     app.add_middleware(ResponseHeadersMiddleware)  # outermost: x-request-id, x-should-retry, Retry-After

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -262,16 +262,21 @@ class BlobStore:
             s.expunge(blob)
             return blob
 
-    def open(self, blob_id: str) -> Iterator[bytes]:
-        """An iterator over the blob's bytes. Checks existence now (BlobNotFound), so callers can
-        answer 404 before starting a response; the bytes are read lazily, chunk by chunk."""
+    def open(self, blob_id: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        """An iterator over the blob's bytes, or over bytes start..end (inclusive) of it. Checks
+        existence now (BlobNotFound), so callers can answer 404 before starting a response; the
+        bytes are read lazily, chunk by chunk. The whole blob is checked against its size and
+        sha256 as it is read; a range cannot be (a Range request's client checks the whole)."""
         blob = self.info(blob_id)
         if blob.backend == "db":
-            return self._verified(blob, read_chunks(self.session_factory, blob_id))
-        backend = self._external_for(blob_id, blob.backend)
-        if blob.path is None:
-            raise BlobCorrupt(f"blob {blob_id} on the {blob.backend!r} backend has no path")
-        return self._verified(blob, backend.read(blob.path, blob.size))
+            chunks = read_chunks(self.session_factory, blob_id, start)
+        else:
+            if blob.path is None:
+                raise BlobCorrupt(f"blob {blob_id} on the {blob.backend!r} backend has no path")
+            chunks = self._external_for(blob_id, blob.backend).read(blob.path, blob.size, start)
+        if start == 0 and end is None:
+            return self._verified(blob, chunks)
+        return _first_bytes(chunks, (blob.size if end is None else end + 1) - start)
 
     @staticmethod
     def _verified(blob: Blob, chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -350,6 +355,19 @@ class BlobStore:
             except Exception as exc:
                 log.warning("could not list the unfinished S3 uploads: %s", exc)
         return deleted
+
+
+def _first_bytes(chunks: Iterator[bytes], n: int) -> Iterator[bytes]:
+    """The first n bytes of `chunks`; the rest is never read (the reader is closed at once)."""
+    try:
+        for chunk in chunks:
+            if n <= 0:
+                return
+            yield chunk[:n]
+            n -= len(chunk)
+    finally:
+        if isinstance(chunks, Generator):
+            chunks.close()
 
 
 def is_store_outage(error: BaseException) -> bool:

@@ -41,9 +41,10 @@ from sqlalchemy import Text, and_, cast, or_, select
 from sqlalchemy.orm import Session
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
-from api.errors import APIError, not_found, quote_input
+from api.errors import APIError, ErrorResponse, not_found, quote_input
 from api.queries import AfterId, bad_cursor, live_files, newest_first_after, owned_file
 from api.quotas import check_storage, storage_exceeded
+from api.ranges import download_response
 from api.request_models import FileUploadFields
 from api.schemas import Deleted, FileObject, ListEnvelope, to_file
 from api.uploads import MULTIPART_SLACK, Upload, received_upload, too_large
@@ -230,24 +231,22 @@ def get_file(file_id: str, session: SessionDep, key: CurrentKey) -> FileObject:
     "/files/{file_id}/content",
     summary="Download a file's bytes",
     response_class=StreamingResponse,
-    responses={200: {"content": {"application/jsonl": {}, "text/plain": {}, "text/csv": {}}}},
+    description="`Range: bytes=N-` answers 206 with the bytes from N on (a broken download resumes).",
+    responses={
+        200: {"content": {"application/jsonl": {}, "text/plain": {}, "text/csv": {}}},
+        206: {"description": "the bytes of the `Range` asked for"},
+        416: {"model": ErrorResponse, "description": "the `Range` starts past the file's end"},
+    },
 )
 def file_content(
-    file_id: str, session: SessionDep, key: CurrentKey, store: BlobStoreDep
+    file_id: str, request: Request, session: SessionDep, key: CurrentKey, store: BlobStoreDep
 ) -> StreamingResponse:
     f = owned_file(session, key.owner_id, file_id)
     if f.blob_id is None:  # only deleted files have no bytes, and owned_file skips those
         raise not_found("file", file_id)
-    chunks = store.open(f.blob_id)
     media = MEDIA_TYPES.get(f.format, "text/plain; charset=utf-8")
-    return StreamingResponse(
-        chunks,
-        media_type=media,
-        headers={
-            "Content-Length": str(f.bytes),
-            "Content-Disposition": content_disposition(f.filename),
-        },
-    )
+    disposition = {"Content-Disposition": content_disposition(f.filename)}
+    return download_response(request, store, f.blob_id, media, disposition)
 
 
 def _drop_from_result_files(session: Session, f: File) -> None:

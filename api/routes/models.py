@@ -20,8 +20,10 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response, Streamin
 from sqlalchemy import select
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
+from api.errors import ErrorResponse
 from api.exports import RETRY_AFTER_SECONDS, ExportPreparing, delete_exports, find_download
 from api.queries import ModelRef, is_deleted, owned_model
+from api.ranges import download_response
 from api.request_text import json_router
 from api.routes.files import content_disposition
 from api.schemas import Deleted, ListEnvelope, Model, unix
@@ -106,6 +108,8 @@ def list_models(session: SessionDep, key: CurrentKey) -> ListEnvelope[Model]:
             "from `Location`, a presigned URL valid for 15 minutes (send no Authorization header there)",
             "headers": {"Location": {"description": "the presigned URL", "schema": {"type": "string"}}},
         },
+        206: {"description": "the bytes of the `Range` asked for (`Range: bytes=N-` resumes a download)"},
+        416: {"model": ErrorResponse, "description": "the `Range` starts past the file's end"},
     },
 )
 def model_content(
@@ -132,10 +136,8 @@ def model_content(
         url = store.presigned_url(found.blob_id, disposition, found.media_type)
         if url is not None:
             return RedirectResponse(url, status_code=307)
-    return StreamingResponse(
-        store.open(found.blob_id),
-        media_type=found.media_type,
-        headers={"Content-Length": str(found.size), "Content-Disposition": disposition},
+    return download_response(
+        request, store, found.blob_id, found.media_type, {"Content-Disposition": disposition}
     )
 
 

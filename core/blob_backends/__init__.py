@@ -33,9 +33,9 @@ class ExternalBackend(Protocol):
         On an error, what was written so far is removed before raising."""
         ...
 
-    def read(self, location: str, size: int) -> Iterator[bytes]:
-        """The bytes at `location` (`size` is what the row recorded), lazily, in pieces.
-        BlobCorrupt when they are missing."""
+    def read(self, location: str, size: int, start: int = 0) -> Iterator[bytes]:
+        """The bytes at `location` from byte `start` on (`size` is what the row recorded), lazily,
+        in pieces. BlobCorrupt when they are missing."""
         ...
 
     def remove(self, location: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.models import BlobChunk
@@ -25,8 +25,9 @@ def write_chunks(session: Session, blob_id: str, chunks: Iterable[bytes], owned:
             session.commit()
 
 
-def read_chunks(session_factory: sessionmaker[Session], blob_id: str) -> Iterator[bytes]:
-    last = -1
+def read_chunks(session_factory: sessionmaker[Session], blob_id: str, start: int = 0) -> Iterator[bytes]:
+    """The blob's bytes from byte `start` on, a chunk per query."""
+    last, skip = _chunk_before(session_factory, blob_id, start) if start else (-1, 0)
     while True:
         # one short query per chunk: bounded memory, no long-lived read transaction
         with session_factory() as s:
@@ -39,4 +40,22 @@ def read_chunks(session_factory: sessionmaker[Session], blob_id: str) -> Iterato
         if row is None:
             return
         last = row.seq
-        yield bytes(row.data)
+        yield bytes(row.data[skip:]) if skip else bytes(row.data)
+        skip = 0
+
+
+def _chunk_before(session_factory: sessionmaker[Session], blob_id: str, start: int) -> tuple[int, int]:
+    """(the seq of the chunk before the one holding byte `start`, start's offset in its chunk), from
+    the chunks' lengths alone (their bytes are not read)."""
+    with session_factory() as s:
+        lengths = s.execute(
+            select(BlobChunk.seq, func.length(BlobChunk.data))
+            .where(BlobChunk.blob_id == blob_id)
+            .order_by(BlobChunk.seq)
+        ).all()
+    before, last = 0, -1
+    for seq, length in lengths:
+        if before + length > start:
+            return last, start - before
+        before, last = before + length, seq
+    return last, 0

@@ -36,13 +36,14 @@ class FsBackend:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def read(self, location: str, size: int) -> Iterator[bytes]:
+    def read(self, location: str, size: int, start: int = 0) -> Iterator[bytes]:
         path = self.root / location
         try:
             f = open(path, "rb")
         except FileNotFoundError:
             raise BlobCorrupt(f"blob file {path} is missing") from None
         with f:
+            f.seek(start)
             yield from iter(lambda: f.read(self.chunk_size), b"")
 
     def remove(self, location: str) -> None:

@@ -116,12 +116,12 @@ class S3Backend:
                 log.warning("could not abort the upload of s3://%s/%s: %s", self.bucket, key, exc)
 
     # ---- reading ---------------------------------------------------------------------------
-    def read(self, location: str, size: int) -> Iterator[bytes]:
+    def read(self, location: str, size: int, start: int = 0) -> Iterator[bytes]:
         if size == 0:  # no range to ask for: check that the (empty) object is there
             self._check_empty(location)
             return
-        for start in range(0, size, self.range_size):
-            yield from self._read_range(location, start, min(start + self.range_size, size) - 1, size)
+        for first in range(start, size, self.range_size):
+            yield from self._read_range(location, first, min(first + self.range_size, size) - 1, size)
 
     def _check_empty(self, key: str) -> None:
         try:
