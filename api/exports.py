@@ -172,7 +172,7 @@ def _send(session: Session, celery: Celery, export_id: str) -> None:
         session.commit()
         raise APIError(
             503,
-            f"The export could not be queued: the broker is unreachable ({type(e).__name__}). Nothing "
+            "The export could not be queued: the broker is unreachable. Nothing "
             "was kept; try again later (GET /readyz shows when the service is ready).",
             code="broker_unavailable",
         ) from e

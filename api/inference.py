@@ -237,8 +237,8 @@ async def start_inference(app: FastAPI, owner_id: str, model_id: str, params: di
             log.warning("could not send inference request %s: %s", row_id, e)
             raise APIError(
                 503,
-                f"The request could not be sent to an inference worker: the broker is unreachable "
-                f"({type(e).__name__}). Try again later (GET /readyz shows when the service is ready).",
+                "The request could not be sent to an inference worker: the broker is unreachable. "
+                "Try again later (GET /readyz shows when the service is ready).",
                 code="broker_unavailable",
             ) from e
         await run.wait_taken()

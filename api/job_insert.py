@@ -100,7 +100,7 @@ def enqueue(request: Request, session: Session, job: Job, undo: Callable[[Sessio
         session.commit()
         raise APIError(
             503,
-            f"The job could not be queued: the broker is unreachable ({type(e).__name__}). "
+            "The job could not be queued: the broker is unreachable. "
             "Nothing was changed; try again later (GET /readyz shows when the service is ready).",
             code="broker_unavailable",
         ) from e

@@ -31,8 +31,8 @@ All of them read the same settings (`FROMSCRATCH_*`; `--data-dir` sets `FROMSCRA
 
 `fromscratch serve` is the embedded install: SQLite database, kombu's `sqla+sqlite` broker and the
 blobs (uploads, checkpoints, exports: files under `blobs/`, none in the database) in the data dir
-(unless FROMSCRATCH_DATABASE_URL / FROMSCRATCH_BROKER_URL / FROMSCRATCH_BLOB_BACKEND say otherwise), migrations run at
-start, an API key created and printed on the first start, two `fromscratch worker` subprocesses
+(unless FROMSCRATCH_DATABASE_URL / FROMSCRATCH_BROKER_URL / FROMSCRATCH_BLOB_BACKEND say otherwise), migrations run and
+the broker's tables and queues created at start (before anything uses them), an API key created and printed on the first start, two `fromscratch worker` subprocesses
 supervised (restarted with backoff if they die): one training worker (queues cpu,gpu) and one
 inference worker (queue inference: completions and on-demand exports, models kept loaded), and
 the API (uvicorn, `api.main:create_app`, which never loads torch) in this process. Ctrl-C / SIGTERM stops the API, then asks the worker to stop (a running job checkpoints and
@@ -78,6 +78,10 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     migrate_database(settings)
     prepare_blob_store(settings)
+    from core.broker import prepare_broker
+
+    # its tables and queues, before the API and the workers race to create them (core/broker.py)
+    prepare_broker(settings)
     print(_banner(args.host, args.port, settings, _ensure_first_key(settings)), flush=True)
     supervisors = [] if args.no_worker else _start_workers(args.log_level)
 

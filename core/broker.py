@@ -20,7 +20,7 @@ from kombu import Queue
 
 from core.broker_faults import describe
 from core.broker_queues import move_to_head
-from core.device_queues import split_queue
+from core.device_queues import job_queue, split_queue
 from core.settings import INFERENCE_QUEUE, QUEUES, WORKER_QUEUES
 
 if TYPE_CHECKING:
@@ -68,6 +68,27 @@ def make_celery(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
     )
     return app
+
+
+def prepare_broker(settings: Settings) -> None:
+    """Create the SQL transport's tables and queue rows (the embedded `sqla+sqlite://` broker) before
+    any process uses it; `fromscratch serve` calls it before it starts the API and the workers.
+
+    Left to them, every process creates the tables on its first use (kombu's `metadata.create_all`)
+    and each queue's row on its first send or consume, check then insert: two processes doing it
+    at once meet "table already exists" or a duplicate queue row, and kombu's retry after that
+    error publishes on the channel it just closed (AttributeError). Created first, each process
+    only finds them. Queues: every one a worker consumes or the API routes a job to (the training
+    queues up to the devices the API admits, `<queue>.<N>`). Other brokers (Redis) need nothing."""
+    if not settings.broker_url.startswith("sqla+"):
+        return
+    names = [INFERENCE_QUEUE, *QUEUES]
+    for queue, devices in (("cpu", settings.cpu_worker_devices), ("gpu", settings.gpu_worker_devices)):
+        names += [job_queue(queue, n) for n in range(2, devices + 1)]
+    with make_celery(settings).connection_for_write() as conn:
+        channel = conn.default_channel  # the first use: kombu creates its tables
+        for name in names:
+            Queue(name, routing_key=name)(channel).declare()
 
 
 def enqueue_job(celery: Celery, job_id: str, queue: str, *, front: bool = False) -> None:

@@ -28,7 +28,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.db_errors import RETRY_AFTER_SECONDS
 from api.errors import error_response
+from core.broker_faults import describe as describe_broker_error
 from core.db_faults import OutageLog, is_connection_error
+from core.db_faults import describe as describe_db_error
 from core.models import Job
 from core.status import CLAIMABLE, JobStatus
 
@@ -129,13 +131,15 @@ def readyz(request: Request) -> Response:
         checks["database"] = "ok"
     except Exception as e:
         checks["database"] = "unreachable"
-        problems.append(f"database unreachable ({type(e).__name__})")
+        problems.append("database unreachable")
+        log.warning("readyz: database unreachable (%s)", describe_db_error(e))
     try:
         _check_broker(request.app.state.celery)
         checks["broker"] = "ok"
     except Exception as e:
         checks["broker"] = "unreachable"
-        problems.append(f"broker unreachable ({type(e).__name__})")
+        problems.append("broker unreachable")
+        log.warning("readyz: broker unreachable (%s)", describe_broker_error(e))
     if problems:  # the message names what is down
         message = "Not ready: " + "; ".join(problems)
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
