@@ -57,7 +57,7 @@ class JobPage {
     this.progress = progressCard({ charts: this.charts, metrics: this.metrics, statuses });
     this.actions = jobActions({ statuses, request: (action) => this.request(action), rerender: () => this.renderJob() });
     this.header = jobHeader(id, this.actions.node);
-    this.generate = generateCard({ endpoints });
+    this.generate = generateCard({ signal });
     this.downloads = downloadCard({ signal });
     this.checkpoints = checkpointsCard();
     this.events = eventsCard();

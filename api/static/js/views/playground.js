@@ -10,7 +10,7 @@ import { completionPane } from "./playground/completion.js";
 import { modelPicker } from "./playground/models.js";
 import { samplingFields } from "./playground/sampling.js";
 import { runStats } from "./playground/stats.js";
-import { streamCompletion } from "./playground/stream.js";
+import { streamRun } from "./playground/stream.js";
 
 const MODES = { chat: "Chat", completion: "Completion" };
 
@@ -136,28 +136,13 @@ class Playground {
     if (!part) return;
     this.errorBox.hidden = true;
     this.sampling.markInvalid(null);
-    const body = { model, ...part, ...this.sampling.values(), stream: true, stream_options: { include_usage: true } };
+    const body = { model, ...part, ...this.sampling.values() };
     this.run = new AbortController();
     this.setBusy(true);
-    const sink = pane.begin();
-    const stats = this.stats;
-    stats.start();
-    try {
-      const result = await streamCompletion(pane.path, body, {
-        signal: this.run.signal,
-        onText(text) { sink.append(text); stats.chunk(); },
-      });
-      sink.end("done");
-      stats.finish("done", result);
-    } catch (e) {
-      const stopped = e.name === "AbortError";
-      sink.end(stopped ? "stopped" : "error");
-      stats.finish(stopped ? "stopped" : "error");
-      if (!stopped) this.failed(e);
-    } finally {
-      this.run = null;
-      if (!this.page.signal.aborted) this.setBusy(false);
-    }
+    const { error } = await streamRun(pane.path, body, { signal: this.run.signal, sink: pane.begin(), stats: this.stats });
+    if (error) this.failed(error);
+    this.run = null;
+    if (!this.page.signal.aborted) this.setBusy(false);
   }
 
   /** The API's message, and the control it names marked (error.param). */

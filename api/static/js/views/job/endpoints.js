@@ -18,6 +18,5 @@ export function jobEndpoints(id, signal) {
     file: (fileId) => api(`/files/${encodeURIComponent(fileId)}`, { signal }),
     /** POST cancel | pause | resume; answers the job. */
     control: (action) => api(`${base}/${action}`, { method: "POST", signal }),
-    generate: (model, body) => api(`/models/${encodeURIComponent(model)}/generate`, { method: "POST", body, signal }),
   };
 }

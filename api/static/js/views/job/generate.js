@@ -1,59 +1,56 @@
-// The "Generate text" card: prompt and sampling options, POST /v1/models/{id}/generate.
+// The "Generate text" card: a prompt continued by one of the job's models (its final model or a
+// checkpoint), streamed in as the playground streams it (POST /v1/completions, stream: true), with
+// the playground's own pieces: its completion pane, its sampling controls (max tokens, temperature,
+// top-p, seed, stop) and its run line (usage, tokens/s). Stop hangs up.
 
 import { el } from "../../util.js";
+import { completionPane } from "../playground/completion.js";
 import { tryItLink } from "../playground/models.js";
+import { samplingFields } from "../playground/sampling.js";
+import { runStats } from "../playground/stats.js";
+import { streamRun } from "../playground/stream.js";
 import { fillModelSelect, modelSelect } from "./models.js";
 
-const field = (id, label, control) => el("div", { class: "field" }, el("label", { for: id }, label), control);
-const numberOrUndefined = (input) => (input.value.trim() === "" ? undefined : Number(input.value));
-
-/** endpoints: jobEndpoints(); setModels(models) refills the picker. */
-export function generateCard({ endpoints }) {
+/** signal: the page's (leaving it stops a run); setModels(models) refills the picker. */
+export function generateCard({ signal }) {
   const model = modelSelect("gen-model");
-  const prompt = el("textarea", { id: "gen-prompt", rows: 3, placeholder: "ROMEO:" }, "");
-  const maxTokens = el("input", { id: "gen-max-tokens", type: "number", min: 1, max: 2048, value: 200 });
-  const temperature = el("input", { id: "gen-temperature", type: "number", min: 0, max: 5, step: 0.1, value: 0.8 });
-  const topK = el("input", { id: "gen-top-k", type: "number", min: 1, placeholder: "off" });
-  const seed = el("input", { id: "gen-seed", type: "number", placeholder: "random" });
+  const pane = completionPane({ idPrefix: "gen", rows: 3 });
+  const sampling = samplingFields({ idPrefix: "gen", card: false });
+  const stats = runStats({ id: "gen-stats" });
   const button = el("button", { type: "submit", class: "primary", disabled: true }, "Generate");
-  const output = el("pre", { class: "gen-output", id: "gen-output", "aria-live": "polite" });
-  const tryIt = tryItLink(model); // the playground with the chosen model (streamed chat, completions)
+  const stop = el("button", { type: "button", class: "secondary", id: "gen-stop-button", disabled: true }, "Stop");
+  const errorBox = el("div", { class: "error-banner", role: "alert", id: "gen-error", hidden: true });
+  const tryIt = tryItLink(model); // the playground with the chosen model (chat too)
   const node = el("form", { class: "card", "aria-labelledby": "gen-h" },
     el("h2", { id: "gen-h" }, "Generate text"),
-    field("gen-model", "Model or checkpoint", model),
-    field("gen-prompt", "Prompt", prompt),
-    el("div", { class: "grid grid-4" },
-      field("gen-max-tokens", "Max tokens", maxTokens),
-      field("gen-temperature", "Temperature", temperature),
-      field("gen-top-k", "Top-k", topK),
-      field("gen-seed", "Seed", seed)),
-    el("div", { class: "actions" }, button, tryIt.node), output);
+    el("div", { class: "field" }, el("label", { for: "gen-model" }, "Model or checkpoint"), model),
+    pane.node, sampling.node, errorBox,
+    el("div", { class: "actions" }, button, stop, tryIt.node), stats.node);
 
   let available = 0; // how many models the picker offers
+  let run = null; // the AbortController of the run in flight
+  signal.addEventListener("abort", () => run?.abort(), { once: true });
+  stop.addEventListener("click", () => run?.abort());
 
   node.addEventListener("submit", async (ev) => {
     ev.preventDefault();
-    if (!model.value) return;
+    const part = pane.request();
+    if (run || !model.value || !part) return;
+    errorBox.hidden = true;
+    sampling.markInvalid(null);
+    run = new AbortController();
     button.disabled = true;
-    button.textContent = "Generating…";
-    output.textContent = "";
-    output.classList.remove("error-text");
-    try {
-      const body = {
-        prompt: prompt.value, max_tokens: numberOrUndefined(maxTokens), temperature: numberOrUndefined(temperature),
-        top_k: numberOrUndefined(topK), seed: numberOrUndefined(seed),
-      };
-      const res = await endpoints.generate(model.value, body);
-      output.textContent = "";
-      output.append(el("span", { class: "prompt-echo" }, prompt.value), res.text ?? "");
-    } catch (e) {
-      if (e.name === "AbortError") return;
-      output.textContent = e.message;
-      output.classList.add("error-text");
-    } finally {
-      button.disabled = !available;
-      button.textContent = "Generate";
+    stop.disabled = false;
+    const body = { model: model.value, ...part, ...sampling.values() };
+    const { error } = await streamRun("/completions", body, { signal: run.signal, sink: pane.begin(), stats });
+    if (error) {
+      errorBox.textContent = error.code ? `${error.message} (${error.code})` : error.message;
+      errorBox.hidden = false;
+      sampling.markInvalid(error.param);
     }
+    run = null;
+    button.disabled = !available;
+    stop.disabled = true;
   });
 
   return {
@@ -62,7 +59,7 @@ export function generateCard({ endpoints }) {
       available = models.length;
       fillModelSelect(model, models);
       tryIt.update();
-      button.disabled = !available;
+      if (!run) button.disabled = !available;
     },
   };
 }

@@ -1,13 +1,14 @@
 // Completion mode: a prompt, and its continuation (POST /v1/completions) appended after it as it
-// streams in. "Continue from here" makes prompt + continuation the next prompt.
+// streams in. "Continue from here" makes prompt + continuation the next prompt. The job page's
+// generate card is this pane too (idPrefix "gen").
 
 import { el } from "../../util.js";
 
-export function completionPane() {
-  const prompt = el("textarea", { id: "pg-prompt", name: "prompt", rows: 5, placeholder: "ROMEO:" });
+export function completionPane({ idPrefix = "pg", rows = 5 } = {}) {
+  const prompt = el("textarea", { id: `${idPrefix}-prompt`, name: "prompt", rows, placeholder: "ROMEO:" });
   const echo = el("span", { class: "prompt-echo" });
   const generated = el("span", { class: "generated" });
-  const output = el("pre", { class: "gen-output pg-output", id: "pg-output", role: "region", "aria-label": "Output",
+  const output = el("pre", { class: "gen-output pg-output", id: `${idPrefix}-output`, role: "region", "aria-label": "Output",
     "aria-live": "polite" });
   const keep = el("button", { type: "button", class: "secondary", hidden: true }, "Continue from here");
   keep.addEventListener("click", () => {
@@ -17,7 +18,7 @@ export function completionPane() {
     prompt.focus();
   });
   const node = el("div", { class: "pg-pane", dataset: { mode: "completion" } },
-    el("div", { class: "field" }, el("label", { for: "pg-prompt" }, "Prompt"), prompt),
+    el("div", { class: "field" }, el("label", { for: prompt.id }, "Prompt"), prompt),
     output,
     el("div", { class: "actions" }, keep));
 

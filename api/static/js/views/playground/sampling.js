@@ -1,6 +1,7 @@
 // The sampling controls: max_tokens, temperature, top_p, seed and stop sequences, as the request
 // fields OpenAI's completions take. An empty box is left out (the server's default applies); a
-// field the API names in an error is marked and focused.
+// field the API names in an error is marked and focused. The job page's generate card uses them too
+// (idPrefix "gen", inside its own form: no card of their own).
 
 import { el } from "../../util.js";
 
@@ -16,23 +17,28 @@ export function parseStops(text) {
     .map((line) => line.replace(/\\(n|t|\\)/g, (_, c) => (c === "n" ? "\n" : c === "t" ? "\t" : "\\")));
 }
 
-export function samplingFields() {
+/** idPrefix: the controls' ids (<prefix>-max-tokens, ...); card: a card of its own with a heading. */
+export function samplingFields({ idPrefix = "pg", card = true } = {}) {
+  const id = (name) => `${idPrefix}-${name}`;
   const inputs = {
-    max_tokens: number("pg-max-tokens", "max_tokens", { min: 1, step: 1, value: 128 }),
-    temperature: number("pg-temperature", "temperature", { min: 0, max: 2, value: 0.8 }),
-    top_p: number("pg-top-p", "top_p", { min: 0, max: 1, value: 1 }),
-    seed: number("pg-seed", "seed", { step: 1, placeholder: "random" }),
-    stop: el("textarea", { id: "pg-stop", name: "stop", rows: 2, placeholder: "none",
-      "aria-describedby": "pg-stop-help" }),
+    max_tokens: number(id("max-tokens"), "max_tokens", { min: 1, step: 1, value: 128 }),
+    temperature: number(id("temperature"), "temperature", { min: 0, max: 2, value: 0.8 }),
+    top_p: number(id("top-p"), "top_p", { min: 0, max: 1, value: 1 }),
+    seed: number(id("seed"), "seed", { step: 1, placeholder: "random" }),
+    stop: el("textarea", { id: id("stop"), name: "stop", rows: 2, placeholder: "none",
+      "aria-describedby": `${id("stop")}-help` }),
   };
-  const node = el("section", { class: "card pg-sampling", "aria-labelledby": "pg-sampling-h" },
-    el("h2", { id: "pg-sampling-h" }, "Sampling"),
+  const fields = [
     el("div", { class: "grid grid-4" },
-      field("pg-max-tokens", "Max tokens", inputs.max_tokens),
-      field("pg-temperature", "Temperature", inputs.temperature),
-      field("pg-top-p", "Top-p", inputs.top_p),
-      field("pg-seed", "Seed", inputs.seed)),
-    field("pg-stop", "Stop sequences", inputs.stop, "One per line, up to 4; \\n is a newline."));
+      field(id("max-tokens"), "Max tokens", inputs.max_tokens),
+      field(id("temperature"), "Temperature", inputs.temperature),
+      field(id("top-p"), "Top-p", inputs.top_p),
+      field(id("seed"), "Seed", inputs.seed)),
+    field(id("stop"), "Stop sequences", inputs.stop, "One per line, up to 4; \\n is a newline.")];
+  const node = card
+    ? el("section", { class: "card pg-sampling", "aria-labelledby": id("sampling-h") },
+      el("h2", { id: id("sampling-h") }, "Sampling"), fields)
+    : el("div", { class: "sampling" }, fields);
 
   return {
     node,

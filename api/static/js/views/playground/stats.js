@@ -5,8 +5,8 @@ import { el, fmtInt } from "../../util.js";
 
 const seconds = (ms) => `${(ms / 1000).toFixed(2)} s`;
 
-export function runStats() {
-  const node = el("p", { class: "muted small pg-stats", id: "pg-stats", role: "status" });
+export function runStats({ id = "pg-stats" } = {}) {
+  const node = el("p", { class: "muted small pg-stats", id, role: "status" });
   let started = 0, first = 0, chunks = 0;
 
   return {

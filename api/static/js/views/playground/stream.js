@@ -42,3 +42,26 @@ export async function streamCompletion(path, body, { signal, onText }) {
   if (!done) throw new ApiError(200, { message: "the stream ended before the server said it was done" });
   return result;
 }
+
+/**
+ * One run as the playground and the job page's generate card make it: `body` streamed to /v1<path>
+ * with the usage asked for, each piece of text into sink.append and counted by stats (runStats),
+ * then sink.end(outcome) and stats.finish. Resolves to {outcome: "done" | "stopped" | "error", error}.
+ */
+export async function streamRun(path, body, { signal, sink, stats }) {
+  stats.start();
+  try {
+    const result = await streamCompletion(path, { ...body, stream: true, stream_options: { include_usage: true } }, {
+      signal,
+      onText(text) { sink.append(text); stats.chunk(); },
+    });
+    sink.end("done");
+    stats.finish("done", result);
+    return { outcome: "done", error: null };
+  } catch (e) {
+    const outcome = e.name === "AbortError" ? "stopped" : "error";
+    sink.end(outcome);
+    stats.finish(outcome);
+    return { outcome, error: outcome === "error" ? e : null };
+  }
+}
