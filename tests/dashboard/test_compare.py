@@ -360,3 +360,15 @@ def test_screenshots_light_and_dark(new_page: Any, static_url: str) -> None:
     painted(page)
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
     page.screenshot(path=str(ARTIFACTS / "compare_stub_phone.png"), full_page=True)
+
+
+def test_training_dynamics_and_system_groups(new_page: Any, static_url: str) -> None:
+    page, log, _ = open_compare(new_page, static_url, [A, B])
+    assert page.get_attribute("#cmp-dynamics", "data-state") == "charts"
+    for key, field in (("lr", "lr"), ("grad-norm", "grad_norm"), ("tokens-per-s", "tokens_per_s")):
+        runs = drawn(page, key)
+        assert runs[A]["raw"] == [p[field] for p in POINTS_A] and len(runs[B]["xs"]) == len(POINTS_B), key
+    # no run recorded system metrics: the group says so instead of four empty charts
+    assert page.get_attribute("#cmp-system", "data-state") == "empty"
+    assert page.inner_text("#cmp-no-system") == "no system metrics recorded for these runs"
+    assert log.errors() == [], log.messages

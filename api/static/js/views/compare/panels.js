@@ -1,9 +1,11 @@
-// The comparison's charts: train and validation loss, train and validation token accuracy, one
-// curve per run in its colour. With smoothing, each run's curve is the EMA of its points (ema.js)
+// The comparison's charts, one curve per run in its colour, in groups as the job page has them:
+// train and validation loss, train and validation token accuracy, the training dynamics (learning
+// rate, gradient norm, tokens/s) and the system (process CPU and memory, device use and memory); a
+// group no run recorded says so instead. With smoothing, each run's curve is the EMA of its points (ema.js)
 // drawn over the raw points, which stay faintly behind it; the read-out gives both. A sparse curve
 // (fewer than SMOOTH_MIN_POINTS: a few evaluations) is never smoothed: its raw points, bold.
 
-import { LineChart, Series, formatNumber } from "../../chart.js";
+import { LineChart, Series, formatCompact, formatNumber } from "../../chart.js";
 import { el } from "../../util.js";
 import { pointX, X_AXES } from "../x_axis.js";
 import { ema, weightFor } from "./ema.js";
@@ -23,6 +25,19 @@ const PANELS = [
 ];
 
 const finite = (v) => typeof v === "number" && Number.isFinite(v);
+
+const bytes = (v) => `${formatCompact(v)}B`;
+const GROUPS = [
+  { key: "dynamics", title: "Training dynamics", empty: "no learning rate, gradient norm or throughput recorded", specs: [
+    { key: "lr", field: "lr", title: "Learning rate", y: "lr" },
+    { key: "grad-norm", field: "grad_norm", title: "Gradient norm", y: "norm" },
+    { key: "tokens-per-s", field: "tokens_per_s", title: "Tokens/s", y: "tokens/s", format: formatCompact }] },
+  { key: "system", title: "System", empty: "no system metrics recorded for these runs", specs: [
+    { key: "cpu", field: "cpu_percent", title: "Process CPU", y: "%" },
+    { key: "rss", field: "rss_bytes", title: "Process memory (RSS)", y: "bytes", format: bytes },
+    { key: "gpu-util", field: "gpu_utilization", title: "Device utilization", y: "%" },
+    { key: "gpu-memory", field: "gpu_memory_bytes", title: "Device memory", y: "bytes", format: bytes }] },
+];
 
 /** A run's curve of `field` against `xField` (x_axis.js): the points that have both. */
 function curve(run, field, xField) {
@@ -86,10 +101,35 @@ function panel(spec) {
   };
 }
 
-/** The loss group and the accuracy group (which says so when no run recorded any accuracy). */
+/** A group of panels under a heading; update() hides the charts no run has a point for, and the
+ *  whole grid (saying so) when no run has any. */
+function metricGroup({ key, title, empty, specs }) {
+  const panels = specs.map((spec) => panel({ ...spec, empty: `no ${spec.title.toLowerCase()} recorded for these runs` }));
+  const grid = el("div", { class: specs.length === 3 ? "grid-3" : "grid-2" }, panels.map((p) => p.node));
+  const none = el("p", { class: "muted cmp-empty", id: `cmp-no-${key}`, hidden: true }, empty);
+  const node = el("section", { class: "cmp-group", id: `cmp-${key}`, "aria-labelledby": `cmp-${key}-h` },
+    el("div", { class: "card-head" }, el("h2", { id: `cmp-${key}-h` }, title)), none, grid);
+  return {
+    node,
+    panels,
+    update(runs, options) {
+      const has = panels.map((p) => p.update(runs, options));
+      panels.forEach((p, i) => { p.node.hidden = !has[i]; });
+      const some = has.some(Boolean);
+      none.hidden = some;
+      grid.hidden = !some;
+      node.dataset.state = some ? "charts" : "empty";
+    },
+  };
+}
+
+/** The loss group, the accuracy group (which says so when no run recorded any accuracy), then the
+ *  training dynamics and the system (GROUPS). */
 export function comparePanels() {
-  const panels = PANELS.map(panel);
-  const [trainLoss, valLoss, trainAcc, valAcc] = panels;
+  const groups = GROUPS.map(metricGroup);
+  const lossPanels = PANELS.map(panel);
+  const panels = [...lossPanels, ...groups.flatMap((g) => g.panels)];
+  const [trainLoss, valLoss, trainAcc, valAcc] = lossPanels;
   const accuracyCharts = el("div", { class: "grid-2" }, trainAcc.node, valAcc.node);
   const noAccuracy = el("p", { class: "muted cmp-empty", id: "cmp-no-accuracy", hidden: true },
     "no accuracy recorded for these runs");
@@ -102,7 +142,7 @@ export function comparePanels() {
     el("div", { class: "card-head" }, el("h2", { id: "cmp-accuracy-h" }, "Token accuracy")),
     noAccuracy, accuracyCharts);
   return {
-    nodes: [loss, accuracy],
+    nodes: [loss, accuracy, ...groups.map((g) => g.node)],
     mount(onChange) {
       panels.forEach((p) => p.mount());
       logToggle.addEventListener("change", onChange);
@@ -117,6 +157,7 @@ export function comparePanels() {
       noAccuracy.hidden = some;
       accuracyCharts.hidden = !some;
       accuracy.dataset.state = some ? "charts" : "empty";
+      for (const g of groups) g.update(runs, options);
     },
     destroy() { panels.forEach((p) => p.destroy()); },
   };
