@@ -98,12 +98,20 @@ def _unix(dt: datetime) -> int:
 
 def run_keys_revoke(args: argparse.Namespace) -> int:
     settings = load_settings(args)
-    from core.keys import revoke_key
+    from core.keys import cancel_unreachable_jobs, revoke_key
+    from core.models import ApiKey
 
     with session_factory(settings)() as session:
         if not revoke_key(session, args.key_id):
             print(f"no key {args.key_id}; `fromscratch keys list` shows the ids", file=sys.stderr)
             return 1
+        key = session.get(ApiKey, args.key_id)
+        assert key is not None
+        cancelled = cancel_unreachable_jobs(session, key.owner_id, key.id)
         session.commit()
     print(f"revoked {args.key_id}")
+    if cancelled:
+        print(
+            f"cancelled {len(cancelled)} unfinished job(s) of its owner, who has no other live key: {', '.join(cancelled)}"
+        )
     return 0

@@ -12,7 +12,9 @@ import secrets
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.models import ApiKey, new_id, utcnow
+from core import jobstates
+from core.models import ApiKey, Job, new_id, utcnow
+from core.status import TERMINAL
 
 SECRET_PREFIX = "fsk-"
 
@@ -47,3 +49,26 @@ def revoke_key(session: Session, key_id: str) -> bool:
     key.revoked_at = utcnow()
     session.flush()
     return True
+
+
+def cancel_unreachable_jobs(session: Session, owner_id: str, revoked_key_id: str) -> list[str]:
+    """After a revocation: when the owner has no live key left, nobody can stop its jobs through
+    the API any more, so its unfinished jobs are cancelled (a running one stops at its next step),
+    each with an event saying why. Returns their ids; none while another live key remains. The
+    caller commits."""
+    live = session.scalar(select(ApiKey.id).where(ApiKey.owner_id == owner_id, ApiKey.revoked_at.is_(None)))
+    if live is not None:
+        return []
+    unfinished = session.scalars(
+        select(Job).where(Job.owner_id == owner_id, Job.status.not_in([s.value for s in TERMINAL]))
+    ).all()
+    for job in unfinished:
+        jobstates.request_cancel(session, job)
+        jobstates.add_event(
+            session,
+            job.id,
+            f"Cancelled: API key {revoked_key_id}, its owner's last, was revoked",
+            level="warn",
+            data={"revoked_key": revoked_key_id},
+        )
+    return [job.id for job in unfinished]

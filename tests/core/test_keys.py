@@ -30,3 +30,33 @@ def test_keys_of_one_owner_share_it_and_new_keys_get_new_owners(db_session: Sess
     db_session.commit()
     assert a.owner_id == b.owner_id != c.owner_id
     assert verify_key(db_session, secret_b).owner_id == a.owner_id
+
+
+def test_revoking_an_owners_last_key_cancels_its_unfinished_jobs(db_session: Session) -> None:
+    from sqlalchemy import select
+
+    from core.keys import cancel_unreachable_jobs
+    from core.models import Event, Job
+    from tests.core.test_jobstates import make_job
+
+    a, _ = create_key(db_session, "a")
+    b, _ = create_key(db_session, "b", owner_id=a.owner_id)
+    jobs = {status: make_job(db_session, status) for status in ("running", "queued", "succeeded")}
+    for job in jobs.values():
+        job.owner_id = a.owner_id
+    jobs["running"].lease_owner = "worker-1"  # a worker holds it: it stops at its next step
+    db_session.commit()
+
+    assert revoke_key(db_session, a.id)
+    assert cancel_unreachable_jobs(db_session, a.owner_id, a.id) == []  # b can still stop them
+    assert revoke_key(db_session, b.id)
+    cancelled = cancel_unreachable_jobs(db_session, a.owner_id, b.id)
+    db_session.commit()
+    assert sorted(cancelled) == sorted([jobs["running"].id, jobs["queued"].id])
+    for status in ("running", "queued"):
+        job = db_session.get(Job, jobs[status].id)
+        assert job is not None and job.status == "cancelled"
+        why = db_session.scalars(select(Event.message).where(Event.job_id == job.id)).all()
+        assert f"Cancelled: API key {b.id}, its owner's last, was revoked" in why
+    assert db_session.get(Job, jobs["running"].id).cancel_requested  # type: ignore[union-attr]
+    assert db_session.get(Job, jobs["succeeded"].id).status == "succeeded"  # type: ignore[union-attr]
