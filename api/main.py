@@ -14,6 +14,7 @@ routers, so every API path wins. Every error is JSON in OpenAI's envelope (api/e
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,11 +30,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.db_errors import install_database_error_handler
 from api.errors import ERROR_RESPONSES, install_error_handlers
 from api.head_requests import HeadAsGetMiddleware
+from api.leftovers import sweep_forever
 from api.logs import install_log_redaction
 from api.openapi import api_routes, install_openapi
 from api.rate_limit import RateLimiter
 from api.request_text import TextURLMiddleware
 from api.response_headers import ResponseHeadersMiddleware
+from api.stream_limits import StreamLimits
 from api.routes import (
     checkpoints,
     completions,
@@ -131,7 +134,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # what a killed API or worker left (temp uploads, incomplete blobs): now and periodically
+        sweeper = asyncio.create_task(sweep_forever(settings, app.state.blobstore, session_factory))
         yield
+        sweeper.cancel()
         engine.dispose()
 
     app = FastAPI(
@@ -144,6 +150,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses=ERROR_RESPONSES,
     )
     app.state.settings = settings
+    app.state.stream_limits = StreamLimits(settings)  # streams' share of the API (api/stream_limits.py)
     app.state.engine = engine
     app.state.session_factory = session_factory
     app.state.blobstore = blobstore_from_settings(settings, session_factory)

@@ -21,3 +21,26 @@ class BlobTooLarge(BlobError):
 
 class BlobCorrupt(BlobError):
     """The stored bytes are not what the row recorded: wrong size or sha256, or missing."""
+
+
+def is_store_outage(error: BaseException) -> bool:
+    """The blob store's server (S3, or the database for "db" blobs) was unreachable or failing:
+    an outage to wait out, not a fault of the data. Looks through the chain of causes."""
+    from core.db_faults import is_connection_error
+
+    seen: BaseException | None = error
+    for _ in range(16):  # a chain is short; the bound guards against a cycle
+        if seen is None:
+            return False
+        if is_connection_error(seen) or _is_s3_outage(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _is_s3_outage(error: BaseException) -> bool:
+    if not type(error).__module__.startswith("botocore"):
+        return False  # not an S3 client's error (and botocore stays unimported without s3)
+    from core.blob_backends.s3_client import is_outage
+
+    return is_outage(error)

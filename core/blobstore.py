@@ -16,8 +16,8 @@ Visibility protocol ("write, then commit the row that points to it"):
 2. at the end it sets size, sha256 and complete=True on the row in the *caller's* session and
    flushes; the caller commits that together with the row that points at the blob (File,
    Checkpoint, Export). If the caller rolls back or the process dies, the blob stays incomplete:
-   never readable, and removed by `gc_incomplete()` with whatever bytes it left (a temp file,
-   an object, an unfinished multipart upload).
+   never readable, and removed by `gc_incomplete()` with whatever bytes it left (a temp file, an
+   object, an unfinished upload) once its writer's heartbeat stops (core/blob_writers.py, blob_gc.py).
 Exception: on SQLite, when the caller's session already holds the (single) write lock, put()
 writes through the caller's transaction instead (its own would wait for that lock forever).
 A write that fails removes its bytes and its row at once; should removing the bytes fail (the S3
@@ -47,7 +47,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.blob_backends import ExternalBackend, Meter, recut
 from core.blob_backends.db import read_chunks, write_chunks
 from core.blob_backends.fs import FsBackend
-from core.blob_errors import BlobCorrupt, BlobError, BlobNotFound, BlobTooLarge
+from core.blob_errors import BlobCorrupt, BlobError, BlobNotFound, BlobTooLarge, is_store_outage
+from core.blob_gc import collect_incomplete
+from core.blob_writers import WriterHeartbeat, writer_id
 from core.models import Blob, BlobChunk, new_id, utcnow
 
 if TYPE_CHECKING:
@@ -100,6 +102,12 @@ def _holds_sqlite_write_lock(session: Session) -> bool:
     return bool(getattr(session.connection().connection.dbapi_connection, "in_transaction", False))
 
 
+def _incomplete_row(blob_id: str, backend: str, path: str | None = None) -> Blob:
+    return Blob(  # naming this process as its writer (core/blob_writers.py)
+        id=blob_id, backend=backend, path=path, complete=False, writer=writer_id(), heartbeat_at=utcnow()
+    )
+
+
 # Bytes outside the database go only once the deleting transaction commits: a rollback keeps them.
 @event.listens_for(Session, "after_commit")
 def _remove_after_commit(session: Session) -> None:
@@ -120,6 +128,7 @@ class BlobStore:
         blob_dir: Path | str | None = None,
         chunk_size: int = CHUNK_SIZE,
         s3: S3Backend | None = None,
+        heartbeat_seconds: float = 10.0,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown blob backend {backend!r}: use one of {', '.join(BACKENDS)}")
@@ -132,6 +141,7 @@ class BlobStore:
         self.blob_dir = Path(blob_dir) if blob_dir is not None else None
         self.chunk_size = chunk_size
         self.s3 = s3
+        self.writers = WriterHeartbeat(session_factory, heartbeat_seconds)  # rows being written
         # the backends this store can read and remove (every one configured, not only `backend`)
         self._external: dict[str, ExternalBackend] = {}
         if self.blob_dir is not None:
@@ -150,9 +160,11 @@ class BlobStore:
     def put(self, stream: Iterable[bytes] | BinaryIO, session: Session, max_bytes: int | None = None) -> Blob:
         """Store the bytes; return the Blob row (complete, flushed, not committed) in `session`.
         Raises BlobTooLarge (after removing everything written) past `max_bytes`."""
-        shared = self._shared(session)
-        written = self._write(stream, shared, max_bytes)
-        return self._complete(session, *written)
+        written = self._write(stream, self._shared(session), max_bytes)
+        try:
+            return self._complete(session, *written)
+        finally:
+            self.writers.discard(written[0])
 
     def put_file(self, path: Path | str, session: Session, max_bytes: int | None = None) -> Blob:
         with open(path, "rb") as f:
@@ -171,10 +183,14 @@ class BlobStore:
                 else:
                     written.append(self._write(source, shared, None))
         except BaseException:
+            self.writers.discard(*(blob_id for blob_id, _ in written))
             for blob_id, _ in written:
                 self._discard(blob_id, shared)
             raise
-        return [self._complete(session, blob_id, meter) for blob_id, meter in written]
+        try:  # the heartbeat keeps the first ones alive while the last are written
+            return [self._complete(session, blob_id, meter) for blob_id, meter in written]
+        finally:
+            self.writers.discard(*(blob_id for blob_id, _ in written))
 
     @staticmethod
     def _shared(session: Session) -> Session | None:
@@ -198,6 +214,7 @@ class BlobStore:
             else:
                 self._write_external(self._external[self.backend], blob_id, chunks, shared)
         except BaseException:
+            self.writers.discard(blob_id)
             self._discard(blob_id, shared)
             raise
         return blob_id, meter
@@ -222,8 +239,10 @@ class BlobStore:
 
     def _write_db(self, blob_id: str, chunks: Iterable[bytes], shared: Session | None) -> None:
         with self._writer(shared) as (s, owned):
-            s.add(Blob(id=blob_id, backend="db", complete=False))
+            s.add(_incomplete_row(blob_id, "db"))
             s.flush()
+            if owned:  # committed as it goes: keep it alive (the caller's transaction shows no one)
+                self.writers.add(blob_id)
             write_chunks(s, blob_id, chunks, owned)
             if owned:
                 s.commit()
@@ -233,8 +252,10 @@ class BlobStore:
     ) -> None:
         location = backend.location(blob_id)
         with self._writer(shared) as (s, owned):  # the row first, so a crash leaves something gc can find
-            s.add(Blob(id=blob_id, backend=backend.name, path=location, complete=False))
+            s.add(_incomplete_row(blob_id, backend.name, location))
             s.commit() if owned else s.flush()
+        if owned:
+            self.writers.add(blob_id)
         backend.write(location, chunks)
 
     def _discard(self, blob_id: str, shared: Session | None) -> None:
@@ -332,26 +353,19 @@ class BlobStore:
             return
         session.info.setdefault(_REMOVALS_KEY, []).append(_Removal(self._external[backend], path))
 
-    def gc_incomplete(self, session: Session, older_than: timedelta = timedelta(hours=6)) -> int:
-        """Delete blobs left incomplete (crashed or rolled-back writes) created before
-        now - older_than; keep `older_than` above the longest upload. Their bytes outside the
-        database (and unfinished S3 uploads older than that) are removed now; a blob whose bytes
-        cannot be removed keeps its row for the next round. The caller commits."""
-        cutoff = utcnow() - older_than
-        rows = session.execute(
-            select(Blob.id, Blob.backend, Blob.path).where(Blob.complete.is_(False), Blob.created_at < cutoff)
-        ).all()
-        deleted = 0
-        for blob_id, backend, path in rows:
-            if backend != "db" and path is not None:
-                external = self._external.get(backend)
-                if external is None or not _Removal(external, path, partial=True).run():
-                    continue
-            self._delete_rows(session, blob_id)
-            deleted += 1
+    def gc_incomplete(
+        self,
+        session: Session,
+        older_than: timedelta = timedelta(hours=6),
+        writer_timeout: timedelta | None = None,
+    ) -> int:
+        """Delete incomplete blobs (killed or rolled-back writes) whose writer was silent past
+        `writer_timeout` (rows from before writers beat: created before now - older_than), with their
+        bytes, and unfinished S3 uploads older than `older_than` (core/blob_gc.py). The caller commits."""
+        deleted = collect_incomplete(session, self._external, older_than, writer_timeout)
         if self.s3 is not None:
             try:
-                self.s3.abort_stale_uploads(cutoff)
+                self.s3.abort_stale_uploads(utcnow() - older_than)
             except Exception as exc:
                 log.warning("could not list the unfinished S3 uploads: %s", exc)
         return deleted
@@ -370,29 +384,6 @@ def _first_bytes(chunks: Iterator[bytes], n: int) -> Iterator[bytes]:
             chunks.close()
 
 
-def is_store_outage(error: BaseException) -> bool:
-    """The blob store's server (S3, or the database for "db" blobs) was unreachable or failing:
-    an outage to wait out, not a fault of the data. Looks through the chain of causes."""
-    from core.db_faults import is_connection_error
-
-    seen: BaseException | None = error
-    for _ in range(16):  # a chain is short; the bound guards against a cycle
-        if seen is None:
-            return False
-        if is_connection_error(seen) or _is_s3_outage(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def _is_s3_outage(error: BaseException) -> bool:
-    if not type(error).__module__.startswith("botocore"):
-        return False  # not an S3 client's error (and botocore stays unimported without s3)
-    from core.blob_backends.s3_client import is_outage
-
-    return is_outage(error)
-
-
 def blobstore_from_settings(settings: Settings, session_factory: sessionmaker[Session]) -> BlobStore:
     assert settings.blob_backend is not None  # Settings derives it
     s3 = None
@@ -405,4 +396,5 @@ def blobstore_from_settings(settings: Settings, session_factory: sessionmaker[Se
             endpoint_url=settings.s3_endpoint_url or None,
             public_endpoint_url=settings.s3_public_endpoint_url or None,
         )
-    return BlobStore(session_factory, backend=settings.blob_backend, blob_dir=settings.blob_dir, s3=s3)
+    beat = min(settings.heartbeat_seconds, settings.blob_writer_timeout_seconds / 3)
+    return BlobStore(session_factory, settings.blob_backend, settings.blob_dir, s3=s3, heartbeat_seconds=beat)

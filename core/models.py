@@ -99,6 +99,10 @@ class Blob(Base):
     path: Mapped[str | None] = mapped_column(Text, default=None)
     complete: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # while incomplete: the process writing it ("<host>:<pid>") and its last sign of life
+    # (core/blob_writers.py); a stale heartbeat is a dead writer's blob, for gc_incomplete
+    writer: Mapped[str | None] = mapped_column(String(200), default=None)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class BlobChunk(Base):
@@ -275,6 +279,10 @@ class InferenceRequest(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     finish_reason: Mapped[str | None] = mapped_column(String(16), default=None)  # stop | length
     error: Mapped[str | None] = mapped_column(Text, default=None)
+    # the worker that took it (its node name) and its last heartbeat (worker/inference_heartbeat.py):
+    # a heartbeat that stops tells the API the worker died (api/inference_liveness.py)
+    worker: Mapped[str | None] = mapped_column(String(200), default=None)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 

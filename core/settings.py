@@ -126,6 +126,25 @@ class Settings(BaseSettings):
         description="nesting of a JSON body or of a JSONL record (400 past it)",
     )
     stream_key_recheck_seconds: float = Field(default=5.0, gt=0, description="SSE re-checks its key")
+    max_streams_per_key: int = Field(
+        default=16, ge=1, description="open streams (job SSE and streamed completions) per key (429 past it)"
+    )
+    stream_poll_threads: int = Field(
+        default=8, ge=1, description="threads all streams' database polls share (the rest serve other requests)"
+    )
+    sse_keepalive_seconds: float = Field(
+        default=10.0, gt=0, description="silence after which a completion stream sends `: keep-alive`"
+    )
+    # what a killed process leaves (api/leftovers.py, core/blob_gc.py)
+    upload_leftover_seconds: float = Field(
+        default=3600.0, gt=0, description="a temporary upload file untouched this long is a dead API's"
+    )
+    blob_writer_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="an incomplete blob whose writer was silent this long is collected"
+    )
+    leftover_sweep_seconds: float = Field(
+        default=300.0, gt=0, description="how often the API collects leftovers (also at start-up)"
+    )
     db_retry_seconds: float = Field(
         default=120.0, gt=0, description="how long a worker retries a failing database write"
     )
@@ -144,6 +163,12 @@ class Settings(BaseSettings):
         default=60.0, gt=0, description="how long a completion waits for an inference worker to take it"
     )
     max_inference_seconds: float = Field(default=600.0, gt=0, description="longest one completion may run")
+    inference_heartbeat_seconds: float = Field(
+        default=2.0, gt=0, description="how often a worker marks the completions it runs as alive"
+    )
+    inference_lease_seconds: float = Field(
+        default=10.0, gt=0, description="a completion whose worker was silent this long failed (503)"
+    )
     max_completion_tokens: int = Field(
         default=2048, ge=1, description="tokens one completion may generate (max_tokens above it is a 400)"
     )
@@ -191,6 +216,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"worker_queues={self.worker_queues!r}: the {INFERENCE_QUEUE!r} queue needs a worker of its "
                 "own (a thread pool serving many requests; training workers run one job at a time)"
+            )
+        if self.inference_heartbeat_seconds >= self.inference_lease_seconds:
+            raise ValueError(
+                f"inference_heartbeat_seconds ({self.inference_heartbeat_seconds}) must be shorter than "
+                f"inference_lease_seconds ({self.inference_lease_seconds})"
             )
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ValueError(

@@ -18,8 +18,9 @@ messages are lost. Every `reaper_interval_seconds` it
    first. Should a duplicate ever be sent, it is harmless: the claim is atomic and drops it. On a
    broker it cannot read (neither Redis nor kombu's SQL transport), a job waiting unchanged for
    `LOST_MESSAGE_SECONDS` is re-sent, as before.
-3. **collects garbage blobs**: incomplete blobs older than `BLOB_GC_SECONDS` (uploads or
-   checkpoint writes that died half way) are deleted.
+3. **collects garbage blobs**: incomplete blobs (uploads or checkpoint writes that died half way)
+   whose writer's heartbeat is older than `blob_writer_timeout_seconds` are deleted (rows written
+   before writers beat: once older than `BLOB_GC_SECONDS`); core/blob_gc.py.
 
 Several workers running the reaper at once is fine: every step is an atomic conditional update.
 An outage of the database or the broker is logged once when the reaper first fails to reach it
@@ -175,7 +176,11 @@ class Reaper(threading.Thread):
 
     def collect_blobs(self) -> int:
         with self.session_factory() as session:
-            n = self.store.gc_incomplete(session, older_than=timedelta(seconds=BLOB_GC_SECONDS))
+            n = self.store.gc_incomplete(
+                session,
+                older_than=timedelta(seconds=BLOB_GC_SECONDS),
+                writer_timeout=timedelta(seconds=self.settings.blob_writer_timeout_seconds),
+            )
             session.commit()
         if n:
             log.info("deleted %d incomplete blobs", n)
