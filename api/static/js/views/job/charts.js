@@ -45,8 +45,14 @@ const CHARTS = [
     format: fmtBytes, empty: "no memory metrics recorded" },
 ];
 
-const legend = (series) => el("ul", { class: "legend" }, series.map((s) =>
-  el("li", {}, el("span", { class: "swatch", style: `background:${s.color}` }), s.name)));
+/** A swatch coloured through the CSSOM: a style attribute is inline style, which the CSP refuses. */
+function swatch(color) {
+  const node = el("span", { class: "swatch" });
+  node.style.background = color;
+  return node;
+}
+
+const legend = (series) => el("ul", { class: "legend" }, series.map((s) => el("li", {}, swatch(s.color), s.name)));
 
 const value = (m, field) => (field === "val_loss" ? m.val_loss ?? m.valid_loss : m[field]);
 
