@@ -9,10 +9,19 @@
   rules (which retry 408, 409, 429 and 5xx). api/errors.py sets it on quota 429s as well.
 - `Retry-After` on every 429 and 503 (`DEFAULT_RETRY_AFTER_SECONDS` when the answer has none of
   its own): the SDK waits that long before it retries.
+- security headers on everything (the dashboard's files and the API's JSON alike): a strict
+  `Content-Security-Policy` (`CSP`: this origin only, no inline script or style, no framing),
+  `X-Frame-Options: DENY`, `X-Content-Type-Options: nosniff`, `Referrer-Policy: no-referrer`. The
+  dashboard (api/static) runs under it: no inline script, handler or style attribute (util.js's
+  `el()` sets styles through the CSSOM). One page is not ours: FastAPI's Swagger UI at `/docs`,
+  which loads its script from a CDN and starts it inline: it gets `docs_policy(...)`, that CDN and
+  the hash of exactly its inline script(s), computed from the page as served.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import re
 import secrets
 
@@ -26,6 +35,48 @@ THROTTLED = frozenset({429, 503})
 DEFAULT_RETRY_AFTER_SECONDS = 5
 _SCOPE_KEY = "fromscratch.request_id"
 _SANE_ID = re.compile(r"[A-Za-z0-9._:+/=-]{1,128}")
+
+CSP = "; ".join(
+    (
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",  # index.html's empty favicon (`data:,`)
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    )
+)
+SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+DOCS_PATH = "/docs"
+DOCS_CDN = "https://cdn.jsdelivr.net"  # FastAPI's get_swagger_ui_html loads Swagger UI from it
+_INLINE_SCRIPT = re.compile(rb"<script>(.*?)</script>", re.S)
+
+
+def docs_policy(html: bytes) -> str:
+    """The CSP of the Swagger UI page `html`: its CDN, and its inline scripts by their hashes."""
+    hashes = " ".join(
+        f"'sha256-{base64.b64encode(hashlib.sha256(script).digest()).decode()}'"
+        for script in _INLINE_SCRIPT.findall(html)
+    )
+    return "; ".join(
+        (
+            "default-src 'self'",
+            f"script-src 'self' {DOCS_CDN} {hashes}",
+            f"style-src 'self' {DOCS_CDN} 'unsafe-inline'",  # Swagger UI styles its own widgets
+            "img-src 'self' data: https://fastapi.tiangolo.com",  # FastAPI's favicon
+            "connect-src 'self'",
+            "object-src 'none'",
+            "base-uri 'none'",
+            "frame-ancestors 'none'",
+        )
+    )
 
 
 def new_request_id() -> str:
@@ -60,6 +111,31 @@ class ResponseHeadersMiddleware:
                     headers[SHOULD_RETRY_HEADER] = "false"
                 if status in THROTTLED and "retry-after" not in headers:
                     headers["Retry-After"] = str(DEFAULT_RETRY_AFTER_SECONDS)
+                for name, value in SECURITY_HEADERS.items():
+                    headers[name] = value
+                headers.setdefault("Content-Security-Policy", CSP)
             await send(message)
 
+        if scope.get("path") == DOCS_PATH and scope.get("method") == "GET":
+            await self.app(scope, receive, _with_docs_policy(send_with_headers))
+            return
         await self.app(scope, receive, send_with_headers)
+
+
+def _with_docs_policy(send: Send) -> Send:
+    """Hold the Swagger UI page's start until its body (one small message) is there, then send
+    both, with the page's own CSP."""
+    start: list[Message] = []
+
+    async def send_docs(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            start.append(message)
+            return
+        if start and message["type"] == "http.response.body":
+            head = start.pop()
+            if not message.get("more_body", False):
+                MutableHeaders(scope=head)["Content-Security-Policy"] = docs_policy(message.get("body", b""))
+            await send(head)
+        await send(message)
+
+    return send_docs

@@ -36,7 +36,9 @@ def test_train_watch_and_download_in_the_browser(
 ) -> None:
     page, log = new_page()
     sign_in(page, live_server.url, live_server.api_key)
-    assert page.evaluate("localStorage.getItem('fromscratch.apiKey')") == live_server.api_key
+    # kept in the tab only (tests/dashboard/test_security_headers.py: "Remember on this device")
+    assert page.evaluate("sessionStorage.getItem('fromscratch.apiKey')") == live_server.api_key
+    assert page.evaluate("localStorage.getItem('fromscratch.apiKey')") is None
 
     # new job: upload with a progress bar, hyperparameters with the trainer's defaults shown
     page.click("a:has-text('New job')")
@@ -189,10 +191,11 @@ def test_bad_key_and_field_errors_are_shown(new_page: Any, live_server: Any) -> 
     assert jobs == []  # nothing was created
 
     # a key revoked while signed in: back to the sign-in page with a message
-    page.evaluate("localStorage.setItem('fromscratch.apiKey', 'fsk-revoked')")
+    page.evaluate("sessionStorage.setItem('fromscratch.apiKey', 'fsk-revoked')")
     page.goto(live_server.url + "/#/jobs")
     page.wait_for_selector(".notice:has-text('401 Unauthorized')")
     assert page.is_visible("#api-key") and page.locator("#nav").is_hidden()
+    assert page.evaluate("sessionStorage.getItem('fromscratch.apiKey')") is None
     assert page.evaluate("localStorage.getItem('fromscratch.apiKey')") is None
     assert log.errors(allow=PROVOKED) == [], log.messages
 

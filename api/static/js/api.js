@@ -18,11 +18,20 @@ export class ApiError extends Error {
   }
 }
 
+// The key lives in sessionStorage (this tab, until it closes) unless the user ticked "Remember on
+// this device" at sign-in: then in localStorage too, until they sign out.
 export function getKey() {
-  try { return localStorage.getItem(KEY_STORAGE) || ""; } catch { return ""; }
+  try { return sessionStorage.getItem(KEY_STORAGE) || localStorage.getItem(KEY_STORAGE) || ""; } catch { return ""; }
 }
-export function setKey(key) { localStorage.setItem(KEY_STORAGE, key); }
-export function clearKey() { localStorage.removeItem(KEY_STORAGE); }
+export function setKey(key, { remember = false } = {}) {
+  sessionStorage.setItem(KEY_STORAGE, key);
+  if (remember) localStorage.setItem(KEY_STORAGE, key);
+  else localStorage.removeItem(KEY_STORAGE);
+}
+export function clearKey() {
+  sessionStorage.removeItem(KEY_STORAGE);
+  localStorage.removeItem(KEY_STORAGE);
+}
 
 let unauthorizedHandler = () => {};
 /** Called with the ApiError whenever the server answers 401 (a bad or revoked key). */

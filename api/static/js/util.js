@@ -1,5 +1,6 @@
 // DOM and formatting helpers. el() builds elements with text nodes only (never innerHTML from
-// data), so ids, file names and generated text cannot inject markup.
+// data), so ids, file names and generated text cannot inject markup. A `style` is set through the
+// CSSOM (node.style), which the server's Content-Security-Policy allows; a style attribute is not.
 
 export function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -9,6 +10,7 @@ export function el(tag, attrs = {}, ...children) {
     else if (k === "dataset") Object.assign(node.dataset, v);
     else if (k.startsWith("on") && typeof v === "function") node.addEventListener(k.slice(2), v);
     else if (k === "text") node.textContent = v;
+    else if (k === "style") node.style.cssText = String(v);
     else if (v === true) node.setAttribute(k, "");
     else node.setAttribute(k, String(v));
   }

@@ -1,5 +1,6 @@
 // Sign in: the API key is checked against the API (GET /v1/fine_tuning/jobs?limit=1) and kept in
-// localStorage. A refused key leaves nothing stored and says why.
+// sessionStorage (this tab), or also in localStorage when "Remember on this device" is ticked. A
+// refused key leaves nothing stored and says why.
 
 import { api, ApiError, clearKey, setKey } from "../api.js";
 import { el } from "../util.js";
@@ -9,6 +10,7 @@ export function mountSignIn(root, { notice } = {}) {
     id: "api-key", name: "api-key", type: "password", autocomplete: "current-password", required: true,
     spellcheck: "false", placeholder: "fsk-…", "aria-describedby": "api-key-help api-key-error",
   });
+  const remember = el("input", { id: "remember-key", name: "remember-key", type: "checkbox" });
   const error = el("p", { id: "api-key-error", class: "field-error", role: "alert" });
   const button = el("button", { type: "submit", class: "primary" }, "Sign in");
   const form = el("form", { class: "card signin", novalidate: true },
@@ -18,7 +20,9 @@ export function mountSignIn(root, { notice } = {}) {
     input,
     el("p", { id: "api-key-help", class: "help" },
       "The key printed by ", el("code", {}, "fromscratch serve"), ", or make one with ",
-      el("code", {}, "fromscratch keys create --name NAME"), ". It is kept in this browser only."),
+      el("code", {}, "fromscratch keys create --name NAME"), ". It is kept in this tab only, until it closes."),
+    el("div", { class: "field-check" }, remember, el("label", { for: "remember-key" }, "Remember on this device")),
+    el("p", { class: "help" }, "Keeps the key in this browser until you sign out: only on a device no one else uses."),
     error,
     button);
 
@@ -33,7 +37,7 @@ export function mountSignIn(root, { notice } = {}) {
     }
     button.disabled = true;
     button.textContent = "Checking…";
-    setKey(key);
+    setKey(key, { remember: remember.checked });
     try {
       await api("/fine_tuning/jobs?limit=1", { notify401: false });
       if (location.hash === "#/jobs") window.dispatchEvent(new HashChangeEvent("hashchange"));
