@@ -141,8 +141,11 @@ def test_each_metric_reaches_every_table_under_its_registry_name(
         assert row is not None and job is not None
         assert {name: getattr(row, name) for name in stored} == stored
         assert row.cpu_percent is not None and row.rss_bytes is not None and len(system) == 4
-        assert {spec.progress: getattr(job, spec.progress) for spec in STORED if spec.progress} == {
-            spec.progress: VALUE[spec.name] for spec in STORED if spec.progress
+        # the job shows the newest value of each, except tokens/s: the smoothed rate, none before a
+        # measured interval (trainer.config.throughput.StepRate; its own tests)
+        copied = [spec for spec in STORED if spec.progress and spec.name != "tokens_per_s"]
+        assert {spec.progress: getattr(job, spec.progress) for spec in copied} == {
+            spec.progress: VALUE[spec.name] for spec in copied
         }
         assert dict(step_scalars(row)) == {
             spec.tensorboard: VALUE[spec.name] for spec in STORED if spec.tensorboard and spec.name in stored
