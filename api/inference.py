@@ -7,11 +7,16 @@ the params the worker reads), commits, sends its id to the `inference` queue
 `queued`, so a worker that took it that instant keeps it) and the answer is 503
 `no_inference_worker`. The broker unreachable: the row is deleted, 503 `broker_unavailable`.
 
+No worker took it but one is alive: 503 `inference_workers_busy` with Retry-After instead
+(api/inference_liveness.py).
+
 `InferenceRun.deltas()` then polls the row every POLL_SECONDS (each read is a short query in a
 thread, never on the event loop) and yields what the worker appended to `output` (final text: the
-worker holds back what a stop sequence could still take); when the row is `done` it sets
+worker holds back what a stop sequence could still take), and None after each `keepalive` seconds
+with nothing to yield (the stream sends a `: keep-alive` comment); when the row is `done` it sets
 `result` (finish reason, token counts). `failed` is a 500 `inference_failed` with the worker's
-message. `close()` deletes the row, whatever happened: at the end, on an error, when the client
+message; a worker whose heartbeat stopped for inference_lease_seconds is a 503
+`inference_worker_lost` naming it (api/inference_liveness.py). `close()` deletes the row, whatever happened: at the end, on an error, when the client
 went away (the route checks `request.is_disconnected()` between polls); a worker still generating
 notices the missing row at its next write and stops.
 """
@@ -23,6 +28,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -32,6 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.errors import APIError, quote_input
+from api.inference_liveness import HeartbeatWatch, busy, workers_alive
 from api.queries import owned_model
 from core.models import InferenceRequest
 from core.settings import Settings
@@ -60,6 +67,8 @@ class RowState:
     prompt_tokens: int
     completion_tokens: int
     error: str | None
+    worker: str | None = None  # who runs it, and its last heartbeat
+    heartbeat_at: datetime | None = None
 
 
 def split_pieces(output: str, lengths: str) -> list[str]:
@@ -91,6 +100,7 @@ class InferenceRun:
         self.result: InferenceResult | None = None
         self.started = time.monotonic()
         self.closed = False
+        self.watch = HeartbeatWatch(self.settings.inference_lease_seconds)
 
     # ------------------------------------------------------------------------------ waiting
     async def wait_taken(self) -> None:
@@ -103,6 +113,9 @@ class InferenceRun:
             if time.monotonic() >= deadline:
                 if await run_in_threadpool(self._withdraw_queued):
                     wait = self.settings.inference_wait_seconds
+                    workers, running = await run_in_threadpool(self._alive)
+                    if workers or running:
+                        raise busy(workers, running, wait)
                     raise APIError(
                         503,
                         f"No inference worker took the request within {wait:g} s "
@@ -115,10 +128,14 @@ class InferenceRun:
                 return  # taken in the meantime
             await asyncio.sleep(POLL_SECONDS)
 
-    async def deltas(self, is_disconnected: Disconnected | None = None) -> AsyncIterator[str]:
+    async def deltas(
+        self, is_disconnected: Disconnected | None = None, keepalive: float | None = None
+    ) -> AsyncIterator[str | None]:
         """The text the worker appends, as it comes; sets `result` when done. `is_disconnected`
-        (an async callable) is asked between polls: a client gone raises ClientGone."""
+        (an async callable) is asked between polls: a client gone raises ClientGone. With
+        `keepalive`, None comes after each `keepalive` seconds without text."""
         settings = self.settings
+        last_yield = time.monotonic()
         deadline = (
             self.started
             + settings.inference_wait_seconds
@@ -133,8 +150,10 @@ class InferenceRun:
                 )
             for piece in split_pieces(state.new_output, state.new_lengths):
                 self.relayed += len(piece)
+                last_yield = time.monotonic()
                 yield piece
             self.lengths_read += len(state.new_lengths)
+            self.watch.seen(state.worker, state.heartbeat_at)
             if state.status == "done":
                 self.result = InferenceResult(
                     state.finish_reason or "stop", state.prompt_tokens, state.completion_tokens
@@ -152,6 +171,11 @@ class InferenceRun:
                     "The inference worker stopped answering (it may have been restarted); try again.",
                     code="inference_worker_lost",
                 )
+            if (lost := self.watch.lost()) is not None:
+                raise lost
+            if keepalive is not None and time.monotonic() - last_yield >= keepalive:
+                last_yield = time.monotonic()
+                yield None
             if is_disconnected is not None and await is_disconnected():
                 raise ClientGone(self.id)
             await asyncio.sleep(POLL_SECONDS)
@@ -180,11 +204,17 @@ class InferenceRun:
                     InferenceRequest.prompt_tokens,
                     InferenceRequest.completion_tokens,
                     InferenceRequest.error,
+                    InferenceRequest.worker,
+                    InferenceRequest.heartbeat_at,
                 ).where(InferenceRequest.id == self.id)
             ).one_or_none()
         if row is None:
             return None
-        return RowState(row[0], row[1] or "", row[2] or "", row[3], row[4], row[5], row[6])
+        return RowState(row[0], row[1] or "", row[2] or "", *row[3:])
+
+    def _alive(self) -> tuple[int, int]:
+        with self.factory() as session:
+            return workers_alive(session, self.settings)
 
     def _withdraw_queued(self) -> bool:
         with self.factory() as session:
@@ -255,7 +285,8 @@ async def collect(
     parts: list[str] = []
     try:
         async for delta in run.deltas(is_disconnected):
-            parts.append(delta)
+            if delta is not None:
+                parts.append(delta)
     finally:
         await run.close()
     assert run.result is not None

@@ -49,7 +49,7 @@ from core.blob_backends.db import read_chunks, write_chunks
 from core.blob_backends.fs import FsBackend
 from core.blob_errors import BlobCorrupt, BlobError, BlobNotFound, BlobTooLarge, is_store_outage
 from core.blob_gc import collect_incomplete
-from core.blob_writers import WriterHeartbeat, writer_id
+from core.blob_writers import blob_heartbeat, writer_id
 from core.models import Blob, BlobChunk, new_id, utcnow
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class BlobStore:
         self.blob_dir = Path(blob_dir) if blob_dir is not None else None
         self.chunk_size = chunk_size
         self.s3 = s3
-        self.writers = WriterHeartbeat(session_factory, heartbeat_seconds)  # rows being written
+        self.writers = blob_heartbeat(session_factory, heartbeat_seconds)  # rows being written
         # the backends this store can read and remove (every one configured, not only `backend`)
         self._external: dict[str, ExternalBackend] = {}
         if self.blob_dir is not None:

@@ -2,7 +2,10 @@
 
 The API inserts an `inference_requests` row (`queued`, its `params`) and sends its id. Here:
 1. claim it: `queued -> running` as a conditional UPDATE (a replayed message, or a row the API
-   already gave up on and deleted, claims nothing and is dropped);
+   already gave up on and deleted, claims nothing and is dropped), naming this worker in `worker`;
+   until it ends, the process's heartbeat thread (core/row_heartbeat.py) refreshes the row's
+   `heartbeat_at` every inference_heartbeat_seconds, model loading included: the API reads a
+   heartbeat that stops as a dead worker (api/inference_liveness.py);
 2. load the model (worker/model_cache.py: an LRU shared by the pool's threads) and render the prompt:
    `params.prompt` as it is, or `params.messages` in the chat template the trainer renders chat
    JSONL with (trainer.data.records.chat_template) followed by the assistant's header `<|assistant|>\\n`;
@@ -25,6 +28,8 @@ the first request a worker process takes every SWEEP_EVERY_SECONDS deletes them.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -34,6 +39,7 @@ from sqlalchemy import delete, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.models import InferenceRequest, utcnow
+from core.row_heartbeat import RowHeartbeat
 from core.settings import Settings
 from trainer.data.formats import chat_template
 from worker.text_stream import TextStream
@@ -41,6 +47,7 @@ from worker.text_stream import TextStream
 if TYPE_CHECKING:
     from trainer.data.tokenizers import Tokenizer
     from trainer.model.llama import Llama
+    from worker.process import Resources
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +70,8 @@ def prompt_and_stops(params: dict[str, Any]) -> tuple[str, list[str]]:
     return str(params.get("prompt") or ""), stops
 
 
-def run_inference(request_id: str, settings: Settings) -> None:
+def run_inference(request_id: str, settings: Settings, worker: str = "") -> None:
+    """Serve one request; `worker` names this worker in the row (its node name)."""
     from worker.process import resources
 
     res = resources(settings)
@@ -71,9 +79,18 @@ def run_inference(request_id: str, settings: Settings) -> None:
         sweep_stale_requests(res.session_factory, settings)
     except Exception:  # housekeeping must not cost this request its answer
         log.warning("could not delete stale inference requests", exc_info=True)
-    params = claim(res.session_factory, request_id)
+    params = claim(res.session_factory, request_id, f"{worker or socket.gethostname()} (pid {os.getpid()})")
     if params is None:
         return
+    heartbeat = _heartbeat(res.session_factory, settings.inference_heartbeat_seconds)
+    heartbeat.add(request_id)
+    try:
+        _serve(request_id, params, settings, res)
+    finally:
+        heartbeat.discard(request_id)
+
+
+def _serve(request_id: str, params: tuple[str, dict[str, Any]], settings: Settings, res: Resources) -> None:
     started = time.monotonic()
     try:
         blob_id, body = params
@@ -105,13 +122,30 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:500]}" if lines else type(exc).__name__
 
 
-def claim(session_factory: sessionmaker[Session], request_id: str) -> tuple[str, dict[str, Any]] | None:
-    """queued -> running; (blob id, params), or None when the row is gone or taken."""
+_heartbeats: dict[int, RowHeartbeat] = {}  # per session factory: one thread per process
+_heartbeats_lock = threading.Lock()
+
+
+def _heartbeat(session_factory: sessionmaker[Session], interval: float) -> RowHeartbeat:
+    with _heartbeats_lock:
+        found = _heartbeats.get(id(session_factory))
+        if found is None:
+            running = InferenceRequest.status == "running"
+            found = RowHeartbeat(session_factory, interval, InferenceRequest, running)
+            _heartbeats[id(session_factory)] = found
+        return found
+
+
+def claim(
+    session_factory: sessionmaker[Session], request_id: str, worker: str = ""
+) -> tuple[str, dict[str, Any]] | None:
+    """queued -> running, by `worker`; (blob id, params), or None when the row is gone or taken."""
     with session_factory() as session:
+        now = utcnow()
         taken = session.execute(
             update(InferenceRequest)
             .where(InferenceRequest.id == request_id, InferenceRequest.status == "queued")
-            .values(status="running", updated_at=utcnow())
+            .values(status="running", updated_at=now, worker=worker or None, heartbeat_at=now)
             .returning(InferenceRequest.blob_id, InferenceRequest.params)
         ).one_or_none()
         session.commit()

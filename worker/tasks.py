@@ -5,6 +5,8 @@ everything else is read from the database, so a replayed or duplicated message i
 
 from __future__ import annotations
 
+from celery import Task
+
 from core.broker import EXPORT_TASK, INFERENCE_TASK, TRAIN_TASK
 from core.settings import get_settings
 from worker.celery_app import app
@@ -23,8 +25,8 @@ def export_model(export_id: str) -> None:
     run_export(export_id, get_settings())
 
 
-@app.task(name=INFERENCE_TASK, ignore_result=True)
-def inference(request_id: str) -> None:
+@app.task(name=INFERENCE_TASK, ignore_result=True, bind=True)
+def inference(self: Task, request_id: str) -> None:
     from worker.inference import run_inference
 
-    run_inference(request_id, get_settings())
+    run_inference(request_id, get_settings(), worker=self.request.hostname or "")

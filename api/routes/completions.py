@@ -105,6 +105,7 @@ def event(data: dict[str, Any]) -> str:
 
 
 DONE = "data: [DONE]\n\n"
+KEEPALIVE = ": keep-alive\n\n"  # an SSE comment while the worker is silent (loading the model)
 DEFAULT_MAX_TOKENS = 16  # /v1/completions' max_tokens when not given, as OpenAI's
 
 
@@ -186,8 +187,8 @@ async def _events(
     finish_reason)` shapes one; `first` is sent before the text (chat: the role)."""
     if first is not None:
         yield event(first)
-    async for delta in run.deltas(request.is_disconnected):
-        yield event(chunk(delta, None))
+    async for delta in run.deltas(request.is_disconnected, run.settings.sse_keepalive_seconds):
+        yield KEEPALIVE if delta is None else event(chunk(delta, None))
     assert run.result is not None
     yield event(chunk("", run.result.finish_reason))
     if include_usage:
