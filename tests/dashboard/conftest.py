@@ -71,11 +71,16 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def new_page(browser: Any) -> Iterator[Any]:
-    """new_page(width=1280, height=900) -> (page, ConsoleLog); contexts are closed at teardown."""
+    """new_page(width=1280, height=900, bypass_csp=True) -> (page, ConsoleLog); contexts are closed
+    at teardown. The server's Content-Security-Policy forbids eval, which Playwright's
+    `wait_for_function` uses to poll its predicate in the page, so pages bypass the CSP unless a test
+    asks otherwise (tests/dashboard/test_security_headers.py runs the dashboard under it)."""
     contexts: list[Any] = []
 
-    def make(width: int = 1280, height: int = 900) -> tuple[Any, ConsoleLog]:
-        context = browser.new_context(viewport={"width": width, "height": height}, accept_downloads=True)
+    def make(width: int = 1280, height: int = 900, bypass_csp: bool = True) -> tuple[Any, ConsoleLog]:
+        context = browser.new_context(
+            viewport={"width": width, "height": height}, accept_downloads=True, bypass_csp=bypass_csp
+        )
         context.set_default_timeout(30_000)
         contexts.append(context)
         page = context.new_page()

@@ -34,7 +34,7 @@ def _sign_in(page: Any, url: str, key: str, remember: bool = False) -> None:
 
 
 def test_the_dashboard_cannot_be_framed(new_page: Any, live_server: Any) -> None:
-    page, _ = new_page()
+    page, _ = new_page(bypass_csp=False)
     frame_page = f'<iframe src="{live_server.url}/#/jobs" onload="window.__loaded = true"></iframe>'
     page.goto("data:text/html," + urllib.parse.quote(frame_page))
     page.wait_for_function("window.__loaded === true")  # the frame's load ended, refused or not
@@ -45,7 +45,7 @@ def test_the_dashboard_cannot_be_framed(new_page: Any, live_server: Any) -> None
 
 
 def test_the_dashboard_runs_under_its_csp(new_page: Any, live_server: Any) -> None:
-    page, log = new_page()
+    page, log = new_page(bypass_csp=False)
     page.add_init_script(RECORD_VIOLATIONS)
     response = page.goto(live_server.url + "/")
     headers = response.headers
@@ -77,13 +77,13 @@ def test_the_dashboard_runs_under_its_csp(new_page: Any, live_server: Any) -> No
 
 
 def test_the_key_is_remembered_only_when_asked(new_page: Any, live_server: Any) -> None:
-    page, _ = new_page()
+    page, _ = new_page(bypass_csp=False)
     _sign_in(page, live_server.url, live_server.api_key)
     other_tab = page.context.new_page()
     other_tab.goto(live_server.url + "/")
     other_tab.wait_for_selector("#api-key")  # a new tab is not signed in
 
-    page, _ = new_page()
+    page, _ = new_page(bypass_csp=False)
     _sign_in(page, live_server.url, live_server.api_key, remember=True)
     assert page.evaluate(f"localStorage.getItem('{KEY}')") == live_server.api_key
     other_tab = page.context.new_page()
