@@ -240,8 +240,8 @@ class BlobStore:
     def _write_db(self, blob_id: str, chunks: Iterable[bytes], shared: Session | None) -> None:
         with self._writer(shared) as (s, owned):
             s.add(_incomplete_row(blob_id, "db"))
-            s.flush()
-            if owned:  # committed as it goes: keep it alive (the caller's transaction shows no one)
+            s.commit() if owned else s.flush()  # the row first: its heartbeat is seen from the start
+            if owned:  # (the caller's transaction shows no one: nothing to keep alive)
                 self.writers.add(blob_id)
             write_chunks(s, blob_id, chunks, owned)
             if owned:

@@ -30,8 +30,8 @@ def temp_files(folder: Path) -> dict[Path, int]:
     return {p: p.stat().st_size for p in folder.glob("upload-*") if p.is_file()}
 
 
-def blobs_of(session_factory: Any, writer: str) -> dict[str, int]:
-    """The incomplete blobs `writer` left: {id: its chunk rows}."""
+def blobs_of(live_server: LiveServer, session_factory: Any, writer: str) -> dict[str, int]:
+    """The incomplete blobs `writer` left: {id: MiB written} (db: its chunk rows; fs: its temp file)."""
     with session_factory() as session:
         rows = session.execute(
             select(Blob.id, func.count(BlobChunk.seq))
@@ -39,7 +39,15 @@ def blobs_of(session_factory: Any, writer: str) -> dict[str, int]:
             .where(Blob.writer == writer, Blob.complete.is_(False))
             .group_by(Blob.id)
         ).all()
-    return {blob_id: int(n) for blob_id, n in rows}
+    blob_dir = live_server.settings.blob_dir
+    return {
+        blob_id: int(n) + sum(p.stat().st_size for p in blob_dir.glob(f"*/{blob_id}.tmp-*")) // MiB
+        for blob_id, n in rows
+    }
+
+
+def fs_temp_files(live_server: LiveServer) -> list[Path]:
+    return list(live_server.settings.blob_dir.glob("*/*.tmp-*"))
 
 
 def start_body_and_stall(live_server: LiveServer, announced: int, sent: int) -> socket.socket:
@@ -85,9 +93,12 @@ def writer_of(process_pid: int) -> str:
     return f"{socket.gethostname()}:{process_pid}"
 
 
-@pytest.mark.service_settings(blob_backend="db", max_upload_bytes=1 << 30)
+@pytest.mark.parametrize(
+    "backend",
+    [pytest.param(name, marks=pytest.mark.service_settings(blob_backend=name)) for name in ("db", "fs")],
+)
 def test_what_a_killed_api_leaves_is_collected_by_the_next(
-    live_server: LiveServer, session_factory: Any
+    live_server: LiveServer, session_factory: Any, backend: str
 ) -> None:
     api = live_server.process
     uploads = upload_dir(live_server.settings)
@@ -109,7 +120,11 @@ def test_what_a_killed_api_leaves_is_collected_by_the_next(
     data = b"the quick brown fox jumps over the lazy dog\n" * (160 * MiB // 44)
     thread = upload_in_background(live_server, data)
     wait_until(
-        lambda: any(n >= 8 for n in blobs_of(session_factory, writer).values()),
+        lambda: (
+            any(n >= 8 for n in blobs_of(live_server, session_factory, writer).values())
+            if backend == "db"
+            else fs_temp_files(live_server)  # fs writes fast: catch its temporary file at all
+        ),
         timeout=120,
         interval=0.05,
         message=lambda: f"the upload's blob to be written\n{api.output()}",
@@ -117,11 +132,14 @@ def test_what_a_killed_api_leaves_is_collected_by_the_next(
     api.kill()
     thread.join(timeout=60)
     left_files = {p: n for p, n in temp_files(uploads).items() if p not in before_files}
-    left_blobs = blobs_of(session_factory, writer)
+    left_blobs = blobs_of(live_server, session_factory, writer)
     assert len(left_files) == 2 and len(left_blobs) == 1, (left_files, left_blobs)
+    assert (backend == "fs") == bool(fs_temp_files(live_server))
+    what = "chunk rows" if backend == "db" else "MiB in its temporary file"
     print(
-        f"\nleft by two kill -9s: temporary uploads of {sorted(round(n / MiB) for n in left_files.values())} MiB, "
-        f"an incomplete blob of {sum(left_blobs.values())} chunk rows"
+        f"\n{backend}: left by two kill -9s: temporary uploads of "
+        f"{sorted(round(n / MiB) for n in left_files.values())} MiB, an incomplete blob of "
+        f"{sum(left_blobs.values())} {what}"
     )
 
     # 3. the next API process, its bounds short for the test, collects both
@@ -134,10 +152,14 @@ def test_what_a_killed_api_leaves_is_collected_by_the_next(
     api.start()
     _wait_http_ok(f"{live_server.url}/healthz", api)
     wait_until(
-        lambda: not (set(temp_files(uploads)) & set(left_files)) and not blobs_of(session_factory, writer),
+        lambda: (
+            not (set(temp_files(uploads)) & set(left_files))
+            and not blobs_of(live_server, session_factory, writer)
+        ),
         timeout=60,
         message=lambda: f"the leftovers to be collected\n{api.output()}",
     )
     print(f"collected {time.monotonic() - started:.1f} s after the next API process started")
     with session_factory() as session:
         assert session.scalar(select(func.count()).where(BlobChunk.blob_id.in_(list(left_blobs)))) == 0
+    assert not fs_temp_files(live_server)
