@@ -36,7 +36,6 @@ from api.openapi import api_routes, install_openapi
 from api.rate_limit import RateLimiter
 from api.request_text import TextURLMiddleware
 from api.response_headers import ResponseHeadersMiddleware
-from api.stream_limits import StreamLimits
 from api.routes import (
     checkpoints,
     completions,
@@ -53,6 +52,7 @@ from api.routes import (
     tensorboard,
     workers,
 )
+from api.stream_limits import StreamLimits
 from core.settings import Settings, get_settings
 
 ROUTER_MODULES = (

@@ -130,7 +130,9 @@ class Settings(BaseSettings):
         default=16, ge=1, description="open streams (job SSE and streamed completions) per key (429 past it)"
     )
     stream_poll_threads: int = Field(
-        default=8, ge=1, description="threads all streams' database polls share (the rest serve other requests)"
+        default=8,
+        ge=1,
+        description="threads all streams' database polls share (the rest serve other requests)",
     )
     sse_keepalive_seconds: float = Field(
         default=10.0, gt=0, description="silence after which a completion stream sends `: keep-alive`"

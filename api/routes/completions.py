@@ -41,6 +41,8 @@ from api.inference import ClientGone, InferenceResult, InferenceRun, collect, st
 from api.request_models import GenerateRequest
 from api.request_text import json_router
 from api.schemas import GenerateResponse
+from api.stream_limits import holding, stream_limits
+from core.models import ApiKey
 from core.settings import Settings
 
 router = json_router(prefix="/v1", tags=["completions"])
@@ -109,8 +111,11 @@ KEEPALIVE = ": keep-alive\n\n"  # an SSE comment while the worker is silent (loa
 DEFAULT_MAX_TOKENS = 16  # /v1/completions' max_tokens when not given, as OpenAI's
 
 
-def event_stream(run: InferenceRun, events: AsyncGenerator[str, None]) -> StreamingResponse:
-    """The SSE answer: `events`, then the row is deleted (also when the client went away)."""
+def event_stream(
+    run: InferenceRun, events: AsyncGenerator[str, None], release: Callable[[], None]
+) -> StreamingResponse:
+    """The SSE answer: `events`, then the row is deleted (also when the client went away); the key's
+    stream slot (api/stream_limits.py) is released at the end."""
 
     async def body() -> AsyncIterator[str]:
         try:
@@ -125,7 +130,7 @@ def event_stream(run: InferenceRun, events: AsyncGenerator[str, None]) -> Stream
             await run.close()
 
     return StreamingResponse(
-        body(),
+        holding(release, body()),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -148,7 +153,7 @@ async def create_completion(
         "max_tokens": max_tokens_of("max_tokens", body.max_tokens or DEFAULT_MAX_TOKENS, settings),
         **body.sampling_params(),
     }
-    run = await start_inference(request.app, key.owner_id, body.model, params)
+    run, release = await _start(request, key, bool(body.stream), body.model, params)
     cid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
 
     def chunk(text: str, finish_reason: str | None) -> dict[str, Any]:
@@ -165,7 +170,7 @@ async def create_completion(
         return data
 
     if body.stream:
-        return event_stream(run, _events(run, request, chunk, body.include_usage))
+        return event_stream(run, _events(run, request, chunk, body.include_usage), release)
     text, result = await finished_text(run, request)
     return Completion(
         id=cid,
@@ -174,6 +179,19 @@ async def create_completion(
         choices=[CompletionChoice(text=text, finish_reason=result.finish_reason)],  # type: ignore[arg-type]
         usage=usage_of(result),
     )
+
+
+async def _start(
+    request: Request, key: ApiKey, stream: bool, model: str, params: dict[str, Any]
+) -> tuple[InferenceRun, Callable[[], None]]:
+    """The inference run, and for a stream the key's stream slot (429 before anything is queued
+    when the key has its limit open: api/stream_limits.py); its release does nothing otherwise."""
+    release = stream_limits(request.app).reserve(key.id) if stream else (lambda: None)
+    try:
+        return await start_inference(request.app, key.owner_id, model, params), release
+    except BaseException:
+        release()
+        raise
 
 
 async def _events(
@@ -213,7 +231,7 @@ async def create_chat_completion(
         "max_tokens": max_tokens_of(field, limit, settings),
         **body.sampling_params(),
     }
-    run = await start_inference(request.app, key.owner_id, body.model, params)
+    run, release = await _start(request, key, bool(body.stream), body.model, params)
     cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
 
     def chunk(text: str, finish_reason: str | None, delta: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -233,7 +251,7 @@ async def create_chat_completion(
 
     if body.stream:
         first = chunk("", None, {"role": "assistant", "content": ""})
-        return event_stream(run, _events(run, request, chunk, body.include_usage, first))
+        return event_stream(run, _events(run, request, chunk, body.include_usage, first), release)
     text, result = await finished_text(run, request)
     return ChatCompletion(
         id=cid,

@@ -43,6 +43,7 @@ from api.deps import SessionDep, StreamKey
 from api.errors import error_body
 from api.queries import in_column_range, owned_job
 from api.schemas import metric_point, to_event, to_job, unix
+from api.stream_limits import stream_limits
 from core.db_faults import CONNECTION_ERRORS
 from core.models import ApiKey, Event, Job, Metric
 from core.status import ACTIVE, TERMINAL
@@ -143,6 +144,7 @@ class _JobStream:
         self.request, self.job_id, self.key_id = request, job_id, key_id
         self.cursor, self.sent_status = cursor, sent_status
         self.factory: sessionmaker[Session] = request.app.state.session_factory
+        self.limits = stream_limits(request.app)
         self.recheck_seconds: float = request.app.state.settings.stream_key_recheck_seconds
         self.last_write = self.last_key_check = time.monotonic()
 
@@ -166,10 +168,10 @@ class _JobStream:
         """What to send after one poll, and when to poll next."""
         try:
             if time.monotonic() - self.last_key_check >= self.recheck_seconds:
-                if not await run_in_threadpool(_key_is_live, self.factory, self.key_id):
+                if not await self.limits.run(_key_is_live, self.factory, self.key_id):
                     return _sse("error", KEY_REVOKED), "close"
                 self.last_key_check = time.monotonic()
-            job, points, events = await run_in_threadpool(_poll, self.factory, self.job_id, self.cursor)
+            job, points, events = await self.limits.run(_poll, self.factory, self.job_id, self.cursor)
         except CONNECTION_ERRORS:  # the database is away: keep the stream open and poll again
             return "", "wait"
         if job is None:
@@ -235,8 +237,9 @@ async def stream_job(
     # A resuming client has seen the status as of its cursor; newer changes arrive as rows.
     sent_status = job.status if resume_from else None
     await run_in_threadpool(session.close)
+    frames = _JobStream(request, job.id, key.id, cursor, sent_status).frames()
     return StreamingResponse(
-        _JobStream(request, job.id, key.id, cursor, sent_status).frames(),
+        stream_limits(request.app).guarded(key.id, frames),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
