@@ -114,6 +114,8 @@ class BlobChunk(Base):
 
 class File(Base):
     __tablename__ = "files"
+    # an upload's Idempotency-Key, unique per owner: a retried upload gets the first file back
+    __table_args__ = (UniqueConstraint("owner_id", "idempotency_key", name="uq_files_owner_idempotency"),)
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("file"))
     owner_id: Mapped[str] = mapped_column(String(64), index=True)
     filename: Mapped[str] = mapped_column(String(500))
@@ -126,6 +128,7 @@ class File(Base):
     # A deleted file that finished jobs still name keeps its row (their training_file stays a valid
     # reference) with its bytes freed; it is gone for every route.
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
 
 
 class Job(Base):

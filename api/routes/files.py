@@ -29,19 +29,24 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request
+import anyio.from_thread
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy import Text, and_, cast, or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
 from api.errors import APIError, ErrorResponse, not_found, quote_input
+from api.file_uploads import IDEMPOTENCY_KEY_CHARS, check_client, earlier_file, file_sha256
 from api.queries import AfterId, bad_cursor, live_files, newest_first_after, owned_file
 from api.quotas import check_storage, storage_exceeded
 from api.ranges import download_response
@@ -49,7 +54,7 @@ from api.request_models import FileUploadFields
 from api.schemas import Deleted, FileObject, ListEnvelope, to_file
 from api.uploads import MULTIPART_SLACK, Upload, received_upload, too_large
 from core.blobstore import BlobStore
-from core.models import File, Job, utcnow
+from core.models import Blob, File, Job, utcnow
 from core.quotas import stored_bytes
 from core.settings import Settings
 from core.status import TERMINAL
@@ -100,7 +105,18 @@ def _form_fields(upload: Upload) -> FileUploadFields:
 
 @router.post("/files", response_model=FileObject, summary="Upload a training file", openapi_extra=UPLOAD_BODY)
 async def upload_file(
-    request: Request, key: CurrentKey, settings: SettingsDep, store: BlobStoreDep
+    request: Request,
+    key: CurrentKey,
+    settings: SettingsDep,
+    store: BlobStoreDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            max_length=IDEMPOTENCY_KEY_CHARS,
+            description="a retry with the same key gets the file the first upload stored",
+        ),
+    ] = None,
 ) -> FileObject:
     limit = settings.max_upload_bytes
     header = request.headers.get("content-length")
@@ -124,9 +140,19 @@ async def upload_file(
         fields = _form_fields(upload)
         assert upload.path is not None
         filename = (upload.filename or "upload")[:500]
+        owner = Owner(key.owner_id, idempotency_key, lambda: anyio.from_thread.run(request.is_disconnected))
         return await run_in_threadpool(
-            _validate_and_store, request, key.owner_id, upload.path, filename, fields.purpose, settings, store
+            _validate_and_store, request, owner, upload.path, filename, fields.purpose, settings, store
         )
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who uploads: the owner, the request's Idempotency-Key, and whether its client is gone."""
+
+    id: str
+    idempotency_key: str | None
+    gone: Callable[[], bool]
 
 
 def _stored_bytes(request: Request, owner_id: str) -> int:
@@ -136,7 +162,7 @@ def _stored_bytes(request: Request, owner_id: str) -> int:
 
 def _validate_and_store(
     request: Request,
-    owner_id: str,
+    owner: Owner,
     path: Path,
     filename: str,
     purpose: str,
@@ -161,31 +187,48 @@ def _validate_and_store(
     session = request.app.state.session_factory()
     blob = None
     try:
+        sha256 = file_sha256(path) if owner.idempotency_key else ""
+        if (earlier := earlier_file(session, owner.id, owner.idempotency_key, sha256)) is not None:
+            return to_file(earlier)  # a retry of a stored upload: nothing stored twice
+        check_client(owner.gone, owner.id)
         # the file itself, not an iterator over it: the store reads it in the pieces it writes
         # (fs: 8 MiB), with no re-cutting copy
         blob = store.put_file(path, session, max_bytes=limit)
-        check_storage(session, owner_id, settings.max_stored_bytes_per_key, blob.size, "this upload", "file")
+        check_storage(session, owner.id, settings.max_stored_bytes_per_key, blob.size, "this upload", "file")
         row = File(
-            owner_id=owner_id,
+            owner_id=owner.id,
             filename=filename,
             purpose=purpose,
             bytes=blob.size,
             sha256=blob.sha256,
             format=summary.format,
             blob_id=blob.id,
+            idempotency_key=owner.idempotency_key or None,
         )
         session.add(row)
+        check_client(owner.gone, owner.id)
         session.commit()
         return to_file(row)
+    except IntegrityError:  # a concurrent upload under the same Idempotency-Key was committed first
+        _forget(session, store, blob)
+        winner = earlier_file(session, owner.id, owner.idempotency_key, sha256)
+        if winner is None:
+            raise
+        return to_file(winner)
     except BaseException:
-        session.rollback()
-        if blob is not None:  # written but not committed: remove it now rather than at the next gc
-            with contextlib.suppress(Exception):
-                store.delete(blob.id, session)
-                session.commit()
+        _forget(session, store, blob)
         raise
     finally:
         session.close()
+
+
+def _forget(session: Session, store: BlobStore, blob: Blob | None) -> None:
+    """Roll back; a blob written but not committed is removed now rather than at the next gc."""
+    session.rollback()
+    if blob is not None:
+        with contextlib.suppress(Exception):
+            store.delete(blob.id, session)
+            session.commit()
 
 
 @router.get("/files", response_model=ListEnvelope[FileObject], summary="List your files, newest first")
