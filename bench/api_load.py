@@ -8,6 +8,8 @@ windows just before and just after the load.
     .venv/bin/python bench/api_load.py               # embedded SQLite service
     .venv/bin/python bench/api_load.py --postgres    # Postgres + Redis
     .venv/bin/python bench/api_load.py --smoke       # 10 connections, 2 s
+    .venv/bin/python bench/api_load.py --streams 200 [--postgres]   # one tenant's streams vs another's
+                                                                       # requests (bench/_stream_fairness.py)
 
 Training throughput in a window is the trainer's per-step tokens/s of the steps whose metric rows
 were written in it, time-weighted. The worker's torch runs with --threads threads (default 1, as
@@ -39,6 +41,7 @@ from bench._service import (
     print_table,
     serve,
 )
+from bench._stream_fairness import HEAD, rows, stream_fairness
 
 BATCH = 16  # the trained job's batch size (sequences of 128 tokens)
 LUA = """
@@ -115,7 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=int, default=None, help="load duration (default 20)")
     ap.add_argument("--wrk-threads", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the worker (OMP_NUM_THREADS)")
+    ap.add_argument(
+        "--streams", type=int, default=0, help="instead: N streams of one tenant vs another's requests"
+    )
     args = ap.parse_args(argv)
+    if args.streams:
+        return streams_scenario(args)
     if shutil.which("wrk") is None:
         raise SystemExit("api_load needs wrk: apt-get install wrk")
     conns = args.connections or (10 if args.smoke else 100)
@@ -134,6 +142,20 @@ def main(argv: list[str] | None = None) -> int:
         f"-d{secs}s on loopback; job GET + metrics?after_step= alternating; worker torch threads {args.threads}"
     )
     report(res, points, times, title)
+    return 0
+
+
+def streams_scenario(args: argparse.Namespace) -> int:
+    """One tenant holds `--streams` event streams open while another lists its files (issue 25, 7)."""
+    db = "Postgres + Redis" if args.postgres else "embedded (SQLite)"
+    samples = 20 if args.smoke else 100
+    results = stream_fairness(args.streams, samples, args.postgres)
+    print()
+    print(
+        f"# api_load --streams  {datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine()}; {db}; tenant A opens "
+        f"{args.streams} streams of a queued job, tenant B: GET /v1/files x{samples}, median"
+    )
+    print_table(HEAD, rows(results))
     return 0
 
 
