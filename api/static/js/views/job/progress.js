@@ -22,6 +22,7 @@ export function progressCard({ charts, metrics, statuses }) {
 
   let job = null;
   let pending = false;
+  let readAt = Date.now(); // when `job` was read: its eta_seconds counts down from then
 
   function paint() {
     if (!job) return;
@@ -32,10 +33,14 @@ export function progressCard({ charts, metrics, statuses }) {
     stepDd.textContent = total ? `${fmtInt(step)} / ${fmtInt(total)}` : fmtInt(step >= 0 ? step : null);
     lossDd.textContent = fmtLoss(charts.lastTrainLoss() ?? p.train_loss);
     valDd.textContent = fmtLoss(charts.lastValLoss() ?? p.val_loss);
-    tpsDd.textContent = fmtInt(metrics.tokensPerS ?? p.tokens_per_s);
+    // the server's smoothed rate (an average over recent steps without evaluation and checkpoint
+    // pauses) and the ETA from it, counted down since the job was read; the last point's own rate
+    // (one interval: it swings) only until the server has measured one
+    tpsDd.textContent = fmtInt(p.tokens_per_s ?? metrics.tokensPerS);
     const live = !statuses.terminal.has(job.status);
     let eta = p.eta_seconds;
-    if (live && metrics.rate && total) eta = Math.max(0, (total - step) / metrics.rate);
+    if (live && eta != null) eta = Math.max(0, eta - (Date.now() - readAt) / 1000);
+    else if (live && metrics.rate && total) eta = Math.max(0, (total - step) / metrics.rate);
     // "succeeded" is the one ending with nothing left to do; failed and cancelled jobs have no ETA
     etaDd.textContent = live ? fmtDuration(eta) : job.status === "succeeded" ? "done" : "—";
     tokDd.textContent = fmtInt(job.trained_tokens);
@@ -46,7 +51,10 @@ export function progressCard({ charts, metrics, statuses }) {
     node,
     /** Repaint on the next frame, with `latest` as the job if given (else the last one seen). */
     update(latest) {
-      if (latest) job = latest;
+      if (latest) {
+        job = latest;
+        readAt = Date.now();
+      }
       if (pending) return;
       pending = true;
       requestAnimationFrame(() => { pending = false; paint(); });
