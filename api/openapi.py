@@ -33,7 +33,9 @@ ERROR_DESCRIPTIONS = {
     404: "No such resource for this key's owner (another owner's ids read the same)",
     408: "The upload stalled: nothing arrived for `upload_body_timeout_seconds`",
     413: "The request body is larger than the service accepts",
+    414: "The URL is longer than `max_request_line_bytes` (refused before the request is read)",
     429: "Over the key's rate limit or one of its quotas (`Retry-After` says when to try again)",
+    431: "The request's headers pass `max_request_head_bytes`, `max_request_headers` or a line's bound",
 }
 SECURITY_SCHEMES = {
     "bearerAuth": {
@@ -103,7 +105,7 @@ def security_of(route: APIRoute) -> list[dict[str, list[str]]]:
 
 def error_statuses(route: APIRoute, method: str, operation: dict[str, Any]) -> set[int]:
     """The 4xx statuses an operation can answer, from what its route takes."""
-    statuses: set[int] = set()
+    statuses: set[int] = {414, 431}  # any request: its head is bounded (api/http_server.py)
     params = operation.get("parameters", [])
     body = operation.get("requestBody")
     if body is not None or any(p.get("in") != "path" for p in params) or method in STATE_CHANGING:

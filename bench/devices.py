@@ -26,8 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench._throughput_report import machine_description  # noqa: E402
 from bench.peer import logged_step_seconds, steady_step_seconds  # noqa: E402
-from bench.trainer_throughput import machine_description  # noqa: E402
 
 MODEL = ["--n-layer", "4", "--n-head", "4", "--n-embd", "256", "--ctx", "128"]
 SMOKE_MODEL = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--ctx", "128"]

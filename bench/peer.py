@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench._peer_recipes import RECIPES, gpu_env, run_recipe  # noqa: E402
-from bench.trainer_throughput import machine_description  # noqa: E402
+from bench._throughput_report import machine_description  # noqa: E402
 
 SPEED_SHAPE = dict(n_layer=4, n_head=4, n_embd=256, ctx=128, batch=16)
 RECIPE = dict(n_layer=4, n_head=4, n_embd=128, ctx=64, batch=12, iters=2000)

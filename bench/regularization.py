@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from bench.trainer_throughput import machine_description  # noqa: E402
+from bench._throughput_report import machine_description  # noqa: E402
 from trainer.config import ModelConfig, TrainConfig  # noqa: E402
 from trainer.run.loop import train  # noqa: E402
 

@@ -51,9 +51,10 @@ CONFIG = """
 [generation]
 database = "none"
 
-# schemathesis' list, plus 413: a body past the JSON limit (api/request_text.py) is refused unparsed
+# schemathesis' list, plus 413: a body past the JSON limit (api/request_text.py) is refused unparsed,
+# and 414/431: a URL or head past its bound is refused before the request is read (api/http_server.py)
 [checks.negative_data_rejection]
-expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429]
+expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 414, 415, 422, 428, 429, 431]
 
 # the stream of a job that is not finished lasts until it is: only ever unknown job ids here (no ids
 # taken from other responses, no stateful phase), and at most one event read

@@ -51,3 +51,21 @@ def _status_kib(field: str) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+class PeakMemory:
+    """The run's peak so far, which never falls. Linux keeps its high-water mark lazily: VmHWM is
+    max(the recorded mark, the RSS now), and the mark is brought up to date only on some unmaps, so
+    after the RSS drops VmHWM can read lower than a moment before (seen: 4 KiB). The highest
+    reading is what the run has held."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.highest: float | None = None
+        reset_peak_memory(device)
+
+    def read(self) -> float | None:
+        now = peak_memory_bytes(self.device)
+        if now is not None and (self.highest is None or now > self.highest):
+            self.highest = now
+        return self.highest

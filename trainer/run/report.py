@@ -22,7 +22,7 @@ import torch
 
 from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
 from trainer.run.collectives import STOP_CODES, agree_stop, all_reduce_sum
-from trainer.run.memory import peak_memory_bytes, reset_peak_memory
+from trainer.run.memory import PeakMemory
 from trainer.run.metrics_file import MetricsFile, NoMetricsFile
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class Report:
         else:
             self.metrics, self.callbacks = NoMetricsFile(), Callbacks()
         self.callbacks.on_start(run.start_info())
-        reset_peak_memory(run.device)  # the run's peak, not the worker process's
+        self.peak_memory = PeakMemory(run.device)  # the run's peak, not the worker process's
         self.clock = _Clock(run.tokens_seen)
         self.agreed: StopReason | None = self._agree_stop() if run.world > 1 else None
 
@@ -132,7 +132,7 @@ class Report:
             grad_norm=grad_norm,
             tokens_per_s=self.clock.tokens_per_s(run.tokens_seen),
             tokens_seen=run.tokens_seen,
-            peak_memory_bytes=peak_memory_bytes(run.device),
+            peak_memory_bytes=self.peak_memory.read(),
         )
         self.metrics.write(measured)
         self.callbacks.on_step(measured)
