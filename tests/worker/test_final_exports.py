@@ -99,7 +99,9 @@ def rows(session_factory: Any, model_id: str) -> dict[str, Export]:
 
 def warnings(session_factory: Any, job_id: str) -> list[Event]:
     with session_factory() as s:
-        found = list(s.scalars(select(Event).where(Event.job_id == job_id, Event.level == "warn")))
+        # in the order they were written (without an ORDER BY, PostgreSQL may answer in any order)
+        query = select(Event).where(Event.job_id == job_id, Event.level == "warn").order_by(Event.seq)
+        found = list(s.scalars(query))
         s.expunge_all()
         return found
 
