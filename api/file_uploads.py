@@ -9,10 +9,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
-from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -28,14 +26,6 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it
 class ClientGone(APIError):
     def __init__(self) -> None:
         super().__init__(CLIENT_CLOSED, "The client closed the connection; the upload was not kept.")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for piece in iter(lambda: f.read(1 << 20), b""):
-            digest.update(piece)
-    return digest.hexdigest()
 
 
 def earlier_file(session: Session, owner_id: str, idempotency_key: str | None, sha256: str) -> File | None:

@@ -46,7 +46,7 @@ from sqlalchemy.orm import Session
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
 from api.errors import APIError, ErrorResponse, not_found, quote_input
-from api.file_uploads import IDEMPOTENCY_KEY_CHARS, check_client, earlier_file, file_sha256
+from api.file_uploads import IDEMPOTENCY_KEY_CHARS, check_client, earlier_file
 from api.queries import AfterId, bad_cursor, live_files, newest_first_after, owned_file
 from api.quotas import check_storage, storage_exceeded
 from api.ranges import download_response
@@ -169,7 +169,7 @@ def _validate_and_store(
     settings: Settings,
     store: BlobStore,
 ) -> FileObject:
-    from trainer.data.formats import DataError, JSONTooDeep, validate_file
+    from trainer.data.formats import DataError, JSONTooDeep, file_sha256, validate_file
 
     limit = settings.max_upload_bytes
     if path.stat().st_size > limit:

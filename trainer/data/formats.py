@@ -46,6 +46,7 @@ object, else "text". `validate_file` raises `DataError(message, line)` naming th
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -142,6 +143,15 @@ def detect_format(path: str | os.PathLike[str]) -> Format:
         return "jsonl" if text.lstrip().startswith("{") else "text"
     except json.JSONDecodeError:
         return "text"
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The file's sha256, read in 1 MiB pieces (the data cache's key; an upload's retry check)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
 
 
 def validate_file(

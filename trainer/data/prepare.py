@@ -31,6 +31,7 @@ from trainer.data.formats import (
     DataError,
     Document,
     detect_format,
+    file_sha256,
     iter_jsonl_documents,
     iter_text_chunks,
     validate_file,
@@ -249,14 +250,6 @@ class TokenData:
     val: np.ndarray | None
     train_spans: np.ndarray | None = None
     val_spans: np.ndarray | None = None
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def tokenizer_hash(tokenizer: Tokenizer) -> str:
