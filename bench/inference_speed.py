@@ -1,8 +1,9 @@
 """Decoding speed of an inference worker's model on each device it could use (issue 23): the same
 randomly initialised preset, placed as worker.inference_device places it (float32 on the CPU,
 bfloat16 on CUDA), generating `--tokens` tokens after a 16-token prompt, one request at a time,
-with its KV cache. Prints tokens/s per device and CUDA's ratio to the CPU (goal >= 10x for
-llama-110m), with the machine.
+with its KV cache. Prints tokens/s per device, CUDA's ratio to the CPU (goal >= 10x for
+llama-110m) and, beside them, CUDA with graphed decoding off (trainer.model.decoders), with the
+machine.
 
     .venv/bin/python bench/inference_speed.py --preset llama-110m --tokens 64
     .venv/bin/python bench/inference_speed.py --smoke          # llama-tiny, 8 tokens
@@ -11,6 +12,7 @@ llama-110m), with the machine.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -45,7 +47,7 @@ def tokens_per_s(model: Llama, tokens: int, rounds: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="llama-110m")
-    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="the best of this many runs per device")
     ap.add_argument("--smoke", action="store_true", help="llama-tiny, 8 tokens, one round")
     args = ap.parse_args(argv)
@@ -61,23 +63,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.rounds}"
     )
     rates = {}
-    for kind in kinds:
-        device = InferenceDevice(kind)
+    # "cuda eager": graphed decoding off (FROMSCRATCH_CUDA_GRAPHS=0), what CUDA decoding was before
+    for kind in [*kinds, *(["cuda eager"] if "cuda" in kinds else [])]:
+        device = InferenceDevice(kind.split()[0])
         model = device.place(Llama(cpu_model.cfg))
         model.load_state_dict(cpu_model.state_dict())
+        os.environ["FROMSCRATCH_CUDA_GRAPHS"] = "0" if kind == "cuda eager" else "1"
         rates[kind] = tokens_per_s(model, args.tokens, args.rounds)
-        print(
-            f"{kind:5s} {str(device.dtype).removeprefix('torch.'):9s} {rates[kind]:10,.1f} tokens/s",
-            flush=True,
-        )
-        emit(
-            Row(
-                "inference",
-                f"{args.preset} decoding on {kind} ({device.dtype})".replace("torch.", ""),
-                rates[kind],
-                "tokens/s",
-            )
-        )
+        dtype = str(device.dtype).removeprefix("torch.")
+        print(f"{kind:10s} {dtype:9s} {rates[kind]:10,.1f} tokens/s", flush=True)
+        emit(Row("inference", f"{args.preset} decoding on {kind} ({dtype})", rates[kind], "tokens/s"))
     if "cuda" in rates:
         ratio = rates["cuda"] / rates["cpu"]
         print(f"cuda / cpu: {ratio:.1f}x (goal >= 10x: {'met' if ratio >= 10 else 'NOT met'})")

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from trainer.model.llama import KVCache, Llama
+from trainer.model.decoders import decoder_for
+from trainer.model.llama import Llama
 
 if TYPE_CHECKING:
     from trainer.data.tokenizers import Tokenizer
@@ -72,37 +73,31 @@ def stream_ids(
         raise ValueError("stream_ids needs at least one token of context (use the BOS id)")
     if max_new_tokens <= 0:
         return
-    param = next(model.parameters())
-    device, ctx = param.device, model.cfg.ctx
+    device, ctx = next(model.parameters()).device, model.cfg.ctx
     generator = None
     if temperature >= MIN_TEMPERATURE:
         generator = torch.Generator(device=device)
         # torch.Generator() starts from a fixed seed; draw a fresh one when none is asked for.
         generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
     tokens = list(ids)
-
-    def prefill(window: list[int]) -> tuple[KVCache, torch.Tensor]:
-        cache = KVCache(model.cfg, 1, device, param.dtype)
-        logits, _ = model(torch.tensor([window], dtype=torch.long, device=device), cache=cache)
-        return cache, logits[0, -1]
-
-    # no_grad is per thread and would not survive the yields of a decorated generator on its own
-    with torch.no_grad():
-        cache, logits = prefill(tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2) :])
-    for n in range(1, max_new_tokens + 1):
-        nxt = sample_next(logits, temperature, top_k, top_p, generator)
-        if eos_id is not None and nxt == eos_id:
-            return
-        tokens.append(nxt)
-        yield nxt
-        if n == max_new_tokens:
-            return  # no need to run the model for a token nobody will sample
+    # the pool's decoder goes back when this generator ends or is closed
+    with decoder_for(model) as decoder:
+        # no_grad is per thread and would not survive the yields of a decorated generator on its own
         with torch.no_grad():
-            if cache.pos >= ctx:
-                cache, logits = prefill(tokens[-max(1, ctx // 2) :])
-            else:
-                logits, _ = model(torch.tensor([[nxt]], dtype=torch.long, device=device), cache=cache)
-                logits = logits[0, -1]
+            logits = decoder.prefill(tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2) :])
+        for n in range(1, max_new_tokens + 1):
+            nxt = sample_next(logits, temperature, top_k, top_p, generator)
+            if eos_id is not None and nxt == eos_id:
+                return
+            tokens.append(nxt)
+            yield nxt
+            if n == max_new_tokens:
+                return  # no need to run the model for a token nobody will sample
+            with torch.no_grad():
+                if decoder.position >= ctx:
+                    logits = decoder.prefill(tokens[-max(1, ctx // 2) :])
+                else:
+                    logits = decoder.step(nxt)
 
 
 def generate_ids(

@@ -76,6 +76,11 @@ class KVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
         self.pos = 0  # number of positions already filled
+        # Set while decoding through a captured CUDA graph (trainer.model.decoders): the position
+        # of the one new token, held on the device so that one graph serves every step. Keys are
+        # then written there and attention reads the whole buffer with `visible` masking the rest.
+        self.position: torch.Tensor | None = None
+        self.visible: torch.Tensor | None = None
 
 
 class Attention(nn.Module):
@@ -123,11 +128,7 @@ class Attention(nn.Module):
             )  # (B, H, T, hd)
             k = apply_rope(self.wk(x).view(B, T, KV, hd), cos, sin).transpose(1, 2)  # (B, KV, T, hd)
             v = self.wv(x).view(B, T, KV, hd).transpose(1, 2)
-            start = cache.pos
-            cache.k[layer][:, :, start : start + T] = k
-            cache.v[layer][:, :, start : start + T] = v
-            k = cache.k[layer][:, :, : start + T].to(attn_dtype)
-            v = cache.v[layer][:, :, : start + T].to(attn_dtype)
+            k, v = _cached_keys_values(cache, layer, k, v, attn_dtype)
         # llama: grouped-query attention; enable_gqa lets SDPA broadcast kv heads without a copy.
         gqa = KV != H
         with (
@@ -141,10 +142,27 @@ class Attention(nn.Module):
             # kernels do; torch's CPU flash kernel does not, so on CPU SDPA falls back to its math
             # path while dropout_p > 0: docs/HYPERPARAMETERS.md, "dropout")
             p = self.dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa, dropout_p=p)
+            mask = cache.visible if cache is not None else None
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa, dropout_p=p
+            )
         # (B, H, T, hd) -> (B, T, H*hd) in the matmul dtype: transpose and cast in one copy
         y = torch.empty(B, T, H, hd, dtype=cdt, device=y.device).copy_(y.transpose(1, 2)).view(B, T, H * hd)
         return self.wo(y)
+
+
+def _cached_keys_values(
+    cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stores the new keys/values of `layer` in the cache and returns every key/value to attend to."""
+    if cache.position is not None:  # graphed decoding: one token, at a position held on the device
+        cache.k[layer].index_copy_(2, cache.position, k)
+        cache.v[layer].index_copy_(2, cache.position, v)
+        return cache.k[layer].to(dtype), cache.v[layer].to(dtype)
+    start, T = cache.pos, k.size(2)
+    cache.k[layer][:, :, start : start + T] = k
+    cache.v[layer][:, :, start : start + T] = v
+    return cache.k[layer][:, :, : start + T].to(dtype), cache.v[layer][:, :, : start + T].to(dtype)
 
 
 class FeedForward(nn.Module):
@@ -241,6 +259,13 @@ class Llama(nn.Module):
         if start + T > self.cfg.ctx:
             raise ValueError(f"sequence of {start + T} tokens exceeds the context length ctx={self.cfg.ctx}")
         cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+        if cache is not None:
+            cache.visible = None
+            if cache.position is not None:  # graphed decoding: the position is read on the device
+                cos = self.rope_cos.index_select(0, cache.position)
+                sin = self.rope_sin.index_select(0, cache.position)
+                positions = torch.arange(self.cfg.ctx, device=idx.device)
+                cache.visible = (positions <= cache.position).view(1, 1, 1, -1)  # (B, H, 1, ctx)
         x = drop(self.tok_embeddings(idx), self.dropout, self.training)
         for i, layer in enumerate(self.layers):
             if self.activation_checkpointing and self.training and cache is None:

@@ -1,0 +1,102 @@
+"""trainer.model.decoders (issue 23, GPU inference): the graphed decoder's step (a KV cache at fixed
+addresses, the position held on the device, a mask over the rest) computes what the eager decoder
+does, also after the context fills and the prompt is prefilled again over older keys; the pool hands
+each concurrent request its own decoder and reuses them. Captured as a CUDA graph: test_cuda_decoding.py."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from trainer.config import ModelConfig
+from trainer.model.decoders import DecoderPool, EagerDecoder, GraphedDecoder, graphs_enabled
+from trainer.model.llama import Llama
+
+
+@pytest.fixture
+def model() -> Llama:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, ctx=16, vocab_size=97)
+    return Llama(cfg).eval()
+
+
+def decode(decoder: EagerDecoder | GraphedDecoder, prompt: list[int], steps: int) -> list[torch.Tensor]:
+    """Greedy decoding that prefills the last ctx/2 tokens again whenever the context is full."""
+    ctx = decoder.model.cfg.ctx
+    tokens, out = list(prompt), [decoder.prefill(prompt)]
+    for _ in range(steps):
+        tokens.append(int(out[-1].argmax()))
+        if decoder.position >= ctx:
+            out.append(decoder.prefill(tokens[-(ctx // 2) :]))
+        else:
+            out.append(decoder.step(tokens[-1]).clone())
+    return out
+
+
+def test_the_graphed_step_computes_what_the_eager_decoder_does(model: Llama) -> None:
+    prompt = [5, 17, 3, 42, 8, 1, 60]
+    # 30 steps in a context of 16: two refills, each leaving stale keys past the new position
+    want = decode(EagerDecoder(model), prompt, 30)
+    got = decode(GraphedDecoder(model, capture=False), prompt, 30)
+    assert len(got) == len(want) == 31
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_stale_keys_past_the_position_are_masked(model: Llama) -> None:
+    decoder = GraphedDecoder(model, capture=False)
+    decoder.prefill(list(range(1, 16)))  # 15 positions filled
+    short = decoder.prefill([4, 9])  # the same buffers, 13 stale positions past 2
+    fresh = EagerDecoder(model)
+    torch.testing.assert_close(short, fresh.prefill([4, 9]))
+    torch.testing.assert_close(decoder.step(7), fresh.step(7), atol=1e-5, rtol=1e-5)
+    assert decoder.position == fresh.position == 3
+
+
+def test_a_full_context_is_refused_rather_than_written_past(model: Llama) -> None:
+    decoder = GraphedDecoder(model, capture=False)
+    decoder.prefill(list(range(16)))
+    with pytest.raises(ValueError, match="context of 16 tokens is full"):
+        decoder.step(1)
+
+
+def test_the_pool_gives_concurrent_requests_their_own_decoders_and_reuses_them(model: Llama) -> None:
+    pool = DecoderPool()
+    taken: list[GraphedDecoder] = []
+    both_in = threading.Barrier(2)
+
+    def request() -> None:
+        with pool.take(model, capture=False) as decoder:
+            taken.append(decoder)
+            both_in.wait(timeout=30)  # each holds its decoder while the other takes one
+
+    threads = [threading.Thread(target=request) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(d) for d in taken}) == 2 and pool.idle_count(model) == 2
+    with pool.take(model, capture=False) as again:
+        assert any(again is d for d in taken) and pool.idle_count(model) == 1
+
+
+def test_the_pool_drops_decoders_of_a_model_cast_since(model: Llama) -> None:
+    pool = DecoderPool()
+    with pool.take(model, capture=False):
+        pass
+    model.to(torch.float64)
+    with pool.take(model, capture=False) as decoder:
+        assert decoder.cache.k[0].dtype == torch.float64
+    assert pool.idle_count(model) == 1
+
+
+def test_graphs_only_for_a_cuda_model_in_eval_mode(model: Llama, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not graphs_enabled(model)  # the CPU keeps its eager path
+    if torch.cuda.is_available():
+        cuda_model = Llama(model.cfg).cuda().eval()
+        assert graphs_enabled(cuda_model)
+        assert not graphs_enabled(cuda_model.train())
+        monkeypatch.setenv("FROMSCRATCH_CUDA_GRAPHS", "0")
+        assert not graphs_enabled(cuda_model.eval())

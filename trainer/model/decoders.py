@@ -1,0 +1,186 @@
+"""Decoding state for trainer.sampling: a prefill of the prompt, then one token per step.
+
+On the CPU (and wherever graphs are off) each prefill builds a fresh KV cache sized to the context
+and each step runs the model eagerly, as before. On CUDA one decoding step of a small model is
+hundreds of tiny kernels whose launches, not their work, set the pace (issue 23 measured 1.2x the
+CPU's tokens/s for llama-110m). There a GraphedDecoder captures the step once as a CUDA graph over a
+KV cache at fixed addresses, with the token and its position in device tensors, and replays it:
+one launch per token. Decoders are pooled per model, so concurrent requests for one model share its
+weights and each reuses a captured graph instead of capturing its own.
+
+FROMSCRATCH_CUDA_GRAPHS=0 turns graphed decoding off (A/B runs, debugging).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+import torch
+
+from trainer.model.llama import KVCache, Llama
+
+
+class Decoder(Protocol):
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        """Starts over from `ids` (at most ctx of them); the logits (vocab,) after the last one."""
+        ...
+
+    def step(self, token: int) -> torch.Tensor:
+        """Feeds one token; the logits (vocab,) after it."""
+        ...
+
+    @property
+    def position(self) -> int:
+        """How many positions of the context are filled."""
+        ...
+
+
+class EagerDecoder:
+    """A fresh KV cache per prefill, the model run eagerly: the CPU's path."""
+
+    def __init__(self, model: Llama) -> None:
+        self.model = model
+        self.cache: KVCache | None = None
+
+    @property
+    def position(self) -> int:
+        return self.cache.pos if self.cache is not None else 0
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        param = next(self.model.parameters())
+        self.cache = KVCache(self.model.cfg, 1, param.device, param.dtype)
+        return self._run(ids)
+
+    def step(self, token: int) -> torch.Tensor:
+        return self._run([token])
+
+    def _run(self, ids: list[int]) -> torch.Tensor:
+        device = next(self.model.parameters()).device
+        with torch.no_grad():
+            logits, _ = self.model(torch.tensor([ids], dtype=torch.long, device=device), cache=self.cache)
+        return logits[0, -1]
+
+
+class GraphedDecoder:
+    """One request's decoding state with its step captured as a CUDA graph (`capture=False` runs the
+    same step eagerly, which is how the CPU tests check its arithmetic). The graph reads the weights
+    where they are, so it stays valid while the model is updated in place, not if it is moved."""
+
+    def __init__(self, model: Llama, capture: bool) -> None:
+        param = next(model.parameters())
+        self.model = model
+        self.cache = KVCache(model.cfg, 1, param.device, param.dtype)
+        self.token = torch.zeros((1, 1), dtype=torch.long, device=param.device)
+        self.device_position = torch.zeros(1, dtype=torch.long, device=param.device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits = torch.empty(0)
+        if capture:
+            self._capture()
+
+    @property
+    def position(self) -> int:
+        return self.cache.pos
+
+    def prefill(self, ids: list[int]) -> torch.Tensor:
+        """The prompt runs eagerly (its length varies) into the same buffers the graph reads; keys
+        left from an earlier, longer context lie past the position and stay masked."""
+        self.cache.pos, self.cache.position = 0, None
+        with torch.no_grad():
+            logits, _ = self.model(
+                torch.tensor([ids], dtype=torch.long, device=self.token.device), cache=self.cache
+            )
+        return logits[0, -1]
+
+    def step(self, token: int) -> torch.Tensor:
+        if self.cache.pos >= self.model.cfg.ctx:
+            raise ValueError(f"the context of {self.model.cfg.ctx} tokens is full: prefill again")
+        self.token.fill_(token)
+        self.device_position.fill_(self.cache.pos)
+        if self.graph is not None:
+            self.graph.replay()
+            self.cache.pos += 1
+            return self.logits
+        return self._eager_step()
+
+    def _eager_step(self) -> torch.Tensor:
+        self.cache.position = self.device_position
+        try:
+            with torch.no_grad():
+                logits, _ = self.model(self.token, cache=self.cache)
+        finally:
+            self.cache.position = None
+        return logits[0, -1]
+
+    def _capture(self) -> None:
+        # Warm-up on a side stream (kernels chosen, Triton compiled), as CUDA graph capture asks;
+        # the writes land at position 0, which the next prefill overwrites.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.cache.pos = 0
+                self._eager_step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: other threads may keep decoding on this device while this one captures
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self.cache.pos = 0
+            self.logits = self._eager_step()
+        self.graph, self.cache.pos = graph, 0
+
+
+def graphs_enabled(model: Llama) -> bool:
+    """Graphed decoding for a CUDA model in eval mode outside autocast (a graph keeps the autocast
+    state it was captured under, and would replay one dropout mask), unless FROMSCRATCH_CUDA_GRAPHS=0."""
+    param = next(model.parameters())
+    if os.environ.get("FROMSCRATCH_CUDA_GRAPHS", "1") == "0" or param.device.type != "cuda":
+        return False
+    return not model.training and not torch.is_autocast_enabled("cuda")
+
+
+class DecoderPool:
+    """Idle GraphedDecoders per model; a request takes one (or makes one) and gives it back."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: weakref.WeakKeyDictionary[Llama, list[GraphedDecoder]] = weakref.WeakKeyDictionary()
+
+    @contextmanager
+    def take(self, model: Llama, capture: bool = True) -> Iterator[GraphedDecoder]:
+        param = next(model.parameters())
+        with self._lock:
+            idle = self._idle.setdefault(model, [])
+            # a model moved or cast since its decoders were made has new buffers: they are stale
+            idle[:] = [
+                d for d in idle if d.cache.k[0].device == param.device and d.cache.k[0].dtype == param.dtype
+            ]
+            decoder = idle.pop() if idle else None
+        if decoder is None:
+            decoder = GraphedDecoder(model, capture)
+        try:
+            yield decoder
+        finally:
+            with self._lock:
+                self._idle.setdefault(model, []).append(decoder)
+
+    def idle_count(self, model: Llama) -> int:
+        with self._lock:
+            return len(self._idle.get(model, []))
+
+
+POOL = DecoderPool()
+
+
+@contextmanager
+def decoder_for(model: Llama) -> Iterator[Decoder]:
+    """The decoder for one request: graphed and pooled on CUDA, eager elsewhere."""
+    if not graphs_enabled(model):
+        yield EagerDecoder(model)
+        return
+    with POOL.take(model) as decoder:
+        yield decoder
