@@ -146,7 +146,8 @@ class Service:
             "/v1/fine_tuning/jobs",
             json={"model": model, "training_file": file_id, "hyperparameters": hyperparameters, "seed": seed},
         )
-        r.raise_for_status()
+        if r.is_error:  # the API's message names the reason (placement, a limit, a field)
+            raise RuntimeError(f"creating the job: {r.status_code} {r.text}")
         return str(r.json()["id"])
 
     def job(self, job_id: str) -> dict[str, Any]:

@@ -84,6 +84,8 @@ def run_serve(args: argparse.Namespace) -> int:
     prepare_broker(settings)
     print(_banner(args.host, args.port, settings, _ensure_first_key(settings)), flush=True)
     supervisors = [] if args.no_worker else _start_workers(args.log_level)
+    if supervisors:
+        _wait_for_training_worker(settings)
 
     import uvicorn
 
@@ -152,6 +154,33 @@ def _start_workers(log_level: str) -> list[WorkerSupervisor]:
     for supervisor in supervisors:
         supervisor.start()
     return supervisors
+
+
+def _wait_for_training_worker(settings: Settings, timeout: float = 120.0) -> None:
+    """Serves once the training worker has advertised its devices: a job placed before would not
+    see a GPU worker (api/placement.py) and go to the cpu queue. It takes seconds (the worker
+    imports torch); a worker that never starts is reported and the API starts anyway."""
+    import time
+
+    from sqlalchemy import select
+
+    from core.device_queues import split_queue
+    from core.models import Worker, utcnow
+
+    since, deadline = utcnow(), time.monotonic() + timeout
+    print("fromscratch serve: waiting for the training worker to start", file=sys.stderr, flush=True)
+    while time.monotonic() < deadline:
+        with session_factory(settings)() as session:
+            rows = session.scalars(select(Worker.queues).where(Worker.started_at >= since))
+            if any(split_queue(q) is not None for queues in rows for q in queues):  # cpu or gpu
+                return
+        time.sleep(0.25)
+    print(
+        f"fromscratch serve: the training worker did not start within {timeout:.0f} s; serving anyway "
+        "(jobs without a device go to the default queue until it does)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _stop_workers(supervisors: list[WorkerSupervisor]) -> None:

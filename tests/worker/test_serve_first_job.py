@@ -2,10 +2,13 @@
 `/healthz` answers, while both workers are still starting and opening the broker for the first
 time. Before `serve` prepared the broker's tables and queues (core.broker.prepare_broker) this
 answered `503 ... the broker is unreachable (AttributeError)` now and then; the race itself is
-exercised 20 times in tests/core/test_embedded_broker.py."""
+exercised 20 times in tests/core/test_embedded_broker.py. And `serve` answers once its training worker
+has advertised its devices (issue 23: a job sent the moment a GPU box's serve answered went to the
+cpu queue and was refused as too large for it)."""
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import time
@@ -35,6 +38,11 @@ def test_a_job_created_the_instant_serve_is_healthy_is_queued(tmp_path: Path) ->
                     break
             except httpx.HTTPError:
                 time.sleep(0.02)
+        # the training worker advertised itself before the API answered, so a job without `device`
+        # is placed by what it has (api/placement.py: on a GPU box, the gpu queue) from the first one
+        with sqlite3.connect(data_dir / "fromscratch.db") as db:
+            advertised = [json.loads(q) for (q,) in db.execute("SELECT queues FROM workers")]
+        assert any("cpu" in queues for queues in advertised), process.output()
         [key] = re.findall(r"fsk-[A-Za-z0-9_\-]+", process.output())
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
             text = b"the quick brown fox jumps over the lazy dog.\n" * 2000

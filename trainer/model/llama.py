@@ -114,14 +114,17 @@ class Attention(nn.Module):
             torch.float32 if x.device.type == "cpu" and hd >= CPU_FP32_ATTENTION_MIN_HEAD_DIM else cdt
         )
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, n_rot): RoPE on (B, T, heads, hd)
-        if cache is None:
+        if cache is None or cache.position is not None:
             # One matmul for q, k and v (and one for their input gradient), on views of the weights
-            # concatenated per call; the decoding path below keeps three so as not to copy the
-            # weights for every token.
+            # concatenated per call. Graphed decoding too: in a CUDA graph the copy is one kernel,
+            # where three projections and two RoPEs are a dozen. The eager decoding path below
+            # keeps three so as not to copy the weights for every token.
             w = torch.cat((self.wq.weight, self.wk.weight, self.wv.weight))
             qkv = F.linear(x, w).view(B, T, H + 2 * KV, hd)
             # llama: rotary positions; q (B, H, T, hd), k and v (B, KV, T, hd)
             q, k, v = qkv_heads(qkv, cos, sin, (H, KV), attn_dtype)
+            if cache is not None:
+                k, v = _cached_keys_values(cache, layer, k, v, attn_dtype)
         else:
             q = apply_rope(self.wq(x).view(B, T, H, hd), cos, sin, attn_dtype).transpose(
                 1, 2
@@ -156,8 +159,8 @@ def _cached_keys_values(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stores the new keys/values of `layer` in the cache and returns every key/value to attend to."""
     if cache.position is not None:  # graphed decoding: one token, at a position held on the device
-        cache.k[layer].index_copy_(2, cache.position, k)
-        cache.v[layer].index_copy_(2, cache.position, v)
+        cache.k[layer].index_copy_(2, cache.position, k.to(cache.k[layer].dtype))
+        cache.v[layer].index_copy_(2, cache.position, v.to(cache.v[layer].dtype))
         return cache.k[layer].to(dtype), cache.v[layer].to(dtype)
     start, T = cache.pos, k.size(2)
     cache.k[layer][:, :, start : start + T] = k
