@@ -24,6 +24,7 @@ SCRIPTS = {
     "regularization.py": "model ",
     "header_flood.py": "server ",
     "compile_policy.py": "eager min ",
+    "profile_step.py": "kernels by ",
 }
 
 
