@@ -16,7 +16,9 @@ Memory, in bytes, on the device that trains (host RAM for a CPU job, GPU memory 
   `torch.autograd.graph.saved_tensors_hooks` sees; tests/trainer/test_estimate.py checks it). With
   activation checkpointing: every block's input plus one block recomputed during the backward;
 - backward working memory: the largest set of gradients alive at once beyond the saved tensors
-  (the logits' gradients, or one block's);
+  (the logits' gradients, or one block's). Where the loss runs fused with the output projection
+  (trainer.config.fused_loss: CUDA by default) no logits are saved, only the weight's gradient, and
+  the working memory is one chunk's logits instead of all of them (`_loss_bytes`);
 - batch: the step's token ids (all batch_size x grad_accum windows are drawn at once, int64);
 - runtime: a fixed allowance for the Python process, torch and kernel workspaces.
 Writing a checkpoint serialises the optimizer state into one more host copy while the gradients
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from trainer.config import ModelConfig, TrainConfig
+from trainer.config.fused_loss import chunk_rows, fused_cross_entropy_on
 
 Device = Literal["cpu", "cuda"]
 
@@ -45,12 +48,17 @@ FP32 = 4
 INT64 = 8
 
 
-def compute_dtype_bytes(cfg: TrainConfig, device: Device) -> int:
-    """Bytes per element of the matmuls: trainer.run.precision.choose_dtype's choice (auto is
-    bfloat16 on CUDA; on CPU float32, the larger of its two choices)."""
+def compute_dtype_name(cfg: TrainConfig, device: Device) -> str:
+    """The matmuls' dtype: trainer.run.precision.choose_dtype's choice (auto is bfloat16 on CUDA; on
+    CPU float32, the larger of its two choices)."""
     if cfg.dtype == "auto":
-        return 2 if device == "cuda" else FP32
-    return FP32 if cfg.dtype == "float32" else 2
+        return "bfloat16" if device == "cuda" else "float32"
+    return cfg.dtype
+
+
+def compute_dtype_bytes(cfg: TrainConfig, device: Device) -> int:
+    """Bytes per element of the matmuls (compute_dtype_name's)."""
+    return FP32 if compute_dtype_name(cfg, device) == "float32" else 2
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,25 @@ def _dropout_activations(model_cfg: ModelConfig, tokens: int, c: int, a: int, de
     return masks + 3 * a * tokens * heads * (model_cfg.ctx + model_cfg.head_dim)
 
 
+def _loss_bytes(
+    model_cfg: ModelConfig, cfg: TrainConfig, device: Device, tokens: int, c: int
+) -> tuple[int, int]:
+    """(saved, working): the bytes the output projection + cross-entropy save for the backward, and
+    the most they allocate beyond that at once. Plain: the cast weight and the float32 logits'
+    log-softmax; working, the logits' gradient before and after the float32 cast (and the logits).
+    Fused (trainer.config.fused_loss, trainer.model.linear_cross_entropy): the weight's float32
+    gradient; working, one chunk's float32 logits and log-softmax (and a copy in the compute dtype)
+    with the cast weight and a chunk's weight gradient, or the backward's scaled gradients."""
+    d, vocab, autocast = model_cfg.n_embd, model_cfg.vocab_size, c != FP32
+    if not fused_cross_entropy_on(device, compute_dtype_name(cfg, device)):
+        saved = (c * vocab * d if autocast else 0) + FP32 * tokens * vocab
+        return saved, 3 * FP32 * tokens * vocab + (c * tokens * vocab if autocast else 0)
+    rows = chunk_rows(tokens, vocab)
+    forward = (2 * FP32 + (c if autocast else 0)) * rows * vocab + (2 * c * vocab * d if autocast else 0)
+    backward = FP32 * vocab * d + c * tokens * d
+    return FP32 * vocab * d, max(forward + INT64 * tokens, backward)
+
+
 def estimate_memory(
     model_cfg: ModelConfig, cfg: TrainConfig, device: Device, *, batch_size: int | None = None
 ) -> MemoryEstimate:
@@ -170,8 +197,9 @@ def estimate_memory(
     c = compute_dtype_bytes(cfg, device)
     autocast = c != FP32
     a = FP32 if device == "cpu" else c  # CPU attention runs in float32 (trainer.model.llama.Attention)
-    d, vocab, n_layer = model_cfg.n_embd, model_cfg.vocab_size, model_cfg.n_layer
+    d, n_layer = model_cfg.n_embd, model_cfg.n_layer
     tokens = micro * model_cfg.ctx
+    loss_saved, loss_working = _loss_bytes(model_cfg, cfg, device, tokens, c)
     residual = FP32 * tokens * d  # a block's input (the fp32 residual stream)
     block = _block_activations(model_cfg, tokens, c, a, autocast)
     embedding_mask = 0
@@ -183,9 +211,8 @@ def estimate_memory(
         + residual  # the last block's output
         + FP32 * tokens
         + FP32 * tokens * d
-        + c * tokens * d  # final RMSNorm
-        + (c * vocab * d if autocast else 0)  # output weight cast
-        + FP32 * tokens * vocab  # log-softmax of the float32 logits
+        + c * tokens * d  # final RMSNorm (or, fused, the gradient that takes the place of its output)
+        + loss_saved
         + embedding_mask
     )
     if cfg.activation_checkpointing:
@@ -194,10 +221,8 @@ def estimate_memory(
         activations = head + n_layer * residual + block + (casts if autocast else 0)
     else:
         activations = head + n_layer * (residual + block)
-    # the loss's backward: the logits kept by the step, their gradient before and after the float32
-    # cast; a block's backward: at most one gradient per saved tensor; plus the residual's gradient
-    logits_backward = 3 * FP32 * tokens * vocab + (c * tokens * vocab if autocast else 0)
-    backward_working = max(logits_backward, block) + 2 * residual
+    # a block's backward: at most one gradient per saved tensor; plus the residual's gradient
+    backward_working = max(loss_working, block) + 2 * residual
     step_windows = micro * cfg.grad_accum
     if device == "cpu":  # the step's x and y, and the next step's being drawn (indices and windows)
         batch = 4 * INT64 * step_windows * (model_cfg.ctx + 1)

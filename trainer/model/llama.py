@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ModelConfig
 from trainer.model.fused_ops import apply_rope, compute_dtype, qkv_heads, rms_norm, swiglu
+from trainer.model.linear_cross_entropy import fused_applies, linear_cross_entropy
 
 
 def default_init_std(n_embd: int) -> float:
@@ -249,10 +250,14 @@ class Llama(nn.Module):
         targets: torch.Tensor | None = None,
         cache: KVCache | None = None,
         reduction: Literal["mean", "sum"] = "mean",
+        argmax: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T) token ids. With targets (B, T): returns (logits, cross-entropy) over the targets
         that are not IGNORE_INDEX, their mean or (reduction="sum") their sum (the training step
         divides by the step's target count itself; a mean over no target would be NaN).
+        argmax=True returns the logits' argmax (B, T) in their place, all a training step reads of
+        them (token accuracy): then, where trainer.config.fused_loss says so, the loss runs fused with
+        the output projection (trainer.model.linear_cross_entropy) and no (B*T, vocab) logits exist.
         With a cache: positions continue from cache.pos and the cache advances by T; the first call
         (the prefill) may pass many tokens, later calls one each (as trainer.sampling does)."""
         B, T = idx.shape
@@ -279,7 +284,13 @@ class Llama(nn.Module):
             cache.pos += T
         x = self.norm(x)
         if targets is None:
-            return self.output(x).float(), None
+            logits = self.output(x).float()
+            return (logits.argmax(dim=-1) if argmax else logits), None
+        if argmax and fused_applies(x):
+            loss, predicted = linear_cross_entropy(
+                x.flatten(0, 1), self.output.weight, targets.reshape(-1), IGNORE_INDEX, reduction
+            )
+            return predicted.view(B, T), loss
         logits = self.output(x).float()
         loss = F.cross_entropy(
             logits.view(-1, logits.size(-1)),
@@ -287,7 +298,7 @@ class Llama(nn.Module):
             ignore_index=IGNORE_INDEX,
             reduction=reduction,
         )
-        return logits, loss
+        return (logits.detach().argmax(dim=-1) if argmax else logits), loss
 
     def optimizer_groups(self, weight_decay: float, embedding_lr_scale: float = 1.0) -> list[dict[str, Any]]:
         """nanoGPT's rule: decay 2-D weights (matmuls), not norms. An untied token embedding gets a

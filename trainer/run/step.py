@@ -59,9 +59,10 @@ def next_batch(run: TrainRun) -> tuple[torch.Tensor, torch.Tensor, int]:
     return x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True), n_targets
 
 
-def _correct(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """How many covered targets the logits' argmax predicts (IGNORE_INDEX never equals an argmax)."""
-    return (logits.detach().argmax(dim=-1) == y).sum()
+def _correct(predicted: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """How many covered targets the logits' argmax (the model's `argmax=True` output) predicts
+    (IGNORE_INDEX never equals an argmax)."""
+    return (predicted == y).sum()
 
 
 def dropout_seed(seed: int, step: int, micro_batch: int) -> int:
@@ -157,9 +158,9 @@ class OptimizerStep:
             set_gradient_sync(run.model, i == k - 1)
         with sync:
             with run.autocast():
-                logits, loss = run.fwd(xm, ym, reduction="sum")
-            hits = _correct(logits, ym)
-            del logits  # not kept alive through the backward pass
+                # the argmax, not the logits: the loss may then run fused (trainer.model.linear_cross_entropy)
+                predicted, loss = run.fwd(xm, ym, reduction="sum", argmax=True)
+            hits = _correct(predicted, ym)
             loss = loss / denominator
             # n_targets counts the global batch; DDP averages over the ranks, x world makes it the sum
             scaled = loss * run.world if run.world > 1 else loss
@@ -226,9 +227,9 @@ def evaluate_batches(
             count += count_targets(y)
             yd = y.to(device, non_blocking=True)
             with autocast():
-                logits, loss = model(x.to(device, non_blocking=True), yd, reduction="sum")
+                predicted, loss = model(x.to(device, non_blocking=True), yd, reduction="sum", argmax=True)
             total += loss.double()
-            correct += _correct(logits, yd)
+            correct += _correct(predicted, yd)
     finally:
         model.train(was_training)
     if count == 0:
