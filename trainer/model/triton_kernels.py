@@ -115,28 +115,30 @@ if triton is not None:
 
     @triton.jit
     def rope_heads_kernel(
-        SRC, DST, COS, SIN, src_b, src_t, src_h, dst_b, dst_t, dst_h, T, hd, n_rot, sin_sign,
-        ROTATE: tl.constexpr, BLOCK: tl.constexpr,
+        SRC, DST, COS, SIN, src_b, src_t, src_h, dst_b, dst_t, dst_h, rows, T, hd, n_rot, sin_sign,
+        ROTATE: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
     ):  # fmt: skip
-        """One head of one token, moved between layouts by strides (the last axis contiguous) and,
+        """One head of ROWS tokens, moved between layouts by strides (the last axis contiguous) and,
         when ROTATE, turned by RoPE over its first n_rot dims: y = x cos + rotate_half(x) sin, with
-        sin_sign -1 turning it back (the backward). cos/sin: rope_cache tables (T, n_rot)."""
-        bt = tl.program_id(0)
+        sin_sign -1 turning it back (the backward). cos/sin: rope_cache tables (T, n_rot). A tile of
+        tokens per program: one head of one token (128 bytes at hd 64) left the H100 moving 0.4 TB/s."""
+        bt = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # flat (batch, token) indices
         head = tl.program_id(1)
         b = bt // T
         t = bt % T
         cols = tl.arange(0, BLOCK)
-        mask = cols < hd
-        src = SRC + b * src_b + t * src_t + head * src_h
-        x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
+        mask = (bt < rows)[:, None] & (cols < hd)[None, :]
+        src = SRC + (b * src_b + t * src_t + head * src_h)[:, None]
+        x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         if ROTATE:
             half = n_rot // 2
-            rotated = cols < n_rot
+            rotated = mask & (cols < n_rot)[None, :]
             partner = tl.where(cols < half, cols + half, cols - half)
-            x_partner = tl.load(src + partner, mask=mask & rotated, other=0.0).to(tl.float32)
-            sign = tl.where(cols < half, -1.0, 1.0) * sin_sign
-            cos = tl.load(COS + t * n_rot + cols, mask=mask & rotated, other=1.0)
-            sin = tl.load(SIN + t * n_rot + cols, mask=mask & rotated, other=0.0)
+            x_partner = tl.load(src + partner[None, :], mask=rotated, other=0.0).to(tl.float32)
+            sign = (tl.where(cols < half, -1.0, 1.0) * sin_sign)[None, :]
+            table = (t * n_rot)[:, None] + cols[None, :]
+            cos = tl.load(COS + table, mask=rotated, other=1.0)
+            sin = tl.load(SIN + table, mask=rotated, other=0.0)
             x = x * cos + sign * x_partner * sin
-        dst = DST + b * dst_b + t * dst_t + head * dst_h
-        tl.store(dst + cols, x.to(DST.dtype.element_ty), mask=mask)
+        dst = DST + (b * dst_b + t * dst_t + head * dst_h)[:, None]
+        tl.store(dst + cols[None, :], x.to(DST.dtype.element_ty), mask=mask)

@@ -12,6 +12,7 @@ from trainer.model import triton_kernels as tk
 
 MAX_WARPS = 16
 SWIGLU_BLOCK = 1024  # columns of one SwiGLU program
+ROPE_TILE = 2048  # elements of one RoPE/head-move program: 32 tokens of a 64-wide head
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -123,9 +124,11 @@ def _move_heads(
     cos, sin = tables if tables is not None else (src, src)  # not read when not rotating
     n_rot = cos.shape[-1] if tables is not None else 0
     block = tk.block_size(hd)
-    tk.rope_heads_kernel[(batch * tokens, heads)](
-        src, dst, cos, sin, *strides[0], *strides[1], tokens, hd, n_rot, sin_sign,
-        ROTATE=tables is not None, BLOCK=block, num_warps=1 if block <= 128 else 4,
+    rows = batch * tokens
+    per_program = max(1, min(ROPE_TILE // block, tk.block_size(rows)))  # tokens a program moves
+    tk.rope_heads_kernel[(-(-rows // per_program), heads)](
+        src, dst, cos, sin, *strides[0], *strides[1], rows, tokens, hd, n_rot, sin_sign,
+        ROTATE=tables is not None, BLOCK=block, ROWS=per_program, num_warps=4,
     )  # fmt: skip
 
 
