@@ -81,8 +81,9 @@ def rope(T: int, n_rot: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("attn_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n_rot", [16, 8])  # every dim, and partial rotary
-def test_qkv_split_with_rope(attn_dtype: torch.dtype, n_rot: int) -> None:
-    B, T, H, KV, hd = 2, 5, 4, 2, 16
+@pytest.mark.parametrize("B, T", [(2, 5), (1, 1), (2, 1)])  # training; a decoding step (v a view); a batch
+def test_qkv_split_with_rope(attn_dtype: torch.dtype, n_rot: int, B: int, T: int) -> None:
+    H, KV, hd = 4, 2, 16
     qkv = leaf(B, T, H + 2 * KV, hd, dtype=attn_dtype)
     cos, sin = rope(T, n_rot)
     q, k, v = triton_ops.QKV.apply(qkv, cos, sin, (H, KV), attn_dtype)
@@ -98,6 +99,7 @@ def test_qkv_split_with_rope(attn_dtype: torch.dtype, n_rot: int) -> None:
         close(ours, theirs, attn_dtype)
     no_grad = triton_ops.split_qkv(qkv.detach(), (cos, sin), (H, KV), attn_dtype)
     for ours, theirs in zip(no_grad, (q, k, v), strict=True):
+        assert ours.is_contiguous()
         close(ours, theirs, attn_dtype)
 
 

@@ -150,8 +150,16 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa, dropout_p=p
             )
-        # (B, H, T, hd) -> (B, T, H*hd) in the matmul dtype: transpose and cast in one copy
-        y = torch.empty(B, T, H, hd, dtype=cdt, device=y.device).copy_(y.transpose(1, 2)).view(B, T, H * hd)
+        # (B, H, T, hd) -> (B, T, H*hd) in the matmul dtype: transpose and cast in one copy; for one
+        # token in the matmul dtype already (decoding) the transpose moves a singleton axis: a view
+        if T == 1 and y.dtype == cdt:
+            y = y.transpose(1, 2).reshape(B, T, H * hd)
+        else:
+            y = (
+                torch.empty(B, T, H, hd, dtype=cdt, device=y.device)
+                .copy_(y.transpose(1, 2))
+                .view(B, T, H * hd)
+            )
         return self.wo(y)
 
 

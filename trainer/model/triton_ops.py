@@ -155,6 +155,10 @@ def split_qkv(
     out = []
     for first, n, rotate in ((0, H, True), (H, KV, True), (H + KV, KV, False)):
         part = qkv[:, :, first : first + n]
+        heads_first = part.transpose(1, 2)
+        if not rotate and heads_first.is_contiguous() and part.dtype == attn_dtype:
+            out.append(heads_first)  # one token of one sequence (decoding): both layouts are one
+            continue
         dst = torch.empty(B, n, T, hd, dtype=attn_dtype, device=qkv.device)
         _move_heads(part, dst, (B, T, n), (_bth(part, False), _bth(dst, True)), tables if rotate else None)
         out.append(dst)
