@@ -23,7 +23,8 @@ whether they are met, and writes it to DIR/gpu_check.json. The default steps (al
    ctx 2048; compile off/on, eager with the Triton kernels and with torch ops; one round): tokens/s, TFLOP/s, MFU against the matmul peak measured
    beside it and against the GPU's datasheet, peak memory against the trainer's estimate.
    `nanogpt` (with --nanogpt): nanoGPT's own bench.py eager and compiled (bench/nanogpt_bench.py);
-   the table divides our llama-110m's FLOP rate by its.
+   the table divides our llama-110m's FLOP rate by its (the issue's goals), and beside them that of
+   llama-110m at nanoGPT's vocabulary (50304; throughput's -v50k config), the like-for-like rate.
 5. `checkpoints`: `fromscratch train` of issue 22's H100 job (llama-110m, ctx 1024, batch 16, 300 steps,
    a checkpoint every 60): its last lines say how long the 4 checkpoints took to write in the
    background (pinned host copies) and how long training waited for them.

@@ -124,3 +124,7 @@ def test_nanogpt_flop_rate_and_our_ratio_to_it() -> None:
     assert eager.value == 0.95 and eager.met is False
     assert compiled.value == 1.2 and compiled.met is True
     assert nanogpt_ratios(rows[:1]) == []
+    # at nanoGPT's vocabulary: shown beside, with no goal of its own
+    (same_vocab,) = nanogpt_ratios([rows[0], Row("throughput", "llama-110m-v50k bf16 eager TFLOP/s", 250.0)])
+    assert same_vocab.value == 1.25 and same_vocab.goal == "" and same_vocab.met is None
+    assert same_vocab.item == "llama-110m-v50k bf16 eager FLOP rate x nanoGPT's"
