@@ -32,6 +32,9 @@ whether they are met, and writes it to DIR/gpu_check.json. The default steps (al
    (bfloat16), as the inference worker places it (issue 23's >= 10x).
 7. `service`: bench/gpu_service.py: `fromscratch serve` with no device setting, a job without
    `device` (placed on the gpu queue?), its background checkpoints, a completion (decoded on CUDA?).
+8. `compile_policy` (only when named in --steps): bench/compile_policy.py on llama-110m, compile auto
+   against forced eager and forced compile, end to end, for runs of --policy-minutes (goal: auto /
+   best <= 1.10). Three runs per length: "0.5,3" takes about 12 minutes, beyond one 10-minute call.
 
 `--smoke` runs each step as small as it goes (the tests collected, not run; 20 steps of the `overfit`
 recipe; throughput's own smoke run) so the script can be checked on a CPU before a GPU's minutes
@@ -70,7 +73,10 @@ SMOKE_VARIANTS = [
     "--dropout 0.2 --eval-every 10 --eval-batches 2",
     "--dropout 0.2 --eval-every 10 --eval-batches 2 --optimizer muon",
 ]
-STEPS = ("machine", "peer", "tests", "throughput", "nanogpt", "checkpoints", "inference", "service")
+STEPS = (
+    "machine", "peer", "tests", "throughput", "nanogpt", "checkpoints", "inference", "service", "compile_policy",
+)  # fmt: skip
+OPT_IN = {"peer", "compile_policy"}  # run only when named in --steps
 
 
 def cuda_test_files() -> list[str]:
@@ -116,6 +122,10 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], int]]:
     throughput = [py, "bench/trainer_throughput.py", *(smoke or full)]
     nanogpt = [py, "bench/nanogpt_bench.py", "--nanogpt", str(Path(args.nanogpt or ".").resolve())]
     service = [py, "bench/gpu_service.py", "--device", args.device, *smoke]
+    policy = [py, "bench/compile_policy.py", "--device", args.device, "--minutes", args.policy_minutes]
+    policy += smoke or ["--preset", "llama-110m", "--ctx", "1024", "--batch-size", "16"]
+    # three runs per length (eager, compile, auto), each about that long eager, plus start-ups
+    policy_limit = 120 + round(3 * 60 * 1.5 * sum(float(m) for m in args.policy_minutes.split(",")))
     return {
         "machine": ([py, "-c", MACHINE], 60),
         "peer": (peer_command(args), args.peer_timeout),
@@ -128,6 +138,7 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], int]]:
         "checkpoints": (checkpoints_command(args), 300),
         "inference": ([py, "bench/inference_speed.py", *(smoke or ["--preset", "llama-110m"])], 300),
         "service": (service, 300),
+        "compile_policy": (policy, policy_limit),
     }
 
 
@@ -199,12 +210,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ours", action="append", default=None, help="peer: a variant of ours (repeatable)")
     p.add_argument("--peer-timeout", type=int, default=360, help="peer: its time limit in seconds")
     p.add_argument("--tests-timeout", type=int, default=180, help="tests: their time limit in seconds")
+    p.add_argument(
+        "--policy-minutes",
+        default="0.5,3",
+        help="compile_policy: run lengths in eager minutes (comma-separated)",
+    )
     p.add_argument("--smoke", action="store_true", help="each step as small as it goes (checks the script)")
     args = p.parse_args()
     if args.smoke:
         args.iters = min(args.iters, 20)
     if args.steps is None:
-        skip = {"peer"} | (set() if args.nanogpt else {"nanogpt"})
+        skip = OPT_IN | (set() if args.nanogpt else {"nanogpt"})
         args.steps = ",".join(s for s in STEPS if s not in skip)
     args.steps = [s for s in args.steps.split(",") if s]
     if unknown := set(args.steps) - set(STEPS):

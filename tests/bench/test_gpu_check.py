@@ -65,6 +65,24 @@ def test_smoke_runs_every_default_step_on_a_cpu_and_writes_one_table(tmp_path: P
     assert rows[("tests", "pytest -m cuda")]["met"] is True  # --smoke collects them
 
 
+def test_the_compile_policy_step_runs_when_named_and_its_ratios_reach_the_table(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
+    cmd = [sys.executable, "bench/gpu_check.py", "--smoke", "--device", "cpu", "--out", str(tmp_path)]
+    proc = subprocess.run(
+        [*cmd, "--steps", "compile_policy"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "== gpu_check: compile_policy passed" in proc.stdout
+    [row] = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
+    assert row["item"] == "llama-tiny 0.05 min run (cpu): auto / best of eager, compile"
+    assert row["value"] > 0 and row["goal"] == "<= 1.1" and row["met"] == (row["value"] <= 1.1)
+
+
 def test_the_peer_step_needs_a_nanogpt_checkout(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "bench/gpu_check.py", "--steps", "peer", "--nanogpt", str(tmp_path)],

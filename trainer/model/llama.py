@@ -150,17 +150,17 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa, dropout_p=p
             )
-        # (B, H, T, hd) -> (B, T, H*hd) in the matmul dtype: transpose and cast in one copy; for one
-        # token in the matmul dtype already (decoding) the transpose moves a singleton axis: a view
-        if T == 1 and y.dtype == cdt:
-            y = y.transpose(1, 2).reshape(B, T, H * hd)
-        else:
-            y = (
-                torch.empty(B, T, H, hd, dtype=cdt, device=y.device)
-                .copy_(y.transpose(1, 2))
-                .view(B, T, H * hd)
-            )
-        return self.wo(y)
+        return self.wo(_token_rows(y, cdt))
+
+
+def _token_rows(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The attention output (B, H, T, hd) as (B, T, H*hd) in the matmul dtype: transpose and cast in
+    one copy; for one token already in that dtype (decoding) the transpose moves a singleton axis,
+    so a view does (a kernel fewer per layer in a CUDA graph)."""
+    B, H, T, hd = y.shape
+    if T == 1 and y.dtype == dtype:
+        return y.transpose(1, 2).reshape(B, T, H * hd)
+    return torch.empty(B, T, H, hd, dtype=dtype, device=y.device).copy_(y.transpose(1, 2)).view(B, T, H * hd)
 
 
 def _cached_keys_values(
