@@ -134,7 +134,7 @@ def _block_activations(
     hand-written functions (trainer.model.triton_ops) keep less: a norm its input, not a float32
     normalised copy; SwiGLU its input, not silu(gate); v a copy while the projection is freed.
     On an H100 this put the estimate 1-21% above the measured peaks (bench/README.md), where
-    counting those tensors put it 43-48% above."""
+    counting those tensors put it 30-46% above."""
     d, hd, h = model_cfg.n_embd, model_cfg.head_dim, model_cfg.hidden_dim
     heads, kv = model_cfg.n_head, model_cfg.kv_heads
     normalised = 0 if cuda_kernels else FP32 * tokens * d
