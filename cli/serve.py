@@ -169,8 +169,9 @@ def _wait_for_training_worker(settings: Settings, timeout: float = 120.0) -> Non
 
     since, deadline = utcnow(), time.monotonic() + timeout
     print("fromscratch serve: waiting for the training worker to start", file=sys.stderr, flush=True)
+    sessions = session_factory(settings)  # one engine for every poll
     while time.monotonic() < deadline:
-        with session_factory(settings)() as session:
+        with sessions() as session:
             rows = session.scalars(select(Worker.queues).where(Worker.started_at >= since))
             if any(split_queue(q) is not None for queues in rows for q in queues):  # cpu or gpu
                 return

@@ -36,16 +36,21 @@ def test_a_silent_step_is_stopped_at_its_limit_and_reported() -> None:
     assert "== sleepy: TIMED OUT after 1 s" in log.getvalue()
 
 
-def test_smoke_runs_every_default_step_on_a_cpu_and_writes_one_table(tmp_path: Path) -> None:
+def smoke(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """gpu_check --smoke on this CPU (DIR `out`), the environment's FROMSCRATCH_ settings left out."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
-    proc = subprocess.run(
-        [sys.executable, "bench/gpu_check.py", "--smoke", "--device", "cpu", "--out", str(tmp_path)],
+    return subprocess.run(
+        [sys.executable, "bench/gpu_check.py", "--smoke", "--device", "cpu", "--out", str(out), *args],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+def test_smoke_runs_every_default_step_on_a_cpu_and_writes_one_table(tmp_path: Path) -> None:
+    proc = smoke(tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     passed = "machine passed; tests passed; throughput passed; checkpoints passed; inference passed; service passed"
     assert f"== gpu_check: {passed}" in proc.stdout
@@ -66,16 +71,7 @@ def test_smoke_runs_every_default_step_on_a_cpu_and_writes_one_table(tmp_path: P
 
 
 def test_the_compile_policy_step_runs_when_named_and_its_ratios_reach_the_table(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
-    cmd = [sys.executable, "bench/gpu_check.py", "--smoke", "--device", "cpu", "--out", str(tmp_path)]
-    proc = subprocess.run(
-        [*cmd, "--steps", "compile_policy"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = smoke(tmp_path, "--steps", "compile_policy")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "== gpu_check: compile_policy passed" in proc.stdout
     [row] = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]

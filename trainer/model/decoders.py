@@ -54,16 +54,18 @@ class EagerDecoder:
     def prefill(self, ids: list[int]) -> torch.Tensor:
         param = next(self.model.parameters())
         self.cache = KVCache(self.model.cfg, 1, param.device, param.dtype)
-        return self._run(ids)
+        return last_logits(self.model, ids, self.cache)
 
     def step(self, token: int) -> torch.Tensor:
-        return self._run([token])
+        return last_logits(self.model, [token], self.cache)
 
-    def _run(self, ids: list[int]) -> torch.Tensor:
-        device = next(self.model.parameters()).device
-        with torch.no_grad():
-            logits, _ = self.model(torch.tensor([ids], dtype=torch.long, device=device), cache=self.cache)
-        return logits[0, -1]
+
+def last_logits(model: Llama, ids: list[int], cache: KVCache | None) -> torch.Tensor:
+    """The logits (vocab,) after feeding `ids` through the model eagerly, advancing `cache`."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([ids], dtype=torch.long, device=device), cache=cache)
+    return logits[0, -1]
 
 
 class GraphedDecoder:
@@ -90,11 +92,7 @@ class GraphedDecoder:
         """The prompt runs eagerly (its length varies) into the same buffers the graph reads; keys
         left from an earlier, longer context lie past the position and stay masked."""
         self.cache.pos, self.cache.position = 0, None
-        with torch.no_grad():
-            logits, _ = self.model(
-                torch.tensor([ids], dtype=torch.long, device=self.token.device), cache=self.cache
-            )
-        return logits[0, -1]
+        return last_logits(self.model, ids, self.cache)
 
     def step(self, token: int) -> torch.Tensor:
         if self.cache.pos >= self.model.cfg.ctx:
