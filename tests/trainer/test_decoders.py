@@ -1,11 +1,15 @@
 """trainer.model.decoders (issue 23, GPU inference): the graphed decoder's step (a KV cache at fixed
 addresses, the position held on the device, a mask over the rest) computes what the eager decoder
 does, also after the context fills and the prompt is prefilled again over older keys; the pool hands
-each concurrent request its own decoder and reuses them. Captured as a CUDA graph: test_cuda_decoding.py."""
+each concurrent request its own decoder and reuses them, follows weights changed in place (the packed
+projections are copied again) and lets go of a model nobody else holds. Captured as a CUDA graph: test_cuda_decoding.py."""
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -100,3 +104,50 @@ def test_graphs_only_for_a_cuda_model_in_eval_mode(model: Llama, monkeypatch: py
         assert not graphs_enabled(cuda_model.train())
         monkeypatch.setenv("FROMSCRATCH_CUDA_GRAPHS", "0")
         assert not graphs_enabled(cuda_model.eval())
+
+
+def _train_one_step(model: Llama) -> None:
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    x = torch.randint(0, model.cfg.vocab_size, (2, 8))
+    _, loss = model.train()(x, targets=x)
+    assert loss is not None
+    loss.backward()
+    opt.step()
+    model.eval()
+
+
+def _load_other_weights(model: Llama) -> None:
+    torch.manual_seed(1)
+    model.load_state_dict(Llama(model.cfg).state_dict())
+
+
+@pytest.mark.parametrize("change", [_train_one_step, _load_other_weights])
+def test_pooled_decoders_follow_weights_changed_in_place(
+    model: Llama, change: Callable[[Llama], None]
+) -> None:
+    pool, prompt = DecoderPool(), [5, 17, 3, 42]
+    with pool.take(model, capture=False) as decoder:
+        decoder.prefill(prompt)
+        before = decoder.step(8).clone()
+    change(model)  # as sampling between training steps, or a reload, would find it
+    with pool.take(model, capture=False) as decoder:
+        decoder.prefill(prompt)
+        after = decoder.step(8)
+    eager = EagerDecoder(model)
+    eager.prefill(prompt)
+    want = eager.step(8)
+    assert not torch.allclose(before, want, atol=1e-3)  # the change does change the logits
+    torch.testing.assert_close(after, want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_pool_lets_go_of_a_model_nobody_else_holds() -> None:
+    pool = DecoderPool()
+    model = Llama(ModelConfig(n_layer=1, n_head=2, n_embd=32, ctx=8, vocab_size=50)).eval()
+    with pool.take(model, capture=False) as decoder:
+        decoder.prefill([1, 2])
+        decoder.step(3)
+    assert pool.idle_count(model) == 1
+    gone = weakref.ref(model)
+    del model, decoder
+    gc.collect()
+    assert gone() is None  # the idle decoder and its packed weights held it

@@ -6,7 +6,8 @@ hundreds of tiny kernels whose launches, not their work, set the pace (issue 23 
 CPU's tokens/s for llama-110m). There a GraphedDecoder captures the step once as a CUDA graph over a
 KV cache at fixed addresses, with the token and its position in device tensors, and replays it:
 one launch per token. Decoders are pooled per model, so concurrent requests for one model share its
-weights and each reuses a captured graph instead of capturing its own.
+weights (and its projections concatenated once, PackedWeights, where the training forward
+concatenates them per call) and each reuses a captured graph instead of capturing its own.
 
 FROMSCRATCH_CUDA_GRAPHS=0 turns graphed decoding off (A/B runs, debugging).
 """
@@ -18,11 +19,12 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from trainer.model.llama import KVCache, Llama
+from trainer.model.llama import KVCache, Llama, PackedWeights
 
 
 class Decoder(Protocol):
@@ -71,18 +73,28 @@ def last_logits(model: Llama, ids: list[int], cache: KVCache | None) -> torch.Te
 class GraphedDecoder:
     """One request's decoding state with its step captured as a CUDA graph (`capture=False` runs the
     same step eagerly, which is how the CPU tests check its arithmetic). The graph reads the weights
-    where they are, so it stays valid while the model is updated in place, not if it is moved."""
+    where they are, so it stays valid while the model is updated in place (`packed` copied again:
+    PackedWeights.refresh), not if it is moved. It holds the model weakly: a pool's idle decoders
+    must not keep a model alive (and on the GPU) after the worker's model cache has let it go."""
 
-    def __init__(self, model: Llama, capture: bool) -> None:
+    def __init__(self, model: Llama, capture: bool, packed: PackedWeights | None = None) -> None:
         param = next(model.parameters())
-        self.model = model
+        self._model = weakref.ref(model)
         self.cache = KVCache(model.cfg, 1, param.device, param.dtype)
+        self.cache.packed = packed if packed is not None else PackedWeights(model)
         self.token = torch.zeros((1, 1), dtype=torch.long, device=param.device)
         self.device_position = torch.zeros(1, dtype=torch.long, device=param.device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits = torch.empty(0)
         if capture:
             self._capture()
+
+    @property
+    def model(self) -> Llama:
+        model = self._model()
+        if model is None:  # only a caller that dropped the model and kept its decoder gets here
+            raise RuntimeError("the decoder's model is gone")
+        return model
 
     @property
     def position(self) -> int:
@@ -141,34 +153,49 @@ def graphs_enabled(model: Llama) -> bool:
     return not model.training and not torch.is_autocast_enabled("cuda")
 
 
+def weight_layout(model: Llama) -> tuple[tuple[int, torch.dtype], ...]:
+    """Where and in what dtype the model's tensors lie: a captured graph reads them there, so a
+    model moved, cast or given new tensors since its decoders were made needs new ones."""
+    return tuple((t.data_ptr(), t.dtype) for t in (*model.parameters(), *model.buffers()))
+
+
+@dataclass
+class _ModelDecoders:
+    layout: tuple[tuple[int, torch.dtype], ...]
+    packed: PackedWeights
+    idle: list[GraphedDecoder] = field(default_factory=list)
+
+
 class DecoderPool:
-    """Idle GraphedDecoders per model; a request takes one (or makes one) and gives it back."""
+    """Idle GraphedDecoders per model, sharing its packed weights; a request takes one (or makes
+    one) and gives it back. Keyed weakly: a model nobody else holds leaves with its decoders."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._idle: weakref.WeakKeyDictionary[Llama, list[GraphedDecoder]] = weakref.WeakKeyDictionary()
+        self._models: weakref.WeakKeyDictionary[Llama, _ModelDecoders] = weakref.WeakKeyDictionary()
 
     @contextmanager
     def take(self, model: Llama, capture: bool = True) -> Iterator[GraphedDecoder]:
-        param = next(model.parameters())
+        layout = weight_layout(model)
         with self._lock:
-            idle = self._idle.setdefault(model, [])
-            # a model moved or cast since its decoders were made has new buffers: they are stale
-            idle[:] = [
-                d for d in idle if d.cache.k[0].device == param.device and d.cache.k[0].dtype == param.dtype
-            ]
-            decoder = idle.pop() if idle else None
+            entry = self._models.get(model)
+            if entry is None or entry.layout != layout:  # new, or its buffers are stale
+                entry = self._models[model] = _ModelDecoders(layout, PackedWeights(model))
+            entry.packed.refresh(model)
+            decoder = entry.idle.pop() if entry.idle else None
         if decoder is None:
-            decoder = GraphedDecoder(model, capture)
+            decoder = GraphedDecoder(model, capture, entry.packed)
         try:
             yield decoder
         finally:
             with self._lock:
-                self._idle.setdefault(model, []).append(decoder)
+                if self._models.get(model) is entry:
+                    entry.idle.append(decoder)
 
     def idle_count(self, model: Llama) -> int:
         with self._lock:
-            return len(self._idle.get(model, []))
+            entry = self._models.get(model)
+            return len(entry.idle) if entry is not None else 0
 
 
 POOL = DecoderPool()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn as nn
@@ -82,6 +82,51 @@ class KVCache:
         # then written there and attention reads the whole buffer with `visible` masking the rest.
         self.position: torch.Tensor | None = None
         self.visible: torch.Tensor | None = None
+        # The projections that the graphed step multiplies by, concatenated once (PackedWeights).
+        self.packed: PackedWeights | None = None
+
+
+class PackedWeights:
+    """Per layer, wq|wk|wv and w1|w3 concatenated once, for graphed decoding. The training forward
+    concatenates them per call (one copy, paid back by one matmul instead of three for q/k/v and
+    for their gradient); a decoding step that copied them per token would move every projection
+    twice more than its matmul reads it. refresh() copies them again, at the same addresses (a
+    captured graph reads them there), when the model's weights have changed in place since."""
+
+    def __init__(self, model: Llama) -> None:
+        with torch.no_grad():
+            self.qkv = [torch.cat(_qkv_weights(block)) for block in _blocks(model)]
+            self.w13 = [torch.cat(_w13_weights(block)) for block in _blocks(model)]
+        self._versions = _versions(model)
+
+    def refresh(self, model: Llama) -> None:
+        """Copies the weights again if an in-place update (an optimizer step, load_state_dict) has
+        touched them since: each in-place write bumps its tensor's version counter."""
+        versions = _versions(model)
+        if versions == self._versions:
+            return
+        with torch.no_grad():
+            for block, qkv, w13 in zip(_blocks(model), self.qkv, self.w13, strict=True):
+                torch.cat(_qkv_weights(block), out=qkv)
+                torch.cat(_w13_weights(block), out=w13)
+        self._versions = versions
+
+
+def _blocks(model: Llama) -> list[Block]:
+    return cast(list[Block], list(model.layers))
+
+
+def _qkv_weights(block: Block) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    a = block.attention
+    return a.wq.weight, a.wk.weight, a.wv.weight
+
+
+def _w13_weights(block: Block) -> tuple[torch.Tensor, torch.Tensor]:
+    return block.feed_forward.w1.weight, block.feed_forward.w3.weight
+
+
+def _versions(model: Llama) -> tuple[int, ...]:
+    return tuple(w._version for block in _blocks(model) for w in (*_qkv_weights(block), *_w13_weights(block)))
 
 
 class Attention(nn.Module):
@@ -116,11 +161,12 @@ class Attention(nn.Module):
         )
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, n_rot): RoPE on (B, T, heads, hd)
         if cache is None or cache.position is not None:
-            # One matmul for q, k and v (and one for their input gradient), on views of the weights
-            # concatenated per call. Graphed decoding too: in a CUDA graph the copy is one kernel,
-            # where three projections and two RoPEs are a dozen. The eager decoding path below
-            # keeps three so as not to copy the weights for every token.
-            w = torch.cat((self.wq.weight, self.wk.weight, self.wv.weight))
+            # One matmul for q, k and v (and one for their input gradient), on the weights
+            # concatenated per call. Graphed decoding too, on weights concatenated once (packed):
+            # three projections and two RoPEs are a dozen kernels in the graph. The eager decoding
+            # path below keeps three so as not to copy the weights for every token.
+            packed = cache.packed if cache is not None else None
+            w = packed.qkv[layer] if packed else torch.cat((self.wq.weight, self.wk.weight, self.wv.weight))
             qkv = F.linear(x, w).view(B, T, H + 2 * KV, hd)
             # llama: rotary positions; q (B, H, T, hd), k and v (B, KV, T, hd)
             q, k, v = qkv_heads(qkv, cos, sin, (H, KV), attn_dtype)
@@ -185,9 +231,11 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(cfg.hidden_dim, cfg.n_embd, bias=False)
         self.w3 = nn.Linear(cfg.n_embd, cfg.hidden_dim, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, w13: torch.Tensor | None = None) -> torch.Tensor:
+        """w13: w1|w3 already concatenated (PackedWeights), else concatenated here."""
         # w1 and w3 as one matmul (and one for their input gradient)
-        return self.w2(swiglu(F.linear(x, torch.cat((self.w1.weight, self.w3.weight)))))
+        w13 = torch.cat((self.w1.weight, self.w3.weight)) if w13 is None else w13
+        return self.w2(swiglu(F.linear(x, w13)))
 
 
 class Block(nn.Module):
@@ -209,7 +257,9 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         h = self.attention(self.attention_norm(x), cos, sin, cache, layer)
         x = x + drop(h, self.dropout, self.training)
-        return x + drop(self.feed_forward(self.ffn_norm(x)), self.dropout, self.training)
+        packed = cache.packed if cache is not None and cache.position is not None else None
+        w13 = packed.w13[layer] if packed is not None else None
+        return x + drop(self.feed_forward(self.ffn_norm(x), w13), self.dropout, self.training)
 
 
 class Llama(nn.Module):
