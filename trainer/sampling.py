@@ -11,6 +11,7 @@ from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from trainer.model.decoders import decoder_for
 from trainer.model.llama import Llama
@@ -49,8 +50,12 @@ def sample_next(
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
         probs = probs / probs.sum()
-    if not bool(torch.isfinite(probs).all()):  # logits that were inf/nan already: no distribution
-        return int(torch.argmax(torch.nan_to_num(logits, nan=float("-inf"))))
+    # Logits that were inf/nan already give no distribution: the argmax of the rest instead, chosen
+    # on the device. Checking on the host first would make a CUDA decoding step wait twice per token
+    # (once before multinomial could be launched, once for its result); this way it waits once.
+    finite = torch.isfinite(probs).all()
+    greedy = torch.nan_to_num(logits, nan=float("-inf")).argmax()
+    probs = torch.where(finite, probs, F.one_hot(greedy, probs.numel()).to(probs.dtype))
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

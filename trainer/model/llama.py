@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn as nn
@@ -23,6 +23,9 @@ from torch.utils.checkpoint import checkpoint
 from trainer.config import ModelConfig
 from trainer.model.fused_ops import apply_rope, compute_dtype, qkv_heads, rms_norm, swiglu
 from trainer.model.linear_cross_entropy import fused_applies, linear_cross_entropy
+
+if TYPE_CHECKING:
+    from trainer.model.packed_weights import PackedWeights
 
 
 def default_init_std(n_embd: int) -> float:
@@ -66,7 +69,17 @@ def drop(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 IGNORE_INDEX = -100  # a target the loss leaves out (F.cross_entropy's default ignore_index)
 
-CPU_FP32_ATTENTION_MIN_HEAD_DIM = 16  # see Attention.forward
+CPU_FP32_ATTENTION_MIN_HEAD_DIM = 16
+
+
+def attention_dtype(x: torch.Tensor, head_dim: int) -> torch.dtype:
+    """Attention runs in float32 on CPU (q and k leave RoPE in float32 anyway): torch's CPU
+    flash-attention kernel is slower in bf16 than in float32 there, forward + backward 1.7x at
+    head_dim 64, 3.8x at 16, except at tiny head dims (8: bf16 1.3x faster). On CUDA it runs in the
+    matmul dtype. (bench/README.md has the measurements.)"""
+    if x.device.type == "cpu" and head_dim >= CPU_FP32_ATTENTION_MIN_HEAD_DIM:
+        return torch.float32
+    return compute_dtype(x)
 
 
 class KVCache:
@@ -79,54 +92,12 @@ class KVCache:
         self.pos = 0  # number of positions already filled
         # Set while decoding through a captured CUDA graph (trainer.model.decoders): the position
         # of the one new token, held on the device so that one graph serves every step. Keys are
-        # then written there and attention reads the whole buffer with `visible` masking the rest.
+        # then written there and attention reads the whole buffer, `visible` (additive: 0 up to the
+        # position, -inf past it) masking the rest.
         self.position: torch.Tensor | None = None
         self.visible: torch.Tensor | None = None
         # The projections that the graphed step multiplies by, concatenated once (PackedWeights).
         self.packed: PackedWeights | None = None
-
-
-class PackedWeights:
-    """Per layer, wq|wk|wv and w1|w3 concatenated once, for graphed decoding. The training forward
-    concatenates them per call (one copy, paid back by one matmul instead of three for q/k/v and
-    for their gradient); a decoding step that copied them per token would move every projection
-    twice more than its matmul reads it. refresh() copies them again, at the same addresses (a
-    captured graph reads them there), when the model's weights have changed in place since."""
-
-    def __init__(self, model: Llama) -> None:
-        with torch.no_grad():
-            self.qkv = [torch.cat(_qkv_weights(block)) for block in _blocks(model)]
-            self.w13 = [torch.cat(_w13_weights(block)) for block in _blocks(model)]
-        self._versions = _versions(model)
-
-    def refresh(self, model: Llama) -> None:
-        """Copies the weights again if an in-place update (an optimizer step, load_state_dict) has
-        touched them since: each in-place write bumps its tensor's version counter."""
-        versions = _versions(model)
-        if versions == self._versions:
-            return
-        with torch.no_grad():
-            for block, qkv, w13 in zip(_blocks(model), self.qkv, self.w13, strict=True):
-                torch.cat(_qkv_weights(block), out=qkv)
-                torch.cat(_w13_weights(block), out=w13)
-        self._versions = versions
-
-
-def _blocks(model: Llama) -> list[Block]:
-    return cast(list[Block], list(model.layers))
-
-
-def _qkv_weights(block: Block) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    a = block.attention
-    return a.wq.weight, a.wk.weight, a.wv.weight
-
-
-def _w13_weights(block: Block) -> tuple[torch.Tensor, torch.Tensor]:
-    return block.feed_forward.w1.weight, block.feed_forward.w3.weight
-
-
-def _versions(model: Llama) -> tuple[int, ...]:
-    return tuple(w._version for block in _blocks(model) for w in (*_qkv_weights(block), *_w13_weights(block)))
 
 
 class Attention(nn.Module):
@@ -151,14 +122,7 @@ class Attention(nn.Module):
         """x: (B, T, n_embd); cos/sin: (T, n_rot) rows of rope_cache for these positions."""
         B, T, _ = x.shape
         H, KV, hd = self.n_head, self.n_kv_head, self.head_dim
-        # Attention runs in float32 on CPU (q and k leave RoPE in float32 anyway): torch's CPU
-        # flash-attention kernel is slower in bf16 than in float32 there, forward + backward 1.7x at
-        # head_dim 64, 3.8x at 16, except at tiny head dims (8: bf16 1.3x faster). On CUDA it runs
-        # in the matmul dtype. (bench/README.md has the measurements.)
-        cdt = compute_dtype(x)
-        attn_dtype = (
-            torch.float32 if x.device.type == "cpu" and hd >= CPU_FP32_ATTENTION_MIN_HEAD_DIM else cdt
-        )
+        cdt, attn_dtype = compute_dtype(x), attention_dtype(x, hd)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, n_rot): RoPE on (B, T, heads, hd)
         if cache is None or cache.position is not None:
             # One matmul for q, k and v (and one for their input gradient), on the weights
@@ -325,14 +289,13 @@ class Llama(nn.Module):
         if start + T > self.cfg.ctx:
             raise ValueError(f"sequence of {start + T} tokens exceeds the context length ctx={self.cfg.ctx}")
         cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+        x = drop(self.tok_embeddings(idx), self.dropout, self.training)
         if cache is not None:
             cache.visible = None
             if cache.position is not None:  # graphed decoding: the position is read on the device
                 cos = self.rope_cos.index_select(0, cache.position)
                 sin = self.rope_sin.index_select(0, cache.position)
-                positions = torch.arange(self.cfg.ctx, device=idx.device)
-                cache.visible = (positions <= cache.position).view(1, 1, 1, -1)  # (B, H, 1, ctx)
-        x = drop(self.tok_embeddings(idx), self.dropout, self.training)
+                cache.visible = self._visible_keys(cache.position, attention_dtype(x, self.cfg.head_dim))
         for i, layer in enumerate(self.layers):
             if self.activation_checkpointing and self.training and cache is None:
                 x = checkpoint(layer, x, cos, sin, use_reentrant=False)
@@ -357,6 +320,14 @@ class Llama(nn.Module):
             reduction=reduction,
         )
         return (logits.detach().argmax(dim=-1) if argmax else logits), loss
+
+    def _visible_keys(self, position: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The mask (B, H, 1, ctx) of one new query at `position`: 0 for the keys up to it, -inf past.
+        Additive, in attention's dtype: SDPA turns a boolean mask into this in every layer (two more
+        kernels per layer in a decoding graph)."""
+        positions = torch.arange(self.cfg.ctx, device=position.device)
+        mask = torch.full((self.cfg.ctx,), float("-inf"), dtype=dtype, device=position.device)
+        return mask.masked_fill_(positions <= position, 0.0).view(1, 1, 1, -1)
 
     def optimizer_groups(self, weight_decay: float, embedding_lr_scale: float = 1.0) -> list[dict[str, Any]]:
         """nanoGPT's rule: decay 2-D weights (matmuls), not norms. An untied token embedding gets a
