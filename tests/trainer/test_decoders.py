@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer.config import ModelConfig
 from trainer.model.decoders import DecoderPool, EagerDecoder, GraphedDecoder, graphs_enabled
@@ -151,3 +152,27 @@ def test_the_pool_lets_go_of_a_model_nobody_else_holds() -> None:
     del model, decoder
     gc.collect()
     assert gone() is None  # the idle decoder and its packed weights held it
+
+
+class _DispatchedOps(TorchDispatchMode):
+    """The aten ops a block of code dispatches (each that computes is a kernel in a CUDA graph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_graphed_step_copies_no_weights_and_converts_no_mask(model: Llama) -> None:
+    decoder = GraphedDecoder(model, capture=False)
+    decoder.prefill([1, 2, 3])
+    with _DispatchedOps() as ops:
+        decoder.step(4)
+    # per layer, concatenating the projections copied them (two cats) and SDPA turned a boolean mask
+    # into an additive one (scalar tensors and a where): five kernels a layer in the graph
+    assert ops.names.count("aten.mm.default") == 9  # 4 matmuls a layer, 2 layers, the output
+    for copying in ("aten.cat.default", "aten.where.self", "aten.scalar_tensor.default"):
+        assert copying not in ops.names
