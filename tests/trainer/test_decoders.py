@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from trainer.config import ModelConfig
 from trainer.model.decoders import DecoderPool, EagerDecoder, GraphedDecoder, graphs_enabled
 from trainer.model.llama import Llama
+from trainer.optim.adamw import AdamW
 
 
 @pytest.fixture
@@ -108,7 +109,9 @@ def test_graphs_only_for_a_cuda_model_in_eval_mode(model: Llama, monkeypatch: py
 
 
 def _train_one_step(model: Llama) -> None:
-    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    # the trainer's AdamW: torch's fused kernel, which writes the weights without bumping their
+    # version counters (a refresh that waited for those missed this update)
+    opt = AdamW(model.optimizer_groups(0.1), lr=0.05, betas=(0.9, 0.95), eps=1e-8)
     x = torch.randint(0, model.cfg.vocab_size, (2, 8))
     _, loss = model.train()(x, targets=x)
     assert loss is not None

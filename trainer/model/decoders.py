@@ -165,6 +165,7 @@ class _ModelDecoders:
     layout: tuple[tuple[int, torch.dtype], ...]
     packed: PackedWeights
     idle: list[GraphedDecoder] = field(default_factory=list)
+    busy: int = 0  # decoders handed out and not yet back
 
 
 class DecoderPool:
@@ -182,15 +183,21 @@ class DecoderPool:
             entry = self._models.get(model)
             if entry is None or entry.layout != layout:  # new, or its buffers are stale
                 entry = self._models[model] = _ModelDecoders(layout, PackedWeights(model))
-            entry.packed.refresh(model)
+            elif entry.busy == 0:
+                # The weights may have changed since the last request (sampling between training
+                # steps); while another request decodes they cannot have (eval mode, no training).
+                # Queued on the stream after the graphs already launched, so none reads a half copy.
+                entry.packed.refresh(model)
+            entry.busy += 1
             decoder = entry.idle.pop() if entry.idle else None
-        if decoder is None:
-            decoder = GraphedDecoder(model, capture, entry.packed)
         try:
+            if decoder is None:
+                decoder = GraphedDecoder(model, capture, entry.packed)
             yield decoder
         finally:
             with self._lock:
-                if self._models.get(model) is entry:
+                entry.busy -= 1
+                if decoder is not None and self._models.get(model) is entry:
                     entry.idle.append(decoder)
 
     def idle_count(self, model: Llama) -> int:

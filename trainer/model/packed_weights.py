@@ -19,25 +19,21 @@ if TYPE_CHECKING:
 
 class PackedWeights:
     """Per layer, wq|wk|wv and w1|w3 concatenated. refresh() copies them again, at the same
-    addresses (a captured graph reads them there), when the model's weights have changed in place."""
+    addresses (a captured graph reads them there)."""
 
     def __init__(self, model: Llama) -> None:
         with torch.no_grad():
             self.qkv = [torch.cat(_qkv_weights(block)) for block in _blocks(model)]
             self.w13 = [torch.cat(_w13_weights(block)) for block in _blocks(model)]
-        self._versions = _versions(model)
 
     def refresh(self, model: Llama) -> None:
-        """Copies the weights again if an in-place update (an optimizer step, load_state_dict) has
-        touched them since: each in-place write bumps its tensor's version counter."""
-        versions = _versions(model)
-        if versions == self._versions:
-            return
+        """Copies the weights again, as they are now (after an optimizer step, a load). Always: torch's
+        fused AdamW, the trainer's, writes them without bumping their version counters, so there
+        is no cheap sign of a change to wait for; the copy is one pass over the projections."""
         with torch.no_grad():
             for block, qkv, w13 in zip(_blocks(model), self.qkv, self.w13, strict=True):
                 torch.cat(_qkv_weights(block), out=qkv)
                 torch.cat(_w13_weights(block), out=w13)
-        self._versions = versions
 
 
 def _blocks(model: Llama) -> list[Block]:
@@ -51,7 +47,3 @@ def _qkv_weights(block: Block) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 def _w13_weights(block: Block) -> tuple[torch.Tensor, torch.Tensor]:
     return block.feed_forward.w1.weight, block.feed_forward.w3.weight
-
-
-def _versions(model: Llama) -> tuple[int, ...]:
-    return tuple(w._version for block in _blocks(model) for w in (*_qkv_weights(block), *_w13_weights(block)))
