@@ -7,13 +7,13 @@ decoding continues; this costs one prefill per ctx/2 new tokens instead of one p
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from trainer.model.decoders import decoder_for
+from trainer.model.decoders import Decoder, decoder_for
 from trainer.model.llama import Llama
 
 if TYPE_CHECKING:
@@ -34,8 +34,20 @@ def sample_next(
 ) -> int:
     """One token id from a (vocab,) logits vector. A temperature under MIN_TEMPERATURE (0 too)
     means greedy (argmax), and so does a top_p too small to keep more than the first token."""
+    return int(sample_token(logits, temperature, top_k, top_p, generator))
+
+
+def sample_token(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """sample_next's token as a tensor on the logits' device, nothing waited for (on CUDA the next
+    decoding step can be queued behind it before it is read back)."""
     if temperature < MIN_TEMPERATURE:
-        return int(torch.argmax(logits))
+        return torch.argmax(logits)
     logits = logits.float() / temperature
     if top_k is not None and 0 < top_k < logits.numel():
         kth = torch.topk(logits, top_k).values[-1]
@@ -56,7 +68,7 @@ def sample_next(
     finite = torch.isfinite(probs).all()
     greedy = torch.nan_to_num(logits, nan=float("-inf")).argmax()
     probs = torch.where(finite, probs, F.one_hot(greedy, probs.numel()).to(probs.dtype))
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return torch.multinomial(probs, 1, generator=generator)
 
 
 def stream_ids(
@@ -78,31 +90,79 @@ def stream_ids(
         raise ValueError("stream_ids needs at least one token of context (use the BOS id)")
     if max_new_tokens <= 0:
         return
-    device, ctx = next(model.parameters()).device, model.cfg.ctx
+    device = next(model.parameters()).device
     generator = None
     if temperature >= MIN_TEMPERATURE:
         generator = torch.Generator(device=device)
         # torch.Generator() starts from a fixed seed; draw a fresh one when none is asked for.
         generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-    tokens = list(ids)
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        return sample_token(logits, temperature, top_k, top_p, generator)
+
     # the pool's decoder goes back when this generator ends or is closed
     with decoder_for(model) as decoder:
-        # no_grad is per thread and would not survive the yields of a decorated generator on its own
+        yield from decode(decoder, list(ids), max_new_tokens, pick, eos_id)
+
+
+def decode(
+    decoder: Decoder,
+    tokens: list[int],
+    max_new_tokens: int,
+    pick: Callable[[torch.Tensor], torch.Tensor],
+    eos_id: int | None,
+) -> Generator[int, None, None]:
+    """stream_ids's loop over one decoder, `pick` choosing each token from the logits (appended to
+    `tokens`). A decoder that queues its steps (graphed) is handed the next token on the device
+    and its step queued before the token is read back: the GPU computes the next step while the
+    host reads this token, yields it and its consumer handles it. A token after which the caller
+    stops (eos, a closed stream) has had one step computed for nothing."""
+    ctx = decoder.model.cfg.ctx
+    reader = TokenReader(next(decoder.model.parameters()).device)
+    # no_grad is per thread and would not survive the yields of a decorated generator on its own
+    with torch.no_grad():
+        logits = decoder.prefill(tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2) :])
+    for n in range(1, max_new_tokens + 1):
+        last = n == max_new_tokens  # no need to run the model for a token nobody will sample
         with torch.no_grad():
-            logits = decoder.prefill(tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2) :])
-        for n in range(1, max_new_tokens + 1):
-            nxt = sample_next(logits, temperature, top_k, top_p, generator)
-            if eos_id is not None and nxt == eos_id:
-                return
-            tokens.append(nxt)
-            yield nxt
-            if n == max_new_tokens:
-                return  # no need to run the model for a token nobody will sample
+            chosen = pick(logits)
+            ahead = decoder.queues_ahead and not last and decoder.position < ctx
+            if ahead:
+                reader.start(chosen)
+                logits = decoder.step(chosen)
+            nxt = reader.result() if ahead else int(chosen)
+        if eos_id is not None and nxt == eos_id:
+            return
+        tokens.append(nxt)
+        yield nxt
+        if last:
+            return
+        if not ahead:
             with torch.no_grad():
                 if decoder.position >= ctx:
                     logits = decoder.prefill(tokens[-max(1, ctx // 2) :])
                 else:
                     logits = decoder.step(nxt)
+
+
+class TokenReader:
+    """Reads a token id back to the host without waiting for what was queued after it: on CUDA a
+    copy into pinned memory and an event recorded behind it; elsewhere a plain copy."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.host = torch.empty(1, dtype=torch.long, pin_memory=self.cuda)
+        self.copied = torch.cuda.Event() if self.cuda else None
+
+    def start(self, token: torch.Tensor) -> None:
+        self.host.copy_(token.view(1), non_blocking=self.cuda)
+        if self.copied is not None:
+            self.copied.record()
+
+    def result(self) -> int:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return int(self.host[0])
 
 
 def generate_ids(

@@ -19,6 +19,7 @@ from trainer.config import ModelConfig
 from trainer.model.decoders import DecoderPool, EagerDecoder, GraphedDecoder, graphs_enabled
 from trainer.model.llama import Llama
 from trainer.optim.adamw import AdamW
+from trainer.sampling import decode, sample_token
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def model() -> Llama:
     return Llama(cfg).eval()
 
 
-def decode(decoder: EagerDecoder | GraphedDecoder, prompt: list[int], steps: int) -> list[torch.Tensor]:
+def decode_greedily(decoder: EagerDecoder | GraphedDecoder, prompt: list[int], steps: int) -> list[torch.Tensor]:
     """Greedy decoding that prefills the last ctx/2 tokens again whenever the context is full."""
     ctx = decoder.model.cfg.ctx
     tokens, out = list(prompt), [decoder.prefill(prompt)]
@@ -44,8 +45,8 @@ def decode(decoder: EagerDecoder | GraphedDecoder, prompt: list[int], steps: int
 def test_the_graphed_step_computes_what_the_eager_decoder_does(model: Llama) -> None:
     prompt = [5, 17, 3, 42, 8, 1, 60]
     # 30 steps in a context of 16: two refills, each leaving stale keys past the new position
-    want = decode(EagerDecoder(model), prompt, 30)
-    got = decode(GraphedDecoder(model, capture=False), prompt, 30)
+    want = decode_greedily(EagerDecoder(model), prompt, 30)
+    got = decode_greedily(GraphedDecoder(model, capture=False), prompt, 30)
     assert len(got) == len(want) == 31
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
@@ -179,3 +180,23 @@ def test_a_graphed_step_copies_no_weights_and_converts_no_mask(model: Llama) -> 
     assert ops.names.count("aten.mm.default") == 9  # 4 matmuls a layer, 2 layers, the output
     for copying in ("aten.cat.default", "aten.where.self", "aten.scalar_tensor.default"):
         assert copying not in ops.names
+
+
+def _sampled(decoder: EagerDecoder | GraphedDecoder, n: int, eos_id: int | None = None) -> list[int]:
+    generator = torch.Generator().manual_seed(3)
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        return sample_token(logits, 0.9, None, None, generator)
+
+    return list(decode(decoder, [5, 17, 3], n, pick, eos_id))
+
+
+def test_decoding_ahead_samples_what_decoding_in_turn_does(model: Llama) -> None:
+    # the graphed decoder is handed each token on the device and stepped before it is read back;
+    # 40 tokens in a context of 16 refill it (in turn) between stretches decoded ahead
+    assert GraphedDecoder.queues_ahead and not EagerDecoder.queues_ahead
+    want = _sampled(EagerDecoder(model), 40)
+    assert _sampled(GraphedDecoder(model, capture=False), 40) == want
+    eos = want[6]
+    stopped = _sampled(GraphedDecoder(model, capture=False), 40, eos_id=eos)
+    assert stopped == want[: want.index(eos)]

@@ -29,12 +29,19 @@ from trainer.model.packed_weights import PackedWeights
 
 
 class Decoder(Protocol):
+    # Whether step() only queues its work (a CUDA graph), so that a caller gains by handing it the
+    # next token as a device tensor before reading that token back (trainer.sampling.decode).
+    queues_ahead: bool
+
+    @property
+    def model(self) -> Llama: ...
+
     def prefill(self, ids: list[int]) -> torch.Tensor:
         """Starts over from `ids` (at most ctx of them); the logits (vocab,) after the last one."""
         ...
 
-    def step(self, token: int) -> torch.Tensor:
-        """Feeds one token; the logits (vocab,) after it."""
+    def step(self, token: int | torch.Tensor) -> torch.Tensor:
+        """Feeds one token (an id, or a one-element tensor holding it); the logits (vocab,) after it."""
         ...
 
     @property
@@ -46,9 +53,15 @@ class Decoder(Protocol):
 class EagerDecoder:
     """A fresh KV cache per prefill, the model run eagerly: the CPU's path."""
 
+    queues_ahead = False
+
     def __init__(self, model: Llama) -> None:
-        self.model = model
+        self._model = model
         self.cache: KVCache | None = None
+
+    @property
+    def model(self) -> Llama:
+        return self._model
 
     @property
     def position(self) -> int:
@@ -59,8 +72,8 @@ class EagerDecoder:
         self.cache = KVCache(self.model.cfg, 1, param.device, param.dtype)
         return last_logits(self.model, ids, self.cache)
 
-    def step(self, token: int) -> torch.Tensor:
-        return last_logits(self.model, [token], self.cache)
+    def step(self, token: int | torch.Tensor) -> torch.Tensor:
+        return last_logits(self.model, [int(token)], self.cache)
 
 
 def last_logits(model: Llama, ids: list[int], cache: KVCache | None) -> torch.Tensor:
@@ -77,6 +90,8 @@ class GraphedDecoder:
     where they are, so it stays valid while the model is updated in place (`packed` copied again:
     PackedWeights.refresh), not if it is moved. It holds the model weakly: a pool's idle decoders
     must not keep a model alive (and on the GPU) after the worker's model cache has let it go."""
+
+    queues_ahead = True
 
     def __init__(self, model: Llama, capture: bool, packed: PackedWeights | None = None) -> None:
         param = next(model.parameters())
@@ -107,10 +122,13 @@ class GraphedDecoder:
         self.cache.pos, self.cache.position = 0, None
         return last_logits(self.model, ids, self.cache)
 
-    def step(self, token: int) -> torch.Tensor:
+    def step(self, token: int | torch.Tensor) -> torch.Tensor:
         if self.cache.pos >= self.model.cfg.ctx:
             raise ValueError(f"the context of {self.model.cfg.ctx} tokens is full: prefill again")
-        self.token.fill_(token)
+        if isinstance(token, torch.Tensor):
+            self.token.copy_(token.view(1, 1))  # on the device: nothing waits for its value
+        else:
+            self.token.fill_(token)
         self.device_position.fill_(self.cache.pos)
         if self.graph is not None:
             self.graph.replay()
