@@ -56,7 +56,16 @@ def next_batch(run: TrainRun) -> tuple[torch.Tensor, torch.Tensor, int]:
     x, y = run.sampler.next_batch()
     n_targets = count_targets(y)
     x, y = run.local_batch(x, y)
-    return x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True), n_targets
+    return to_device(x, run.device), to_device(y, run.device), n_targets
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A batch tensor on the device without waiting for it: on CUDA through pinned memory, since a
+    copy from pageable memory waits for the work queued before it (the previous step), which
+    would keep the host from queueing the next step while the GPU still computes this one."""
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 def _correct(predicted: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -225,9 +234,9 @@ def evaluate_batches(
     try:
         for x, y in batches:
             count += count_targets(y)
-            yd = y.to(device, non_blocking=True)
+            yd = to_device(y, device)
             with autocast():
-                predicted, loss = model(x.to(device, non_blocking=True), yd, reduction="sum", argmax=True)
+                predicted, loss = model(to_device(x, device), yd, reduction="sum", argmax=True)
             total += loss.double()
             correct += _correct(predicted, yd)
     finally:
