@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from trainer.checkpoint import read_state
 from trainer.run import compile_memory, precision
@@ -76,6 +77,7 @@ def test_a_run_compiles_its_blocks_mid_run_when_auto_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(compile_memory.REGIONAL_COMPILE, "cpu", (0.0, 1.12))  # free: any run pays it back
+    monkeypatch.setattr(precision, "KEEP_COMPILED_FROM", 0.0)  # kept however its steps compare
     memory_file = tmp_path / "compile-times.json"
     monkeypatch.setenv(ENV, str(memory_file))
     notes = Notes()
@@ -132,3 +134,58 @@ def test_an_unreadable_memory_file_falls_back_to_the_defaults(tmp_path: Path) ->
     assert CompileMemory(path).figures("cuda", "s") == compile_memory.default_figures("cuda")
     CompileMemory(path).remember("cuda", "s", 5.0, 1.5)
     assert CompileMemory(path).figures("cuda", "s") == CompileFigures(5.0, 1.5, "measured here on this shape")
+
+
+def test_compiled_steps_slower_than_eager_ones_give_the_decision_back() -> None:
+    clock = FakeClock()
+    measured = MeasuredCompile("cpu", None, clock)
+    # warm-up, 3 eager steps of 2 s, the compile (20 s), 3 compiled steps of 2.5 s
+    decisions = []
+    for took in [30.0, 2.0, 2.0, 2.0, 20.0, 2.5, 2.5, 2.5, 2.0, 2.0]:
+        decisions.append(measured.observe(steps_left=10_000))
+        clock.now += took
+    assert decisions[MEASURE_STEPS + 1] is not None and decisions[MEASURE_STEPS + 1].value == "on"
+    back = decisions[2 * MEASURE_STEPS + 2]
+    assert back is not None and back.value == "off" and "slower than the eager ones" in back.reason
+    assert measured.done and measured.measured is not None and "(0.80x)" in measured.measured
+    assert decisions[2 * MEASURE_STEPS + 3 :] == [None]
+
+
+def test_a_run_whose_compiled_blocks_are_slower_goes_back_to_eager(
+    tmp_path: Path,
+    tiny_model: Any,
+    tiny_train: Any,
+    shakespeare_data: Any,
+    byte_tokenizer: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(compile_memory.REGIONAL_COMPILE, "cpu", (0.0, 1.12))  # free: any run pays it back
+    monkeypatch.setattr(precision, "KEEP_COMPILED_FROM", float("inf"))  # no compiled step is fast enough
+    compiled_calls: list[int] = []
+    real_compile = torch.compile
+
+    def counting_compile(fn: Any, *args: Any, **kwargs: Any) -> Any:  # what Module.compile() calls
+        compiled = real_compile(fn, *args, **kwargs)
+
+        def counted(*a: Any, **kw: Any) -> Any:
+            compiled_calls.append(1)
+            return compiled(*a, **kw)
+
+        return counted
+
+    monkeypatch.setattr(torch, "compile", counting_compile)
+    notes = Notes()
+    steps = 2 * MEASURE_STEPS + 5
+    cfg = tiny_train(max_steps=steps, compile=None, checkpoint_every=0, eval_every=0)
+    result = train(tiny_model(), cfg, shakespeare_data, tmp_path / "run", notes, tokenizer=byte_tokenizer)
+    assert result.step == steps and len(notes.notes) == 2
+    assert notes.notes[0].startswith(f"torch.compile on at step {MEASURE_STEPS + 1}")
+    measured, back = notes.notes[1].split("; torch.compile off at step ")
+    assert measured.startswith("torch.compile measured: compiling took")
+    assert back.startswith(f"{2 * MEASURE_STEPS + 2}: auto: the compiled steps ran slower")
+    # the one block ran compiled for the compiling step and the timed ones only, not the steps after
+    # nor the final validation
+    assert len(compiled_calls) == MEASURE_STEPS + 1
+    kept = read_state(tmp_path / "run" / "final")["precision"]
+    assert kept["compile"] is False and "slower than the eager ones" in kept["compile_reason"]
+    assert kept["kernels"] != "torch.compile (inductor fuses them)"

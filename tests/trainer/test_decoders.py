@@ -29,7 +29,9 @@ def model() -> Llama:
     return Llama(cfg).eval()
 
 
-def decode_greedily(decoder: EagerDecoder | GraphedDecoder, prompt: list[int], steps: int) -> list[torch.Tensor]:
+def decode_greedily(
+    decoder: EagerDecoder | GraphedDecoder, prompt: list[int], steps: int
+) -> list[torch.Tensor]:
     """Greedy decoding that prefills the last ctx/2 tokens again whenever the context is full."""
     ctx = decoder.model.cfg.ctx
     tokens, out = list(prompt), [decoder.prefill(prompt)]

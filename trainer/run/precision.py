@@ -13,7 +13,8 @@ and torch.compile pays back its compile time only over a long enough run. So:
   over the steps left pays back the compile time PAYBACK times. The compile time and speedup are
   those measured before on this machine (trainer.run.compile_memory: a worker remembers them per
   device kind and model shape), else REGIONAL_COMPILE's. A time_limit caps the steps left. After
-  compiling it times the compiled steps and remembers what compiling cost and gained.
+  compiling it times the compiled steps and remembers what compiling cost and gained; compiled
+  steps slower than the eager ones send the run back to eager (KEEP_COMPILED_FROM).
 - compile auto, several processes: the whole model when the run's estimated length (its FLOPs at
   the probe's matmul rate, at a conservative share of it) exceeds COMPILE_PAYBACK times the compile
   time expected (COMPILE_SECONDS). `--compile` / `--no-compile` decide instead.
@@ -46,6 +47,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 MEASURE_STEPS = 3  # eager steps timed (after the first, a warm-up) before compile auto decides
 PAYBACK = 1.2  # compile when it saves at least this many times what it costs
+KEEP_COMPILED_FROM = 1.0  # compiled blocks stay only when their steps run at least this much faster
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,8 @@ class MeasuredCompile:
     """compile auto's timing: `observe()` at the start of every step. Once MEASURE_STEPS steps after
     the first are timed it returns the decision (then None). When it compiled, it goes on timing:
     the first compiled step (the compile) and MEASURE_STEPS more, then `measured` says what
-    compiling cost and gained, and `memory` (when given) remembers it for this shape."""
+    compiling cost and gained, `memory` (when given) remembers it for this shape, and where the
+    compiled steps were the slower ones it returns a second decision, "off"."""
 
     def __init__(
         self,
@@ -180,7 +183,7 @@ class MeasuredCompile:
     def observe(self, steps_left: int) -> Choice | None:
         self.marks.append(self.clock())
         if len(self.marks) == 2 * MEASURE_STEPS + 3 and self.compiled:
-            self._measure_compiled()
+            return self._measure_compiled(steps_left)
         if len(self.marks) != MEASURE_STEPS + 2:  # the first mark ends the warm-up step
             return None
         self.eager_s = eager = (self.marks[-1] - self.marks[1]) / MEASURE_STEPS
@@ -192,7 +195,11 @@ class MeasuredCompile:
         self.compiled = choice.value == "on"
         return choice
 
-    def _measure_compiled(self) -> None:
+    def _measure_compiled(self, steps_left: int) -> Choice | None:
+        """Times the compiled steps (and remembers them). Compiled steps slower than the eager ones
+        (inductor's code can lose to the eager path's hand-fused kernels: on a 2-core CPU, llama-15m
+        ran 1.36x longer compiled than eager over 15 minutes) give the decision back: eager
+        again, the compile's cost lost but no more."""
         decided = MEASURE_STEPS + 1  # the mark where compiling began
         compiled_s = (self.marks[-1] - self.marks[decided + 1]) / MEASURE_STEPS
         cost = max(0.0, self.marks[decided + 1] - self.marks[decided] - compiled_s)
@@ -203,6 +210,13 @@ class MeasuredCompile:
             f"torch.compile measured: compiling took {cost:.1f} s; compiled steps {compiled_s * 1000:,.0f} ms "
             f"vs {self.eager_s * 1000:,.0f} ms eager ({speedup:.2f}x)"
             + (" (remembered for the next run of this shape)" if self.memory is not None else "")
+        )
+        if speedup >= KEEP_COMPILED_FROM:
+            return None
+        return Choice(
+            "off",
+            f"auto: the compiled steps ran slower than the eager ones: eager again for the {steps_left:,} "
+            "steps left",
         )
 
 

@@ -27,6 +27,7 @@ from trainer.checkpoint_snapshot import (
 )
 from trainer.config import ModelConfig, TrainConfig
 from trainer.config.estimate import tokens_per_step
+from trainer.model import cpu_kernels
 from trainer.model.llama import Llama
 from trainer.run.checkpoint_writer import CheckpointWriter
 from trainer.run.precision import MeasuredCompile
@@ -256,13 +257,17 @@ class TrainRun:
             self.compile_auto = None
         if choice is None:
             return auto.measured if auto.done else None
-        compiled = choice.value == "on"
+        compiled, was_compiled = choice.value == "on", bool(self.precision.get("compile"))
         self.precision.update(compile=compiled, compile_reason=choice.reason)
-        if compiled:  # regional: each block compiled in place; the first call of each compiles
+        if compiled != was_compiled:  # regional: each block compiled in place (or back to eager)
             for block in self.model.layers:
-                block.compile()
-            self.precision["kernels"] = "torch.compile (inductor fuses them)"
-        return f"torch.compile {choice.value} at step {self.step}: {choice.reason}"
+                if compiled:
+                    block.compile()  # the first call of each compiles
+                else:
+                    block._compiled_call_impl = None  # what Module.compile() set: its eager forward again
+            self.precision["kernels"] = cpu_kernels.for_run(self.device.type, self.dtype, compiled)
+        decided = f"torch.compile {choice.value} at step {self.step}: {choice.reason}"
+        return f"{auto.measured}; {decided}" if was_compiled and auto.measured else decided
 
     def _reserve_buffers(self) -> None:
         if self.buffers_planned or self.device.type != "cuda" or not self.optimizer.state:
