@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, mode in MODES.items():
             walls[name], said = train(args, steps, mode)
             print(
-                f"  {minutes:g} min ({steps} steps) {name}: {walls[name]:.1f} s  {' | '.join(said)[:300]}",
+                f"  {minutes:g} min ({steps} steps) {name}: {walls[name]:.1f} s  {' | '.join(said)[:1200]}",
                 flush=True,
             )
         ratio = walls["auto"] / min(walls["eager"], walls["compile"])
