@@ -5,6 +5,7 @@ left; the arithmetic with a fake clock, and a real run on a tiny model that comp
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,27 +69,41 @@ class Notes(Callbacks):
         self.notes.append(message)
 
 
-def test_a_run_compiles_its_blocks_mid_run_when_auto_says_so(
+AutoRun = Callable[[int], tuple[Any, list[str], Path]]
+
+
+@pytest.fixture
+def auto_run(
     tmp_path: Path,
     tiny_model: Any,
     tiny_train: Any,
     shakespeare_data: Any,
     byte_tokenizer: Any,
     monkeypatch: pytest.MonkeyPatch,
+) -> AutoRun:
+    """A real tiny run of so many steps with compile auto, compiling free (any run pays it back):
+    its result, the notes it printed and its folder."""
+    monkeypatch.setitem(compile_memory.REGIONAL_COMPILE, "cpu", (0.0, 1.12))
+
+    def run(steps: int) -> tuple[Any, list[str], Path]:
+        notes, out = Notes(), tmp_path / "run"
+        cfg = tiny_train(max_steps=steps, compile=None, checkpoint_every=0, eval_every=0)
+        result = train(tiny_model(), cfg, shakespeare_data, out, notes, tokenizer=byte_tokenizer)
+        return result, notes.notes, out
+
+    return run
+
+
+def test_a_run_compiles_its_blocks_mid_run_when_auto_says_so(
+    tmp_path: Path, auto_run: AutoRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(compile_memory.REGIONAL_COMPILE, "cpu", (0.0, 1.12))  # free: any run pays it back
     monkeypatch.setattr(precision, "KEEP_COMPILED_FROM", 0.0)  # kept however its steps compare
     memory_file = tmp_path / "compile-times.json"
     monkeypatch.setenv(ENV, str(memory_file))
-    notes = Notes()
-    cfg = tiny_train(max_steps=2 * MEASURE_STEPS + 4, compile=None, checkpoint_every=0, eval_every=0)
-    out = tmp_path / "run"
-    result = train(tiny_model(), cfg, shakespeare_data, out, notes, tokenizer=byte_tokenizer)
+    result, notes, out = auto_run(2 * MEASURE_STEPS + 4)
     assert result.step == 2 * MEASURE_STEPS + 4
-    assert len(notes.notes) == 2 and notes.notes[0].startswith(
-        f"torch.compile on at step {MEASURE_STEPS + 1}"
-    )
-    assert notes.notes[1].startswith("torch.compile measured: compiling took")
+    assert len(notes) == 2 and notes[0].startswith(f"torch.compile on at step {MEASURE_STEPS + 1}")
+    assert notes[1].startswith("torch.compile measured: compiling took")
     kept = read_state(out / "final")["precision"]
     assert kept["compile"] is True and "compiling the blocks" in kept["compile_reason"]
     remembered = json.loads(memory_file.read_text())["cpu"]
@@ -152,14 +167,8 @@ def test_compiled_steps_slower_than_eager_ones_give_the_decision_back() -> None:
 
 
 def test_a_run_whose_compiled_blocks_are_slower_goes_back_to_eager(
-    tmp_path: Path,
-    tiny_model: Any,
-    tiny_train: Any,
-    shakespeare_data: Any,
-    byte_tokenizer: Any,
-    monkeypatch: pytest.MonkeyPatch,
+    auto_run: AutoRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(compile_memory.REGIONAL_COMPILE, "cpu", (0.0, 1.12))  # free: any run pays it back
     monkeypatch.setattr(precision, "KEEP_COMPILED_FROM", float("inf"))  # no compiled step is fast enough
     compiled_calls: list[int] = []
     real_compile = torch.compile
@@ -174,18 +183,16 @@ def test_a_run_whose_compiled_blocks_are_slower_goes_back_to_eager(
         return counted
 
     monkeypatch.setattr(torch, "compile", counting_compile)
-    notes = Notes()
     steps = 2 * MEASURE_STEPS + 5
-    cfg = tiny_train(max_steps=steps, compile=None, checkpoint_every=0, eval_every=0)
-    result = train(tiny_model(), cfg, shakespeare_data, tmp_path / "run", notes, tokenizer=byte_tokenizer)
-    assert result.step == steps and len(notes.notes) == 2
-    assert notes.notes[0].startswith(f"torch.compile on at step {MEASURE_STEPS + 1}")
-    measured, back = notes.notes[1].split("; torch.compile off at step ")
+    result, notes, out = auto_run(steps)
+    assert result.step == steps and len(notes) == 2
+    assert notes[0].startswith(f"torch.compile on at step {MEASURE_STEPS + 1}")
+    measured, back = notes[1].split("; torch.compile off at step ")
     assert measured.startswith("torch.compile measured: compiling took")
     assert back.startswith(f"{2 * MEASURE_STEPS + 2}: auto: the compiled steps ran slower")
     # the one block ran compiled for the compiling step and the timed ones only, not the steps after
     # nor the final validation
     assert len(compiled_calls) == MEASURE_STEPS + 1
-    kept = read_state(tmp_path / "run" / "final")["precision"]
+    kept = read_state(out / "final")["precision"]
     assert kept["compile"] is False and "slower than the eager ones" in kept["compile_reason"]
     assert kept["kernels"] != "torch.compile (inductor fuses them)"

@@ -56,12 +56,8 @@ class EagerDecoder:
     queues_ahead = False
 
     def __init__(self, model: Llama) -> None:
-        self._model = model
+        self.model = model
         self.cache: KVCache | None = None
-
-    @property
-    def model(self) -> Llama:
-        return self._model
 
     @property
     def position(self) -> int:
