@@ -118,7 +118,8 @@ def decode(
     host reads this token, yields it and its consumer handles it. A token after which the caller
     stops (eos, a closed stream) has had one step computed for nothing."""
     ctx = decoder.model.cfg.ctx
-    reader = TokenReader(next(decoder.model.parameters()).device)
+    # only a decoder that queues its steps reads tokens back behind them
+    reader = TokenReader(next(decoder.model.parameters()).device) if decoder.queues_ahead else None
     # no_grad is per thread and would not survive the yields of a decorated generator on its own
     with torch.no_grad():
         logits = decoder.prefill(tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2) :])
@@ -126,18 +127,18 @@ def decode(
         last = n == max_new_tokens  # no need to run the model for a token nobody will sample
         with torch.no_grad():
             chosen = pick(logits)
-            ahead = decoder.queues_ahead and not last and decoder.position < ctx
-            if ahead:
-                reader.start(chosen)
+            ahead = reader if reader is not None and not last and decoder.position < ctx else None
+            if ahead is not None:
+                ahead.start(chosen)
                 logits = decoder.step(chosen)
-            nxt = reader.result() if ahead else int(chosen)
+            nxt = ahead.result() if ahead is not None else int(chosen)
         if eos_id is not None and nxt == eos_id:
             return
         tokens.append(nxt)
         yield nxt
         if last:
             return
-        if not ahead:
+        if ahead is None:
             with torch.no_grad():
                 if decoder.position >= ctx:
                     logits = decoder.prefill(tokens[-max(1, ctx // 2) :])

@@ -1,6 +1,7 @@
-"""compile auto from measurement (issue 23): a one-process run starts eager, times its first steps
-and compiles its transformer blocks (regional compilation) only when that pays back over the steps
-left; the arithmetic with a fake clock, and a real run on a tiny model that compiles mid-run."""
+"""compile auto from measurement (issue 23): a one-process run starts eager, times its first steps,
+compiles its transformer blocks (regional compilation) only when that pays back over the steps left,
+and keeps them only when a trial of compiled against eager steps finds them faster; the arithmetic
+with a fake clock, and real runs on a tiny model that compile mid-run."""
 
 from __future__ import annotations
 
@@ -13,11 +14,20 @@ import pytest
 import torch
 
 from trainer.checkpoint import read_state
-from trainer.run import compile_memory, precision
+from trainer.run import compile_memory, measured_compile
 from trainer.run.compile_memory import ENV, CompileFigures, CompileMemory
 from trainer.run.loop import train
-from trainer.run.precision import MEASURE_STEPS, MeasuredCompile, compile_from_measurement
+from trainer.run.measured_compile import (
+    MEASURE_STEPS,
+    MeasuredCompile,
+    compile_from_measurement,
+    trial_pairs,
+)
+from trainer.run.precision import Choice
 from trainer.run.report import Callbacks
+
+COMPILING_STEP = MEASURE_STEPS + 1  # warm-up and timed eager steps, then the step that compiles
+VERDICT_STEP = COMPILING_STEP + 1 + 2 * MEASURE_STEPS  # after the shortest trial
 
 
 class FakeClock:
@@ -31,7 +41,7 @@ class FakeClock:
 def test_it_compiles_only_when_the_steps_left_pay_the_compile_back() -> None:
     cost, speedup = compile_memory.REGIONAL_COMPILE["cpu"]
     per_step_saving = 2.0 * (1 - 1 / speedup)  # eager steps of 2 s
-    enough = int(precision.PAYBACK * cost / per_step_saving) + 1
+    enough = int(measured_compile.PAYBACK * cost / per_step_saving) + 1
     assert compile_from_measurement("cpu", 2.0, enough).value == "on"
     off = compile_from_measurement("cpu", 2.0, enough - 2)
     assert off.value == "off" and "2,000 ms" in off.reason and "under" in off.reason
@@ -97,12 +107,12 @@ def auto_run(
 def test_a_run_compiles_its_blocks_mid_run_when_auto_says_so(
     tmp_path: Path, auto_run: AutoRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(precision, "KEEP_COMPILED_FROM", 0.0)  # kept however its steps compare
+    monkeypatch.setattr(measured_compile, "KEEP_COMPILED_FROM", 0.0)  # kept however its steps compare
     memory_file = tmp_path / "compile-times.json"
     monkeypatch.setenv(ENV, str(memory_file))
-    result, notes, out = auto_run(2 * MEASURE_STEPS + 4)
-    assert result.step == 2 * MEASURE_STEPS + 4
-    assert len(notes) == 2 and notes[0].startswith(f"torch.compile on at step {MEASURE_STEPS + 1}")
+    result, notes, out = auto_run(VERDICT_STEP + 2)
+    assert result.step == VERDICT_STEP + 2
+    assert len(notes) == 2 and notes[0].startswith(f"torch.compile on at step {COMPILING_STEP}")
     assert notes[1].startswith("torch.compile measured: compiling took")
     kept = read_state(out / "final")["precision"]
     assert kept["compile"] is True and "compiling the blocks" in kept["compile_reason"]
@@ -110,18 +120,59 @@ def test_a_run_compiles_its_blocks_mid_run_when_auto_says_so(
     assert remembered["newest"]["speedup"] > 0 and len(remembered) == 2  # this shape, and the newest
 
 
+StepSeconds = Callable[[int, bool], float]  # (step, runs compiled) -> how long the step took
+Driven = tuple[list[Choice | None], list[bool]]  # the decisions, and which steps ran compiled
+PAIRS = trial_pairs(10_000)
+LONG_VERDICT_STEP = COMPILING_STEP + 1 + 2 * PAIRS  # the trial of a 10,000-step run
+
+
+def step_times(eager: float, compiling: float, compiled: float) -> StepSeconds:
+    """A 30 s warm-up, then eager steps, the compiling step and compiled steps of so many seconds."""
+
+    def seconds(step: int, runs_compiled: bool) -> float:
+        if step == 0:
+            return 30.0
+        if step == COMPILING_STEP and runs_compiled:
+            return compiling
+        return compiled if runs_compiled else eager
+
+    return seconds
+
+
+def drive(measured: MeasuredCompile, clock: FakeClock, seconds: StepSeconds, steps: int) -> Driven:
+    """Runs `steps` steps of a 10,000-step run: its decisions, and which steps ran compiled."""
+    decisions, modes = [], []
+    for step in range(steps):
+        decisions.append(measured.observe(steps_left=10_000 - step))
+        modes.append(measured.compiled_next)
+        clock.now += seconds(step, measured.compiled_next)
+    return decisions, modes
+
+
+def test_the_trial_takes_a_share_of_the_steps_left_within_bounds() -> None:
+    assert trial_pairs(10) == MEASURE_STEPS
+    assert trial_pairs(400) == round(400 * measured_compile.TRIAL_SHARE / 2) > MEASURE_STEPS
+    assert trial_pairs(10**6) == measured_compile.TRIAL_MAX_PAIRS
+
+
 def test_what_compiling_cost_and_gained_is_remembered_and_counted_on(tmp_path: Path) -> None:
     memory = CompileMemory(tmp_path / "compile-times.json")
     assert memory.figures("cpu", "shape A") == compile_memory.default_figures("cpu")
     clock = FakeClock()
     measured = MeasuredCompile("cpu", None, clock, memory=memory, shape="shape A")
-    # warm-up, 3 eager steps of 2 s, the compile (41 s step), 3 compiled steps of 1 s
-    for took in [30.0, 2.0, 2.0, 2.0, 41.0, 1.0, 1.0, 1.0]:
-        measured.observe(steps_left=10_000)
-        clock.now += took
+    plain = step_times(eager=2.0, compiling=41.0, compiled=1.0)
+
+    def with_an_evaluation(step: int, runs_compiled: bool) -> float:  # one step lengthened: ignored
+        return 60.0 if step == COMPILING_STEP + 2 else plain(step, runs_compiled)
+
+    decisions, modes = drive(measured, clock, with_an_evaluation, LONG_VERDICT_STEP)
     assert not measured.done and measured.compiled
-    assert measured.observe(steps_left=10_000) is None and measured.done
+    # eager steps, the compiling one, then eager and compiled steps in turn
+    assert modes == [False] * COMPILING_STEP + [True] + [False, True] * PAIRS
+    assert decisions[COMPILING_STEP + 1 :] == [None] * 2 * PAIRS
+    assert measured.observe(steps_left=10_000) is None and measured.done and measured.compiled_next
     assert measured.measured is not None and "compiling took 40.0 s" in measured.measured
+    assert f"(2.00x, medians of {PAIRS} steps each" in measured.measured
     figures = memory.figures("cpu", "shape A")
     assert figures is not None and (figures.cost_s, figures.speedup) == (40.0, 2.0)
     assert "this shape" in figures.source
@@ -131,6 +182,23 @@ def test_what_compiling_cost_and_gained_is_remembered_and_counted_on(tmp_path: P
     # remembered figures change the decision: 40 s at 2x pays back (1.2x) over 49 steps of 2 s, not 40
     assert compile_from_measurement("cpu", 2.0, 49, figures).value == "on"
     assert compile_from_measurement("cpu", 2.0, 40, figures).value == "off"
+
+
+def test_steps_taken_in_turn_see_through_a_machine_slowing_down() -> None:
+    """Compiled steps 5% faster on a machine slowing 2% a step: timed after the eager ones they would
+    look slower; timed in turn with eager steps they are found faster, and kept."""
+    clock = FakeClock()
+    measured = MeasuredCompile("cpu", None, clock)
+    base = step_times(eager=2.0, compiling=20.0, compiled=1.9)
+
+    def slowing(step: int, runs_compiled: bool) -> float:
+        return base(step, runs_compiled) * (1 + 0.02 * step)
+
+    decisions, _ = drive(measured, clock, slowing, LONG_VERDICT_STEP + 5)
+    assert decisions[COMPILING_STEP] is not None and decisions[COMPILING_STEP].value == "on"
+    assert decisions[COMPILING_STEP + 1 :] == [None] * (2 * PAIRS + 5)
+    assert measured.done and measured.compiled_next and measured.measured is not None
+    assert "(1.0" in measured.measured  # 0.95 x 1.02 steps apart: ~1.03x
 
 
 def test_a_run_that_stays_eager_measures_nothing_more() -> None:
@@ -154,22 +222,21 @@ def test_an_unreadable_memory_file_falls_back_to_the_defaults(tmp_path: Path) ->
 def test_compiled_steps_slower_than_eager_ones_give_the_decision_back() -> None:
     clock = FakeClock()
     measured = MeasuredCompile("cpu", None, clock)
-    # warm-up, 3 eager steps of 2 s, the compile (20 s), 3 compiled steps of 2.5 s
-    decisions = []
-    for took in [30.0, 2.0, 2.0, 2.0, 20.0, 2.5, 2.5, 2.5, 2.0, 2.0]:
-        decisions.append(measured.observe(steps_left=10_000))
-        clock.now += took
-    assert decisions[MEASURE_STEPS + 1] is not None and decisions[MEASURE_STEPS + 1].value == "on"
-    back = decisions[2 * MEASURE_STEPS + 2]
+    slower = step_times(eager=2.0, compiling=20.0, compiled=2.5)
+    decisions, modes = drive(measured, clock, slower, LONG_VERDICT_STEP + 3)
+    assert decisions[COMPILING_STEP] is not None and decisions[COMPILING_STEP].value == "on"
+    back = decisions[LONG_VERDICT_STEP]
     assert back is not None and back.value == "off" and "slower than the eager ones" in back.reason
-    assert measured.done and measured.measured is not None and "(0.80x)" in measured.measured
-    assert decisions[2 * MEASURE_STEPS + 3 :] == [None]
+    assert measured.done and measured.measured is not None and "(0.80x," in measured.measured
+    assert decisions[LONG_VERDICT_STEP + 1 :] == [None, None] and modes[LONG_VERDICT_STEP:] == [False] * 3
 
 
 def test_a_run_whose_compiled_blocks_are_slower_goes_back_to_eager(
     auto_run: AutoRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(precision, "KEEP_COMPILED_FROM", float("inf"))  # no compiled step is fast enough
+    monkeypatch.setattr(
+        measured_compile, "KEEP_COMPILED_FROM", float("inf")
+    )  # no compiled step is fast enough
     compiled_calls: list[int] = []
     real_compile = torch.compile
 
@@ -183,15 +250,15 @@ def test_a_run_whose_compiled_blocks_are_slower_goes_back_to_eager(
         return counted
 
     monkeypatch.setattr(torch, "compile", counting_compile)
-    steps = 2 * MEASURE_STEPS + 5
+    steps = VERDICT_STEP + 3
     result, notes, out = auto_run(steps)
     assert result.step == steps and len(notes) == 2
-    assert notes[0].startswith(f"torch.compile on at step {MEASURE_STEPS + 1}")
+    assert notes[0].startswith(f"torch.compile on at step {COMPILING_STEP}")
     measured, back = notes[1].split("; torch.compile off at step ")
     assert measured.startswith("torch.compile measured: compiling took")
-    assert back.startswith(f"{2 * MEASURE_STEPS + 2}: auto: the compiled steps ran slower")
-    # the one block ran compiled for the compiling step and the timed ones only, not the steps after
-    # nor the final validation
+    assert back.startswith(f"{VERDICT_STEP}: auto: the compiled steps ran slower")
+    # the one block ran compiled for the compiling step and the trial's compiled steps only, not its
+    # eager ones, the steps after nor the final validation
     assert len(compiled_calls) == MEASURE_STEPS + 1
     kept = read_state(out / "final")["precision"]
     assert kept["compile"] is False and "slower than the eager ones" in kept["compile_reason"]

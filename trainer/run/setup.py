@@ -34,14 +34,8 @@ from trainer.model.llama import Llama
 from trainer.optim.optimizers import make_optimizer
 from trainer.run.collectives import check_devices, local_rank, rank_and_world
 from trainer.run.compile_memory import REGIONAL_COMPILE, compile_memory, shape_key
-from trainer.run.precision import (
-    DTYPES,
-    MEASURE_STEPS,
-    Choice,
-    MeasuredCompile,
-    choose_compile,
-    choose_dtype,
-)
+from trainer.run.measured_compile import MEASURE_STEPS, MeasuredCompile
+from trainer.run.precision import DTYPES, Choice, choose_compile, choose_dtype
 from trainer.run.state import TrainRun
 
 if TYPE_CHECKING:  # trainer.data.prepare is imported lazily: it keeps `import trainer.run.loop` light
@@ -182,10 +176,11 @@ def choose_precision(run: TrainRun, dtype_choice: Choice) -> None:
     compile), and pick the element-wise kernels; all saved in checkpoints."""
     flops_per_step = run.model.flops_per_token() * run.tokens_per_step // run.world
     if run.cfg.compile is None and run.world == 1 and run.device.type in REGIONAL_COMPILE:
-        # decided from the first steps' times (trainer.run.precision.MeasuredCompile)
+        # decided from the first steps' times (trainer.run.measured_compile)
         shape = shape_key(run.model_cfg, run.cfg.batch_size, dtype_choice.value)
+        sync = torch.cuda.synchronize if run.device.type == "cuda" else lambda: None
         run.compile_auto = MeasuredCompile(
-            run.device.type, run.cfg.time_limit, memory=compile_memory(), shape=shape
+            run.device.type, run.cfg.time_limit, memory=compile_memory(), shape=shape, sync=sync
         )
         compile_choice = Choice("off", f"auto: decided after timing the first {MEASURE_STEPS + 1} steps")
     else:

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
@@ -30,7 +30,7 @@ from trainer.config.estimate import tokens_per_step
 from trainer.model import cpu_kernels
 from trainer.model.llama import Llama
 from trainer.run.checkpoint_writer import CheckpointWriter
-from trainer.run.precision import MeasuredCompile
+from trainer.run.measured_compile import MeasuredCompile
 
 if TYPE_CHECKING:
     from trainer.data.batches import Batch
@@ -102,6 +102,9 @@ class TrainRun:
     writer: CheckpointWriter = field(default_factory=CheckpointWriter)  # background checkpoint writes
     buffers_planned: bool = False  # the writer's host buffers were reserved (between_steps)
     compile_auto: MeasuredCompile | None = None  # compile auto, until it has decided (between_steps)
+    compiled_blocks: list[Callable[..., Any] | None] = field(
+        default_factory=list
+    )  # what compile auto compiled
 
     @property
     def tokens_per_step(self) -> int:
@@ -255,19 +258,28 @@ class TrainRun:
         choice = auto.observe(self.total_steps - self.step)
         if auto.done:
             self.compile_auto = None
+        was_compiled = bool(self.precision.get("compile"))
+        if choice is not None:
+            compiled = choice.value == "on"
+            self.precision.update(compile=compiled, compile_reason=choice.reason)
+            self.precision["kernels"] = cpu_kernels.for_run(self.device.type, self.dtype, compiled)
+        self._run_blocks_compiled(auto.compiled_next)
         if choice is None:
             return auto.measured if auto.done else None
-        compiled, was_compiled = choice.value == "on", bool(self.precision.get("compile"))
-        self.precision.update(compile=compiled, compile_reason=choice.reason)
-        if compiled != was_compiled:  # regional: each block compiled in place (or back to eager)
-            for block in self.model.layers:
-                if compiled:
-                    block.compile()  # the first call of each compiles
-                else:
-                    block._compiled_call_impl = None  # what Module.compile() set: its eager forward again
-            self.precision["kernels"] = cpu_kernels.for_run(self.device.type, self.dtype, compiled)
         decided = f"torch.compile {choice.value} at step {self.step}: {choice.reason}"
         return f"{auto.measured}; {decided}" if was_compiled and auto.measured else decided
+
+    def _run_blocks_compiled(self, compiled: bool) -> None:
+        """Regional compilation: each block compiled in place (its first call compiles), or its
+        eager forward again; compile auto's trial switches between the two without recompiling."""
+        if not self.compiled_blocks:
+            if not compiled:
+                return
+            for block in self.model.layers:
+                block.compile()
+            self.compiled_blocks = [block._compiled_call_impl for block in self.model.layers]
+        for block, compiled_call in zip(self.model.layers, self.compiled_blocks, strict=True):
+            block._compiled_call_impl = compiled_call if compiled else None  # what Module.compile() sets
 
     def _reserve_buffers(self) -> None:
         if self.buffers_planned or self.device.type != "cuda" or not self.optimizer.state:
