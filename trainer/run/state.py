@@ -102,9 +102,8 @@ class TrainRun:
     writer: CheckpointWriter = field(default_factory=CheckpointWriter)  # background checkpoint writes
     buffers_planned: bool = False  # the writer's host buffers were reserved (between_steps)
     compile_auto: MeasuredCompile | None = None  # compile auto, until it has decided (between_steps)
-    compiled_blocks: list[Callable[..., Any] | None] = field(
-        default_factory=list
-    )  # what compile auto compiled
+    # each block's compiled forward, once compile auto compiled them (its trial switches them on and off)
+    compiled_blocks: list[Callable[..., Any] | None] = field(default_factory=list)
 
     @property
     def tokens_per_step(self) -> int:
