@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,12 +30,17 @@ from bench._service import SHAKESPEARE, machine, print_table
 REPO = Path(__file__).resolve().parent.parent
 MODES = {"eager": ["--no-compile"], "compile": ["--compile"], "auto": []}
 GOAL = 1.10
+WARMUP = 3  # steps left out of the eager step time (allocator, caches)
 
 
-def train(args: argparse.Namespace, steps: int, mode: list[str]) -> tuple[float, list[str]]:
-    """Seconds from the process's start to its exit, and what it said about compiling."""
+def train(
+    args: argparse.Namespace, steps: int, mode: list[str], metrics: list[dict[str, float]] | None = None
+) -> tuple[float, list[str]]:
+    """Seconds from the process's start to its exit, and what it said about compiling; the run's
+    metrics.jsonl records are appended to `metrics` when one is given."""
     with tempfile.TemporaryDirectory(prefix="fs-bench-compile-") as d:
-        cmd = [sys.executable, "-m", "cli.main", "train", str(args.data), "--out", str(Path(d) / "run")]
+        out = Path(d) / "run"
+        cmd = [sys.executable, "-m", "cli.main", "train", str(args.data), "--out", str(out)]
         cmd += ["--preset", args.preset, "--device", args.device, "--max-steps", str(steps)]
         cmd += ["--eval-every", "0", "--samples", "0", "--checkpoint-every", "0", "--seed", "1", *mode]
         cmd += [
@@ -47,16 +53,25 @@ def train(args: argparse.Namespace, steps: int, mode: list[str]) -> tuple[float,
         seconds = time.perf_counter() - started
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        if metrics is not None:
+            lines = (out / "metrics.jsonl").read_text().splitlines()
+            metrics += [record for record in map(json.loads, lines) if "tokens_per_s" in record]
         said = [line.strip() for line in (proc.stdout + proc.stderr).splitlines() if "torch.compile" in line]
         return seconds, said
 
 
 def eager_step_seconds(args: argparse.Namespace) -> float:
-    """The eager step time: two eager runs whose step counts differ, so start-up cancels out."""
-    short, long = 3, 3 + args.calibration_steps
-    t_short, _ = train(args, short, MODES["eager"])
-    t_long, _ = train(args, long, MODES["eager"])
-    return max(1e-3, (t_long - t_short) / (long - short))
+    """The eager step time as the trainer measured it: the median over an eager run's steps, each
+    logged, the first WARMUP left out. Not the difference of two runs' walls: start-up (data cache,
+    exports) varies by more than a few tiny steps take, and once made that difference ~0."""
+    records: list[dict[str, float]] = []
+    train(args, WARMUP + args.calibration_steps, [*MODES["eager"], "--log-every", "1"], records)
+    seconds = [
+        (now["tokens_seen"] - before["tokens_seen"]) / now["tokens_per_s"] / (now["step"] - before["step"])
+        for before, now in zip(records, records[1:], strict=False)
+        if now["step"] > WARMUP
+    ]
+    return statistics.median(seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
