@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,11 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._gpu_rows import Row, emit
 from bench._service import SHAKESPEARE, machine, print_table
+from bench.peer import logged_step_seconds, steady_step_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = {"eager": ["--no-compile"], "compile": ["--compile"], "auto": []}
 GOAL = 1.10
-WARMUP = 3  # steps left out of the eager step time (allocator, caches)
+UNSTEADY = 6  # steps before steady_step_seconds' first interval (it leaves 5 out)
 
 
 def train(
@@ -55,23 +55,18 @@ def train(
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
         if metrics is not None:
             lines = (out / "metrics.jsonl").read_text().splitlines()
-            metrics += [record for record in map(json.loads, lines) if "tokens_per_s" in record]
+            metrics += map(json.loads, lines)
         said = [line.strip() for line in (proc.stdout + proc.stderr).splitlines() if "torch.compile" in line]
         return seconds, said
 
 
 def eager_step_seconds(args: argparse.Namespace) -> float:
-    """The eager step time as the trainer measured it: the median over an eager run's steps, each
-    logged, the first WARMUP left out. Not the difference of two runs' walls: start-up (data cache,
-    exports) varies by more than a few tiny steps take, and once made that difference ~0."""
+    """The eager step time as the trainer logged it: the steady median (bench.peer) over an eager run
+    that logs every step. Not the difference of two runs' walls: start-up (data cache, exports)
+    varies by more than a few tiny steps take, and once made that difference ~0."""
     records: list[dict[str, float]] = []
-    train(args, WARMUP + args.calibration_steps, [*MODES["eager"], "--log-every", "1"], records)
-    seconds = [
-        (now["tokens_seen"] - before["tokens_seen"]) / now["tokens_per_s"] / (now["step"] - before["step"])
-        for before, now in zip(records, records[1:], strict=False)
-        if now["step"] > WARMUP
-    ]
-    return statistics.median(seconds)
+    train(args, UNSTEADY + args.calibration_steps, [*MODES["eager"], "--log-every", "1"], records)
+    return steady_step_seconds(logged_step_seconds(records))
 
 
 def main(argv: list[str] | None = None) -> int:

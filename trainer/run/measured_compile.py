@@ -12,9 +12,10 @@ compiled and the eager forward, and the two medians are compared. Alternating st
 the comparison fair on a machine whose speed drifts (on a shared 2-core VM, llama-15m's eager steps
 took 1.29 s in one 15-minute run and 1.10 s in the next, an hour later), and medians ignore the
 steps an evaluation or a checkpoint lengthens. Three compiled steps timed against three earlier
-eager ones were not enough: on that VM a run kept compiled blocks and took 1.12x the eager run. The trial takes TRIAL_SHARE of the steps left
-(between MEASURE_STEPS and TRIAL_MAX_PAIRS pairs); half of it runs the slower forward, so it costs
-at most a few percent of the run. What compiling cost and gained is remembered for the next run.
+eager ones were not enough: on that VM a run kept compiled blocks and took 1.12x the eager run.
+The trial takes TRIAL_SHARE of the steps left (between MEASURE_STEPS and TRIAL_MAX_PAIRS pairs);
+half of it runs the slower forward, so it costs at most a few percent of the run. What compiling
+cost and gained is remembered for the next run.
 """
 
 from __future__ import annotations
