@@ -19,25 +19,29 @@ whether they are met, and writes it to DIR/gpu_check.json. The default steps (al
    read by transformers, onnxruntime and llama.cpp, dropout inside the flash kernel). Only
    tests/trainer's conftest loads (`--confcutdir`): the suite's root conftest starts PostgreSQL and
    Redis, which a GPU box need not have. A consumer package the box lacks fails its test, by name.
-4. `throughput`: bench/trainer_throughput.py on CUDA (llama-42m/110m at ctx 1024, a 1.2B llama at
+4. `kernels`: bench/kernel_speed.py, each fused Triton kernel of the eager step (RMSNorm, the q/k/v
+   split with RoPE, SwiGLU; forward and backward) at llama-110m's training shape: its share of a
+   device copy's bandwidth, its speed over the torch-op form, its largest difference from it, and
+   every candidate tile's time where the step picks one by timing (trainer/model/kernel_tiles.py).
+5. `throughput`: bench/trainer_throughput.py on CUDA (llama-42m/110m at ctx 1024, a 1.2B llama at
    ctx 2048; compile off/on, eager with the Triton kernels and with torch ops; one round): tokens/s, TFLOP/s, MFU against the matmul peak measured
    beside it and against the GPU's datasheet, peak memory against the trainer's estimate.
    `nanogpt` (with --nanogpt): nanoGPT's own bench.py eager and compiled (bench/nanogpt_bench.py);
    the table divides our llama-110m's FLOP rate by its (the issue's goals), and beside them that of
    llama-110m at nanoGPT's vocabulary (50304; throughput's -v50k config), the like-for-like rate.
-5. `checkpoints`: `fromscratch train` of issue 22's H100 job (llama-110m, ctx 1024, batch 16, 300 steps,
+6. `checkpoints`: `fromscratch train` of issue 22's H100 job (llama-110m, ctx 1024, batch 16, 300 steps,
    a checkpoint every 60): its last lines say how long the 4 checkpoints took to write in the
    background (pinned host copies) and how long training waited for them.
-6. `inference`: bench/inference_speed.py, llama-110m decoding on the CPU (float32) and on CUDA
+7. `inference`: bench/inference_speed.py, llama-110m decoding on the CPU (float32) and on CUDA
    (bfloat16), as the inference worker places it (issue 23's >= 10x).
-7. `service`: bench/gpu_service.py: `fromscratch serve` with no device setting, a job without
+8. `service`: bench/gpu_service.py: `fromscratch serve` with no device setting, a job without
    `device` (placed on the gpu queue?), its background checkpoints, a completion (decoded on CUDA?).
-8. `compile_policy` (only when named in --steps): bench/compile_policy.py on llama-110m, compile auto
+9. `compile_policy` (only when named in --steps): bench/compile_policy.py on llama-110m, compile auto
    against forced eager and forced compile, end to end, for runs of --policy-minutes (goal: auto /
    best <= 1.10). Three runs per length: "0.5,3" takes about 12 minutes, beyond one 10-minute call.
 
 `--smoke` runs each step as small as it goes (the tests collected, not run; 20 steps of the `overfit`
-recipe; throughput's own smoke run) so the script can be checked on a CPU before a GPU's minutes
+recipe; the kernels at a tiny shape in Triton's interpreter; throughput's own smoke run) so the script can be checked on a CPU before a GPU's minutes
 are spent on it.
 """
 
@@ -74,7 +78,8 @@ SMOKE_VARIANTS = [
     "--dropout 0.2 --eval-every 10 --eval-batches 2 --optimizer muon",
 ]
 STEPS = (
-    "machine", "peer", "tests", "throughput", "nanogpt", "checkpoints", "inference", "service", "compile_policy",
+    "machine", "peer", "tests", "kernels", "throughput", "nanogpt", "checkpoints", "inference", "service",
+    "compile_policy",
 )  # fmt: skip
 OPT_IN = {"peer", "compile_policy"}  # run only when named in --steps
 
@@ -133,6 +138,7 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], int]]:
             [*pytest, *(["-m", "cuda"] if not args.smoke else ["--co"]), *cuda_test_files()],
             args.tests_timeout,
         ),
+        "kernels": ([py, "bench/kernel_speed.py", *smoke], 180),
         "throughput": (throughput, 300),
         "nanogpt": (nanogpt, 300),
         "checkpoints": (checkpoints_command(args), 300),

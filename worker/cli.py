@@ -120,12 +120,14 @@ def _devices_and_queues(settings: Settings) -> tuple[int, list[str]]:
 
 
 def keep_compiled_kernels(settings: Settings) -> None:
-    """torch.compile's inductor cache under the worker's data dir (unless TORCHINDUCTOR_CACHE_DIR is
-    set): it outlives the process, so a later job of the same shape compiles from cache in seconds
-    instead of minutes (the default, a folder under /tmp, is lost with the machine or container).
+    """torch.compile's inductor cache and Triton's (the eager CUDA step's fused kernels, one build
+    per tile and shape) under the worker's data dir, unless TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR
+    is set: they outlive the process, so a later job of the same shape compiles from cache in seconds
+    instead of minutes (the defaults, under /tmp and ~/.triton, are lost with the container).
     Beside it, what compiling cost and gained per device kind and model shape
     (trainer.run.compile_memory), which compile auto's next decisions count on."""
     from trainer.run.compile_memory import ENV as COMPILE_MEMORY_ENV
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.work_path / "inductor-cache"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(settings.work_path / "triton-cache"))
     os.environ.setdefault(COMPILE_MEMORY_ENV, str(settings.work_path / "compile-times.json"))

@@ -52,7 +52,10 @@ def smoke(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_smoke_runs_every_default_step_on_a_cpu_and_writes_one_table(tmp_path: Path) -> None:
     proc = smoke(tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    passed = "machine passed; tests passed; throughput passed; checkpoints passed; inference passed; service passed"
+    passed = (
+        "machine passed; tests passed; kernels passed; throughput passed; checkpoints passed; inference passed; "
+        "service passed"
+    )
     assert f"== gpu_check: {passed}" in proc.stdout
     log = (tmp_path / "gpu_check.log").read_text()
     assert "tests/trainer/test_cuda.py::test_compiled_training_matches_eager_on_cuda" in log
@@ -67,6 +70,7 @@ def test_smoke_runs_every_default_step_on_a_cpu_and_writes_one_table(tmp_path: P
     assert rows[("checkpoints", "training waited for them")]["value"] >= 0
     assert any(step == "throughput" and item.endswith("tokens/s") for step, item in rows)
     assert any(step == "inference" for step, _ in rows)
+    assert rows[("kernels", "Triton vs torch ops: largest relative difference")]["met"] is True
     assert rows[("tests", "pytest -m cuda")]["met"] is True  # --smoke collects them
 
 

@@ -25,6 +25,7 @@ SCRIPTS = {
     "header_flood.py": "server ",
     "compile_policy.py": "eager min ",
     "profile_step.py": "kernels by ",
+    "kernel_speed.py": "kernel ",
 }
 
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.model import triton_ops
+from trainer.model.kernel_tiles import Tile
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -32,8 +33,20 @@ def ref_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("width", [48, 100])  # a power of two's share, and a padded row
 def test_rms_norm(out_dtype: torch.dtype, width: int) -> None:
-    x, w = leaf(3, 5, width), leaf(width, seed=1)
-    grad = torch.randn(3, 5, width).to(DEVICE, out_dtype)
+    check_rms_norm(out_dtype, width, rows=(3, 5))
+
+
+@pytest.mark.parametrize("tile", triton_ops.RMS_BACKWARD_TILES.candidates, ids=str)
+def test_rms_norm_backward_with_every_tile(tile: Tile) -> None:
+    """111 rows over at most 4 x SMs programs: each program loops over several tiles, the last
+    of them partly past its rows (the tile a run picks by timing must compute the same values)."""
+    with triton_ops.RMS_BACKWARD_TILES.forced(tile):
+        check_rms_norm(torch.bfloat16, 100, rows=(3, 37))
+
+
+def check_rms_norm(out_dtype: torch.dtype, width: int, rows: tuple[int, int]) -> None:
+    x, w = leaf(*rows, width), leaf(width, seed=1)
+    grad = torch.randn(*rows, width).to(DEVICE, out_dtype)
     y = triton_ops.RMSNorm.apply(x, w, 1e-5, out_dtype)
     assert y.dtype == out_dtype and y.shape == x.shape
     dx, dw = torch.autograd.grad(y, (x, w), grad)
@@ -83,7 +96,21 @@ def rope(T: int, n_rot: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("n_rot", [16, 8])  # every dim, and partial rotary
 @pytest.mark.parametrize("B, T", [(2, 5), (1, 1), (2, 1)])  # training; a decoding step (v a view); a batch
 def test_qkv_split_with_rope(attn_dtype: torch.dtype, n_rot: int, B: int, T: int) -> None:
-    H, KV, hd = 4, 2, 16
+    check_qkv_split(attn_dtype, n_rot, B, T)
+
+
+@pytest.mark.parametrize("tile", triton_ops.ROPE_TILES.candidates, ids=str)
+def test_qkv_split_with_every_tile(tile: Tile) -> None:
+    """2 x 37 tokens: with every tile the last program of each head holds fewer tokens than it
+    takes."""
+    with triton_ops.ROPE_TILES.forced(tile):
+        check_qkv_split(torch.bfloat16, 8, 2, 37)
+
+
+def check_qkv_split(
+    attn_dtype: torch.dtype, n_rot: int, B: int, T: int, heads: tuple[int, int, int] = (4, 2, 16)
+) -> None:
+    H, KV, hd = heads
     qkv = leaf(B, T, H + 2 * KV, hd, dtype=attn_dtype)
     cos, sin = rope(T, n_rot)
     q, k, v = triton_ops.QKV.apply(qkv, cos, sin, (H, KV), attn_dtype)
@@ -132,3 +159,22 @@ def test_the_model_uses_them_on_cuda_with_the_same_loss() -> None:
     assert abs(results[0][0] - results[1][0]) < 1e-2
     for ours, theirs in zip(results[0][1], results[1][1], strict=True):
         torch.testing.assert_close(ours, theirs, rtol=5e-2, atol=5e-3)
+
+
+def test_a_big_training_launch_times_its_tiles_on_cuda() -> None:
+    """On a GPU only: a training launch of a big shape times the candidates and keeps the fastest
+    (its values still right); the same shape without gradients (decoding, evaluation) is not timed."""
+    if DEVICE != "cuda":
+        pytest.skip("tiles are timed on CUDA only (each tile's values are checked above)")
+    B, T, H, KV, hd = 4, 1024, 8, 4, 64  # 4096 tokens x 8 heads x 64: 2M values in q
+    rope_tiles, rms_tiles = triton_ops.ROPE_TILES, triton_ops.RMS_BACKWARD_TILES
+    rope_key_count, rms_key_count = len(rope_tiles.chosen), len(rms_tiles.chosen)
+    qkv = leaf(B, T, H + 2 * KV, hd, dtype=torch.bfloat16)
+    with torch.no_grad():
+        triton_ops.split_qkv(qkv, rope(T, hd), (H, KV), torch.bfloat16)
+    assert len(rope_tiles.chosen) == rope_key_count
+    check_qkv_split(torch.bfloat16, hd, B, T, heads=(H, KV, hd))
+    assert len(rope_tiles.chosen) > rope_key_count
+    assert all(len(times) > 1 for times in rope_tiles.times.values())
+    check_rms_norm(torch.bfloat16, 512, rows=(B, T))  # 2M values
+    assert len(rms_tiles.chosen) == rms_key_count + 1

@@ -146,10 +146,12 @@ def test_a_worker_keeps_torch_compiles_cache_in_its_data_dir(
 ) -> None:
     from worker.cli import keep_compiled_kernels
 
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    monkeypatch.delenv("FROMSCRATCH_COMPILE_MEMORY", raising=False)
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FROMSCRATCH_COMPILE_MEMORY"):
+        monkeypatch.setenv(name, "")  # recorded, so what the worker sets is undone after the test
+        monkeypatch.delenv(name)
     keep_compiled_kernels(settings)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(settings.work_path / "inductor-cache")
+    assert os.environ["TRITON_CACHE_DIR"] == str(settings.work_path / "triton-cache")
     assert os.environ["FROMSCRATCH_COMPILE_MEMORY"] == str(settings.work_path / "compile-times.json")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # an operator's choice stays
     keep_compiled_kernels(settings)

@@ -32,7 +32,8 @@ def available() -> bool:
 def description() -> str:
     """What a CUDA run's element-wise ops run on, for its start-up output and checkpoints."""
     if available():
-        return f"Triton {triton.__version__} kernels (RMSNorm, RoPE + q/k/v split, SwiGLU)"
+        tiles = "their tiles timed on the first step"
+        return f"Triton {triton.__version__} kernels (RMSNorm, RoPE + q/k/v split, SwiGLU; {tiles})"
     return "torch ops" + (f" ({DISABLE_ENV}=0)" if triton is not None else " (no Triton installed)")
 
 
@@ -63,30 +64,31 @@ if triton is not None:
     @triton.jit
     def rms_norm_backward_kernel(
         G, X, W, RSTD, DX, DW_PARTS, stride_g, stride_x, stride_dx, n_rows, D,
-        ROWS_PER_PROGRAM: tl.constexpr, BLOCK: tl.constexpr,
+        ROWS_PER_PROGRAM: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        """A run of rows: dx = rstd * (g w - xhat mean(g w xhat)) per row, and this program's share of
-        dw = sum over rows of g xhat (summed over the programs by the caller)."""
+        """A run of rows, TILE at a time: dx = rstd * (g w - xhat mean(g w xhat)) per row, and this
+        program's share of dw = sum over rows of g xhat (summed over the programs by the caller)."""
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
-        mask = cols < D
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        in_cols = cols < D
+        w = tl.load(W + cols, mask=in_cols, other=0.0).to(tl.float32)
         dw = tl.zeros((BLOCK,), dtype=tl.float32)
-        # a run of rows (a compile-time count: one kernel per batch shape); the last run may end early
-        for i in range(0, ROWS_PER_PROGRAM):
-            row = pid * ROWS_PER_PROGRAM + i
-            in_rows = mask & (row < n_rows)
-            g = tl.load(G + row * stride_g + cols, mask=in_rows, other=0.0).to(tl.float32)
-            x = tl.load(X + row * stride_x + cols, mask=in_rows, other=0.0).to(tl.float32)
-            rstd = tl.load(RSTD + row, mask=row < n_rows, other=0.0)
+        first = pid * ROWS_PER_PROGRAM
+        # a compile-time count (one kernel per batch shape); the last program's run may end early
+        for offset in range(0, ROWS_PER_PROGRAM, TILE):
+            rows = first + offset + tl.arange(0, TILE)
+            in_rows = (rows < n_rows) & (offset + tl.arange(0, TILE) < ROWS_PER_PROGRAM)
+            mask = in_rows[:, None] & in_cols[None, :]
+            g = tl.load(G + rows[:, None] * stride_g + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + rows, mask=in_rows, other=0.0)[:, None]
             xhat = x * rstd
-            gw = g * w
-            dot = tl.sum(gw * xhat, axis=0) / D
-            tl.store(
-                DX + row * stride_dx + cols, (rstd * (gw - xhat * dot)).to(DX.dtype.element_ty), mask=in_rows
-            )
-            dw += g * xhat
-        tl.store(DW_PARTS + pid * D + cols, dw, mask=mask)
+            gw = g * w[None, :]
+            dot = (tl.sum(gw * xhat, axis=1) / D)[:, None]
+            dx = (rstd * (gw - xhat * dot)).to(DX.dtype.element_ty)
+            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx, mask=mask)
+            dw += tl.sum(g * xhat, axis=0)
+        tl.store(DW_PARTS + pid * D + cols, dw, mask=in_cols)
 
     @triton.jit
     def swiglu_forward_kernel(H, Y, stride_h, stride_y, F, BLOCK: tl.constexpr):

@@ -9,10 +9,17 @@ from __future__ import annotations
 import torch
 
 from trainer.model import triton_kernels as tk
+from trainer.model.kernel_tiles import Tile, TileTable, worth_timing
 
 MAX_WARPS = 16
 SWIGLU_BLOCK = 1024  # columns of one SwiGLU program
-ROPE_TILE = 2048  # elements of one RoPE/head-move program: 32 tokens of a 64-wide head
+# tokens one RoPE/head-move program moves (one head each), and rows an RMSNorm-backward program
+# takes at a time; the defaults are what runs untimed (trainer.model.kernel_tiles)
+ROPE_TILES = TileTable("rope_heads", [Tile(n, 4) for n in (4, 8, 16, 32, 64)], default=Tile(32, 4))
+RMS_BACKWARD_TILES = TileTable(
+    "rms_norm_backward", [Tile(1, 4), Tile(2, 4), Tile(4, 8), Tile(8, 8), Tile(16, 16)], default=Tile(1, 4)
+)
+MAX_TILE_ELEMENTS = 16384  # a tile's values, so a program's registers hold it
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -71,10 +78,16 @@ class RMSNorm(torch.autograd.Function):
         programs = -(-rows // per_program)
         parts = torch.empty(programs, d, dtype=torch.float32, device=x2.device)
         block = tk.block_size(d)
-        tk.rms_norm_backward_kernel[(programs,)](
-            g2, x2, weight, rstd, dx, parts, g2.stride(0), x2.stride(0), dx.stride(0), rows, d,
-            ROWS_PER_PROGRAM=per_program, BLOCK=block, num_warps=_warps(block),
-        )  # fmt: skip
+
+        def launch(tile: Tile) -> None:
+            tk.rms_norm_backward_kernel[(programs,)](
+                g2, x2, weight, rstd, dx, parts, g2.stride(0), x2.stride(0), dx.stride(0), rows, d,
+                ROWS_PER_PROGRAM=per_program, TILE=tile.rows, BLOCK=block, num_warps=tile.warps,
+            )  # fmt: skip
+
+        key = (rows, d, g2.dtype, x2.dtype, dx.device)
+        fitting = RMS_BACKWARD_TILES.fitting(MAX_TILE_ELEMENTS, block)
+        launch(RMS_BACKWARD_TILES.choose(key, launch, worth_timing(x2, rows * d, True), fitting))
         dw = parts.sum(0).to(weight.dtype)
         return dx.view(ctx.shape), dw, None, None  # type: ignore[attr-defined]
 
@@ -115,21 +128,29 @@ def _move_heads(
     strides: tuple[tuple[int, ...], tuple[int, ...]],
     tables: tuple[torch.Tensor, torch.Tensor] | None,
     sin_sign: float = 1.0,
+    training: bool = False,
 ) -> None:
     """Copies every (batch, token, head) row of `src` into `dst` (sizes: batch, tokens, heads;
     strides: each one's (batch, token, head) strides, as the layouts differ), turned by RoPE when
-    `tables` (cos, sin: (T, n_rot) float32) are given, turned back when sin_sign is -1."""
+    `tables` (cos, sin: (T, n_rot) float32) are given, turned back when sin_sign is -1. A training
+    launch may time its tiles (trainer.model.kernel_tiles)."""
     batch, tokens, heads = sizes
     hd = src.shape[-1]
     cos, sin = tables if tables is not None else (src, src)  # not read when not rotating
     n_rot = cos.shape[-1] if tables is not None else 0
     block = tk.block_size(hd)
     rows = batch * tokens
-    per_program = max(1, min(ROPE_TILE // block, tk.block_size(rows)))  # tokens a program moves
-    tk.rope_heads_kernel[(-(-rows // per_program), heads)](
-        src, dst, cos, sin, *strides[0], *strides[1], rows, tokens, hd, n_rot, sin_sign,
-        ROTATE=tables is not None, BLOCK=block, ROWS=per_program, num_warps=4,
-    )  # fmt: skip
+
+    def launch(tile: Tile) -> None:
+        per_program = max(1, min(tile.rows, tk.block_size(rows)))  # tokens a program moves
+        tk.rope_heads_kernel[(-(-rows // per_program), heads)](
+            src, dst, cos, sin, *strides[0], *strides[1], rows, tokens, hd, n_rot, sin_sign,
+            ROTATE=tables is not None, BLOCK=block, ROWS=per_program, num_warps=tile.warps,
+        )  # fmt: skip
+
+    key = (sizes, hd, n_rot, strides, src.dtype, dst.dtype, src.device)
+    timed = worth_timing(src, rows * heads * hd, training)
+    launch(ROPE_TILES.choose(key, launch, timed, ROPE_TILES.fitting(MAX_TILE_ELEMENTS // 2, block)))
 
 
 def _bth(t: torch.Tensor, heads_first: bool) -> tuple[int, int, int]:
@@ -146,6 +167,7 @@ def split_qkv(
     tables: tuple[torch.Tensor, torch.Tensor],
     heads: tuple[int, int],
     attn_dtype: torch.dtype,
+    training: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q (B, H, T, hd), k and v (B, KV, T, hd), contiguous, in attn_dtype, q and k turned by RoPE,
     from the fused projection's (B, T, H + 2 KV, hd) output."""
@@ -160,7 +182,8 @@ def split_qkv(
             out.append(heads_first)  # one token of one sequence (decoding): both layouts are one
             continue
         dst = torch.empty(B, n, T, hd, dtype=attn_dtype, device=qkv.device)
-        _move_heads(part, dst, (B, T, n), (_bth(part, False), _bth(dst, True)), tables if rotate else None)
+        strides = (_bth(part, False), _bth(dst, True))
+        _move_heads(part, dst, (B, T, n), strides, tables if rotate else None, training=training)
         out.append(dst)
     return out[0], out[1], out[2]
 
@@ -179,7 +202,7 @@ class QKV(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ctx.save_for_backward(cos, sin)
         ctx.heads, ctx.in_dtype = heads, qkv.dtype  # type: ignore[attr-defined]
-        return split_qkv(qkv, (cos, sin), heads, attn_dtype)
+        return split_qkv(qkv, (cos, sin), heads, attn_dtype, training=True)
 
     @staticmethod
     def backward(
@@ -193,7 +216,8 @@ class QKV(torch.autograd.Function):
             d = _last_contiguous(d)
             part = grad[:, :, first : first + n]
             strides = (_bth(d, True), _bth(part, False))
-            _move_heads(d, part, (B, T, n), strides, (cos, sin) if rotate else None, sin_sign=-1.0)
+            tables = (cos, sin) if rotate else None
+            _move_heads(d, part, (B, T, n), strides, tables, sin_sign=-1.0, training=True)
         return grad, None, None, None, None
 
 

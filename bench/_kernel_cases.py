@@ -1,0 +1,117 @@
+"""bench/kernel_speed.py's cases: each fused Triton kernel of the eager CUDA step (trainer.model.
+triton_ops) and the torch-op form the step runs without Triton (trainer.model.fused_ops' autograd
+functions), as training calls them (gradients on), at a model's training shape, with the bytes the
+kernel must move at least (each input read once, each output written once)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from trainer.config import ModelConfig
+from trainer.model import fused_ops, triton_ops
+from trainer.model.llama import rope_cache
+
+BF16 = torch.bfloat16
+EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    bytes: int
+    triton: Callable[[], object]
+    torch_ops: Callable[[], object]
+
+
+def _leaf(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.randn(*shape, device=device).to(dtype).requires_grad_()
+
+
+def _backward(
+    out: torch.Tensor | tuple[torch.Tensor, ...], inputs: tuple[torch.Tensor, ...]
+) -> Callable[[], object]:
+    """A backward through the graph built once (kept for the next call), with random gradients
+    drawn the same for both forms of a kernel (their results are compared)."""
+    outs = out if isinstance(out, tuple) else (out,)
+    generator = torch.Generator(outs[0].device).manual_seed(0)
+    grads = [torch.randn(o.shape, generator=generator, device=o.device).to(o.dtype) for o in outs]
+    return lambda: torch.autograd.grad(outs, inputs, grads, retain_graph=True)
+
+
+def rms_norm_cases(rows: int, d: int, device: torch.device) -> list[Case]:
+    """The residual stream is float32 (float32 weights under bf16 autocast); the norm's output,
+    the next matmul's input, bf16."""
+    x, w = _leaf(rows, d, dtype=torch.float32, device=device), _leaf(d, dtype=torch.float32, device=device)
+    ours, theirs = triton_ops.RMSNorm.apply, fused_ops._RMSNorm.apply
+    return [
+        Case(
+            "rms_norm forward",
+            rows * d * (4 + 2),
+            lambda: ours(x, w, EPS, BF16),
+            lambda: theirs(x, w, EPS, BF16),
+        ),
+        Case(  # g (bf16) and x read, dx (float32) written
+            "rms_norm backward",
+            rows * d * (2 + 4 + 4),
+            _backward(ours(x, w, EPS, BF16), (x, w)),
+            _backward(theirs(x, w, EPS, BF16), (x, w)),
+        ),
+    ]
+
+
+def qkv_cases(cfg: ModelConfig, batch: int, device: torch.device) -> list[Case]:
+    """The fused projection's bf16 output split into q, k, v (heads first), q and k turned."""
+    H, KV, hd, T = cfg.n_head, cfg.kv_heads, cfg.head_dim, cfg.ctx
+    qkv = _leaf(batch, T, H + 2 * KV, hd, dtype=BF16, device=device)
+    cos, sin = (t.to(device) for t in rope_cache(cfg, T))
+    tables = triton_ops.rope_tables(cos, sin)
+    views = cos.unsqueeze(1), sin.unsqueeze(1)  # as the attention passes them to the torch form
+
+    def ours() -> tuple[torch.Tensor, ...]:
+        return triton_ops.QKV.apply(qkv, *tables, (H, KV), BF16)
+
+    def theirs() -> tuple[torch.Tensor, ...]:
+        return fused_ops._QKV.apply(qkv, *views, (H, KV), BF16)
+
+    moved = 2 * qkv.numel() * 2  # read once, written once
+    return [
+        Case("qkv split + rope forward", moved, ours, theirs),
+        Case("qkv split + rope backward", moved, _backward(ours(), (qkv,)), _backward(theirs(), (qkv,))),
+    ]
+
+
+def swiglu_cases(rows: int, hidden: int, device: torch.device) -> list[Case]:
+    """h = [gate | up] (bf16, the fused w1/w3 projection's output) -> silu(gate) * up."""
+    h = _leaf(rows, 2 * hidden, dtype=BF16, device=device)
+    ours, theirs = triton_ops.SwiGLU.apply, fused_ops._SwiGLU.apply
+    return [
+        Case("swiglu forward", rows * 3 * hidden * 2, lambda: ours(h), lambda: theirs(h)),
+        Case(  # g and h read, dh written
+            "swiglu backward", rows * 5 * hidden * 2, _backward(ours(h), (h,)), _backward(theirs(h), (h,))
+        ),
+    ]
+
+
+def cases(cfg: ModelConfig, batch: int, device: torch.device) -> list[Case]:
+    rows = batch * cfg.ctx
+    return [
+        *rms_norm_cases(rows, cfg.n_embd, device),
+        *qkv_cases(cfg, batch, device),
+        *swiglu_cases(rows, cfg.hidden_dim, device),
+    ]
+
+
+def relative_difference(ours: object, theirs: object) -> float:
+    """The largest |ours - theirs| over every output tensor, relative to theirs' largest |value|."""
+    pairs = zip(_tensors(ours), _tensors(theirs), strict=True)
+    return max(
+        ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12)).item()
+        for a, b in pairs
+    )
+
+
+def _tensors(out: object) -> list[torch.Tensor]:
+    return [t for t in (out if isinstance(out, tuple | list) else (out,)) if isinstance(t, torch.Tensor)]

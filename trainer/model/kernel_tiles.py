@@ -1,0 +1,114 @@
+"""How many rows one program of a Triton kernel takes (its tile), chosen by timing the candidates on
+the GPU at hand, once per shape, rather than guessed on a machine without one.
+
+The kernels of trainer/model/triton_kernels.py that move rows of activations (RoPE's head move,
+RMSNorm's backward) are bound by memory traffic, and the bytes a program keeps in flight decide how
+close they come to the card's bandwidth: one token's head per program left an H100 moving 0.4 TB/s
+of its ~3. The best tile differs between GPUs, dtypes and widths, so a training run times each
+candidate on its first launch of a shape (a few launches each, well under a second with the
+kernels compiled) and keeps the fastest for the rest of the process.
+
+Timing is only done where it is safe and pays: a training launch (not decoding or evaluation) of
+at least MIN_TIMED_ELEMENTS on a CUDA device, never while a CUDA graph is being captured, never
+under Triton's interpreter. Everywhere else the table's default tile runs. Every candidate
+computes the same values (each launch writes every output element; tests run each one), so the
+choice changes speed only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+MIN_TIMED_ELEMENTS = 1 << 20  # smaller launches are bound by the launch itself: any tile will do
+TIMED_LAUNCHES = 5  # per candidate, after one untimed launch (which compiles it)
+
+Launch = Callable[["Tile"], None]
+
+
+@dataclass(frozen=True)
+class Tile:
+    rows: int  # rows (tokens) one program takes at a time
+    warps: int
+
+    def __str__(self) -> str:
+        return f"{self.rows} rows x {self.warps} warps"
+
+
+def fastest(
+    candidates: Sequence[Tile], seconds_of: Callable[[Tile], float]
+) -> tuple[Tile, dict[Tile, float]]:
+    """The candidate that took least time, and every candidate's time (the first of equals wins)."""
+    times = {tile: seconds_of(tile) for tile in candidates}
+    return min(candidates, key=lambda tile: times[tile]), times
+
+
+def seconds_on_device(launch: Launch, tile: Tile) -> float:
+    """Seconds per launch of `tile` on the current CUDA stream: one untimed launch, then the mean of
+    TIMED_LAUNCHES between two events."""
+    launch(tile)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(TIMED_LAUNCHES):
+        launch(tile)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000 / TIMED_LAUNCHES
+
+
+def worth_timing(t: torch.Tensor, elements: int, training: bool) -> bool:
+    """Whether a launch over `elements` values of t may time its candidates (module docstring)."""
+    from trainer.model.triton_kernels import interpreted
+
+    return (
+        training
+        and t.is_cuda
+        and elements >= MIN_TIMED_ELEMENTS
+        and not interpreted()
+        and not torch.cuda.is_current_stream_capturing()
+    )
+
+
+class TileTable:
+    """One kernel's candidate tiles and, per shape key, the one timed fastest on this process's GPU."""
+
+    def __init__(self, name: str, candidates: Sequence[Tile], default: Tile):
+        assert default in candidates
+        self.name, self.candidates, self.default = name, tuple(candidates), default
+        self.chosen: dict[Hashable, Tile] = {}
+        self.times: dict[Hashable, dict[Tile, float]] = {}
+        self._forced: Tile | None = None
+        self.seconds: Callable[[Launch, Tile], float] = seconds_on_device  # tests: a fake clock
+        self._lock = threading.Lock()  # decoders and training may share a process
+
+    def fitting(self, max_elements: int, block: int) -> tuple[Tile, ...]:
+        """The candidates whose tile (rows x block values) keeps within max_elements (registers)."""
+        return tuple(t for t in self.candidates if t.rows * block <= max_elements) or (self.default,)
+
+    def choose(self, key: Hashable, launch: Launch, timed: bool, candidates: Sequence[Tile] = ()) -> Tile:
+        """The tile for this launch: the forced one (tests), the one timed fastest for `key` (timing
+        the candidates now when `timed` and it is the key's first launch), or the default."""
+        if self._forced is not None:
+            return self._forced
+        candidates = tuple(candidates) or self.candidates
+        with self._lock:
+            if (tile := self.chosen.get(key)) is not None:
+                return tile
+            if not timed:
+                return self.default if self.default in candidates else candidates[0]
+            tile, self.times[key] = fastest(candidates, lambda t: self.seconds(launch, t))
+            self.chosen[key] = tile
+            return tile
+
+    @contextlib.contextmanager
+    def forced(self, tile: Tile) -> Iterator[None]:
+        """Every launch in the block runs `tile` (the tests check each candidate's numerics)."""
+        self._forced = tile
+        try:
+            yield
+        finally:
+            self._forced = None
