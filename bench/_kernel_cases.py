@@ -45,19 +45,20 @@ def rms_norm_cases(rows: int, d: int, device: torch.device) -> list[Case]:
     """The residual stream is float32 (float32 weights under bf16 autocast); the norm's output,
     the next matmul's input, bf16."""
     x, w = _leaf(rows, d, dtype=torch.float32, device=device), _leaf(d, dtype=torch.float32, device=device)
-    ours, theirs = triton_ops.RMSNorm.apply, fused_ops._RMSNorm.apply
+
+    def ours() -> torch.Tensor:
+        return triton_ops.RMSNorm.apply(x, w, EPS, BF16, True)
+
+    def theirs() -> torch.Tensor:
+        return fused_ops._RMSNorm.apply(x, w, EPS, BF16)
+
     return [
-        Case(
-            "rms_norm forward",
-            rows * d * (4 + 2),
-            lambda: ours(x, w, EPS, BF16),
-            lambda: theirs(x, w, EPS, BF16),
-        ),
+        Case("rms_norm forward", rows * d * (4 + 2), ours, theirs),
         Case(  # g (bf16) and x read, dx (float32) written
             "rms_norm backward",
             rows * d * (2 + 4 + 4),
-            _backward(ours(x, w, EPS, BF16), (x, w)),
-            _backward(theirs(x, w, EPS, BF16), (x, w)),
+            _backward(ours(), (x, w)),
+            _backward(theirs(), (x, w)),
         ),
     ]
 

@@ -95,7 +95,7 @@ def print_tiles() -> None:
     """Each tiled kernel's candidates as timed on their first training launch (none: not timed)."""
     from trainer.model import triton_ops
 
-    for table in (triton_ops.RMS_BACKWARD_TILES, triton_ops.ROPE_TILES):
+    for table in (triton_ops.RMS_FORWARD_TILES, triton_ops.RMS_BACKWARD_TILES, triton_ops.ROPE_TILES):
         if not table.times:
             print(f"{table.name}: tiles not timed (interpreter, or launches below the threshold)")
         for key, times in table.times.items():

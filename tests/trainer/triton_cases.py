@@ -44,10 +44,17 @@ def test_rms_norm_backward_with_every_tile(tile: Tile) -> None:
         check_rms_norm(torch.bfloat16, 100, rows=(3, 37))
 
 
+@pytest.mark.parametrize("tile", triton_ops.RMS_FORWARD_TILES.candidates, ids=str)
+def test_rms_norm_forward_with_every_tile(tile: Tile) -> None:
+    """111 rows: the last program of every tile but one row's is partly past the rows."""
+    with triton_ops.RMS_FORWARD_TILES.forced(tile):
+        check_rms_norm(torch.bfloat16, 100, rows=(3, 37))
+
+
 def check_rms_norm(out_dtype: torch.dtype, width: int, rows: tuple[int, int]) -> None:
     x, w = leaf(*rows, width), leaf(width, seed=1)
     grad = torch.randn(*rows, width).to(DEVICE, out_dtype)
-    y = triton_ops.RMSNorm.apply(x, w, 1e-5, out_dtype)
+    y = triton_ops.RMSNorm.apply(x, w, 1e-5, out_dtype, True)
     assert y.dtype == out_dtype and y.shape == x.shape
     dx, dw = torch.autograd.grad(y, (x, w), grad)
     x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
@@ -176,5 +183,7 @@ def test_a_big_training_launch_times_its_tiles_on_cuda() -> None:
     check_qkv_split(torch.bfloat16, hd, B, T, heads=(H, KV, hd))
     assert len(rope_tiles.chosen) > rope_key_count
     assert all(len(times) > 1 for times in rope_tiles.times.values())
+    forward_key_count = len(triton_ops.RMS_FORWARD_TILES.chosen)
     check_rms_norm(torch.bfloat16, 512, rows=(B, T))  # 2M values
     assert len(rms_tiles.chosen) == rms_key_count + 1
+    assert len(triton_ops.RMS_FORWARD_TILES.chosen) == forward_key_count + 1

@@ -46,7 +46,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         xf, wf = _f32(x), _f32(weight)
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * wf).to(out_dtype)
     if (fused := _triton(x, weight)) is not None:
-        return fused.RMSNorm.apply(x, weight, eps, out_dtype)
+        training = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        return fused.RMSNorm.apply(x, weight, eps, out_dtype, training)
     kernel = out_dtype == torch.float32 and cpu_kernels.usable(x, weight)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return _RMSNormKernel.apply(x, weight, eps) if kernel else _RMSNorm.apply(x, weight, eps, out_dtype)

@@ -50,16 +50,20 @@ def block_size(n: int) -> int:
 if triton is not None:
 
     @triton.jit
-    def rms_norm_forward_kernel(X, W, Y, RSTD, stride_x, stride_y, D, eps, BLOCK: tl.constexpr):
-        """One row: y = x * rstd * w in float32, stored as Y's dtype; rstd kept for the backward."""
-        row = tl.program_id(0)
+    def rms_norm_forward_kernel(
+        X, W, Y, RSTD, stride_x, stride_y, n_rows, D, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr
+    ):  # fmt: skip
+        """ROWS rows: y = x * rstd * w in float32, stored as Y's dtype; rstd kept for the backward."""
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK)
-        mask = cols < D
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-        tl.store(RSTD + row, rstd)
-        tl.store(Y + row * stride_y + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
+        in_rows = rows < n_rows
+        mask = in_rows[:, None] & (cols < D)[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+        tl.store(RSTD + rows, rstd, mask=in_rows)
+        y = (x * rstd[:, None] * w[None, :]).to(Y.dtype.element_ty)
+        tl.store(Y + rows[:, None] * stride_y + cols[None, :], y, mask=mask)
 
     @triton.jit
     def rms_norm_backward_kernel(

@@ -16,6 +16,9 @@ SWIGLU_BLOCK = 1024  # columns of one SwiGLU program
 # tokens one RoPE/head-move program moves (one head each), and rows an RMSNorm-backward program
 # takes at a time; the defaults are what runs untimed (trainer.model.kernel_tiles)
 ROPE_TILES = TileTable("rope_heads", [Tile(n, 4) for n in (4, 8, 16, 32, 64)], default=Tile(32, 4))
+RMS_FORWARD_TILES = TileTable(
+    "rms_norm_forward", [Tile(1, 4), Tile(2, 4), Tile(4, 8), Tile(8, 8)], default=Tile(1, 4)
+)
 RMS_BACKWARD_TILES = TileTable(
     "rms_norm_backward", [Tile(1, 4), Tile(2, 4), Tile(4, 8), Tile(8, 8), Tile(16, 16)], default=Tile(1, 4)
 )
@@ -52,15 +55,24 @@ class RMSNorm(torch.autograd.Function):
         weight: torch.Tensor,
         eps: float,
         out_dtype: torch.dtype,
+        training: bool,
     ) -> torch.Tensor:
+        """`training`: the forward of a training step (which may time its tiles), not inference."""
         x2 = _rows(x)
         rows, d = x2.shape
         y = torch.empty(rows, d, dtype=out_dtype, device=x.device)
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
         block = tk.block_size(d)
-        tk.rms_norm_forward_kernel[(rows,)](
-            x2, weight, y, rstd, x2.stride(0), y.stride(0), d, eps, BLOCK=block, num_warps=_warps(block)
-        )
+
+        def launch(tile: Tile) -> None:
+            tk.rms_norm_forward_kernel[(-(-rows // tile.rows),)](
+                x2, weight, y, rstd, x2.stride(0), y.stride(0), rows, d, eps,
+                ROWS=tile.rows, BLOCK=block, num_warps=max(tile.warps, _warps(block)),
+            )  # fmt: skip
+
+        key = (rows, d, x2.dtype, out_dtype, x.device)
+        fitting = RMS_FORWARD_TILES.fitting(MAX_TILE_ELEMENTS, block)
+        launch(RMS_FORWARD_TILES.choose(key, launch, worth_timing(x2, rows * d, training), fitting))
         ctx.save_for_backward(x2, weight, rstd)
         ctx.shape = x.shape  # type: ignore[attr-defined]
         return y.view(x.shape)
@@ -89,7 +101,7 @@ class RMSNorm(torch.autograd.Function):
         fitting = RMS_BACKWARD_TILES.fitting(MAX_TILE_ELEMENTS, block)
         launch(RMS_BACKWARD_TILES.choose(key, launch, worth_timing(x2, rows * d, True), fitting))
         dw = parts.sum(0).to(weight.dtype)
-        return dx.view(ctx.shape), dw, None, None  # type: ignore[attr-defined]
+        return dx.view(ctx.shape), dw, None, None, None  # type: ignore[attr-defined]
 
 
 def swiglu_forward(h: torch.Tensor) -> torch.Tensor:
