@@ -1,6 +1,7 @@
 """Autograd functions over trainer/model/triton_kernels.py: RMSNorm, the q/k/v split with RoPE and
 SwiGLU as one fused kernel each way, with the signatures of their torch-op forms in
-trainer.model.fused_ops (which calls these for CUDA tensors when `usable`). Each saves the least its
+trainer.model.fused_ops (which calls these for CUDA tensors when `usable`; RMSNorm also takes whether
+it runs in training, when its tiles may be timed). Each saves the least its
 backward needs: RMSNorm its input and one float per row, SwiGLU its input (the sigmoid is recomputed),
 the q/k/v split nothing but the RoPE tables."""
 
@@ -13,8 +14,8 @@ from trainer.model.kernel_tiles import Tile, TileTable, worth_timing
 
 MAX_WARPS = 16
 SWIGLU_BLOCK = 1024  # columns of one SwiGLU program
-# tokens one RoPE/head-move program moves (one head each), and rows an RMSNorm-backward program
-# takes at a time; the defaults are what runs untimed (trainer.model.kernel_tiles)
+# tokens one RoPE/head-move program moves (one head each), rows one RMSNorm-forward program takes,
+# rows an RMSNorm-backward program takes per pass; the defaults run untimed (trainer.model.kernel_tiles)
 ROPE_TILES = TileTable("rope_heads", [Tile(n, 4) for n in (4, 8, 16, 32, 64)], default=Tile(32, 4))
 RMS_FORWARD_TILES = TileTable(
     "rms_norm_forward", [Tile(1, 4), Tile(2, 4), Tile(4, 8), Tile(8, 8)], default=Tile(1, 4)
