@@ -5,6 +5,7 @@ own cases (tests/trainer/triton_cases.py, each tile forced)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trainer.model.kernel_tiles import MIN_TIMED_ELEMENTS, Tile, TileTable, fastest, worth_timing
@@ -85,3 +86,23 @@ def test_only_big_training_launches_on_a_gpu_are_timed() -> None:
     cpu = torch.empty(1)
     assert not worth_timing(cpu, MIN_TIMED_ELEMENTS, training=True)  # no CUDA events on a CPU
     assert not worth_timing(cpu, MIN_TIMED_ELEMENTS, training=False)
+
+
+class TooBig(Exception):
+    pass
+
+
+def test_a_candidate_this_gpu_cannot_build_is_skipped() -> None:
+    def seconds(launch: object, tile: Tile) -> float:
+        if tile.rows == 16:
+            raise TooBig("out of shared memory")  # the fastest, were it buildable
+        return {1: 5e-4, 4: 3e-4, 64: 4e-4}[tile.rows]
+
+    tiles = TileTable("test", TILES, default=Tile(4, 4), unbuildable=(TooBig,))
+    tiles.seconds = seconds
+    assert tiles.choose("shape", launch, timed=True) == Tile(4, 4)
+    assert tiles.times["shape"][Tile(16, 8)] == float("inf")
+    strict = TileTable("test", TILES, default=Tile(4, 4))  # anything else still raises
+    strict.seconds = seconds
+    with pytest.raises(TooBig):
+        strict.choose("shape", launch, timed=True)

@@ -19,6 +19,8 @@ choice changes speed only.
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,10 +43,19 @@ class Tile:
 
 
 def fastest(
-    candidates: Sequence[Tile], seconds_of: Callable[[Tile], float]
+    candidates: Sequence[Tile],
+    seconds_of: Callable[[Tile], float],
+    unbuildable: tuple[type[Exception], ...] = (),
 ) -> tuple[Tile, dict[Tile, float]]:
-    """The candidate that took least time, and every candidate's time (the first of equals wins)."""
-    times = {tile: seconds_of(tile) for tile in candidates}
+    """The candidate that took least time, and every candidate's time (the first of equals wins).
+    A candidate whose kernel raises one of `unbuildable` (Triton's OutOfResources: more registers
+    or shared memory than this GPU has) takes forever, so it is never chosen."""
+    times = {}
+    for tile in candidates:
+        try:
+            times[tile] = seconds_of(tile)
+        except unbuildable:
+            times[tile] = math.inf
     return min(candidates, key=lambda tile: times[tile]), times
 
 
@@ -77,9 +88,16 @@ def worth_timing(t: torch.Tensor, elements: int, training: bool) -> bool:
 class TileTable:
     """One kernel's candidate tiles and, per shape key, the one timed fastest on this process's GPU."""
 
-    def __init__(self, name: str, candidates: Sequence[Tile], default: Tile):
+    def __init__(
+        self,
+        name: str,
+        candidates: Sequence[Tile],
+        default: Tile,
+        unbuildable: tuple[type[Exception], ...] = (),
+    ):
         assert default in candidates
         self.name, self.candidates, self.default = name, tuple(candidates), default
+        self.unbuildable = unbuildable  # what a candidate too big for this GPU raises (`fastest`)
         self.chosen: dict[Hashable, Tile] = {}
         self.times: dict[Hashable, dict[Tile, float]] = {}
         self._forced: Tile | None = None
@@ -101,7 +119,8 @@ class TileTable:
                 return tile
             if not timed:
                 return self.default if self.default in candidates else candidates[0]
-            tile, self.times[key] = fastest(candidates, lambda t: self.seconds(launch, t))
+            seconds_of = functools.partial(self.seconds, launch)
+            tile, self.times[key] = fastest(candidates, seconds_of, self.unbuildable)
             self.chosen[key] = tile
             return tile
 

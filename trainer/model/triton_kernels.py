@@ -18,7 +18,12 @@ import os
 try:
     import triton
     import triton.language as tl
+    from triton.runtime.errors import OutOfResources
 except ImportError:  # the CPU install has no Triton
+
+    class OutOfResources(Exception):  # type: ignore[no-redef]  # never raised without Triton
+        pass
+
     triton = None
 
 DISABLE_ENV = "FROMSCRATCH_TRITON_KERNELS"  # "0": use torch ops on CUDA too

@@ -16,12 +16,13 @@ MAX_WARPS = 16
 SWIGLU_BLOCK = 1024  # columns of one SwiGLU program
 # tokens one RoPE/head-move program moves (one head each), rows one RMSNorm-forward program takes,
 # rows an RMSNorm-backward program takes per pass; the defaults run untimed (trainer.model.kernel_tiles)
-ROPE_TILES = TileTable("rope_heads", [Tile(n, 4) for n in (4, 8, 16, 32, 64)], default=Tile(32, 4))
+TOO_BIG = (tk.OutOfResources,)  # a candidate this GPU cannot build is skipped, not fatal
+ROPE_TILES = TileTable("rope_heads", [Tile(n, 4) for n in (4, 8, 16, 32, 64)], Tile(32, 4), TOO_BIG)
 RMS_FORWARD_TILES = TileTable(
-    "rms_norm_forward", [Tile(1, 4), Tile(2, 4), Tile(4, 8), Tile(8, 8)], default=Tile(1, 4)
+    "rms_norm_forward", [Tile(1, 4), Tile(2, 4), Tile(4, 8), Tile(8, 8)], Tile(1, 4), TOO_BIG
 )
 RMS_BACKWARD_TILES = TileTable(
-    "rms_norm_backward", [Tile(1, 4), Tile(2, 4), Tile(4, 8), Tile(8, 8), Tile(16, 16)], default=Tile(1, 4)
+    "rms_norm_backward", [Tile(1, 4), Tile(2, 4), Tile(4, 8), Tile(8, 8), Tile(16, 16)], Tile(1, 4), TOO_BIG
 )
 MAX_TILE_ELEMENTS = 16384  # a tile's values, so a program's registers hold it
 
