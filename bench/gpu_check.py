@@ -41,8 +41,8 @@ whether they are met, and writes it to DIR/gpu_check.json. The default steps (al
    best <= 1.10). Three runs per length: "0.5,3" takes about 12 minutes, beyond one 10-minute call.
 
 `--smoke` runs each step as small as it goes (the tests collected, not run; 20 steps of the `overfit`
-recipe; the kernels at a tiny shape in Triton's interpreter; throughput's own smoke run) so the script can be checked on a CPU before a GPU's minutes
-are spent on it.
+recipe; the kernels at a tiny shape in Triton's interpreter; throughput's own smoke run) so the
+script can be checked on a CPU before a GPU's minutes are spent on it.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ in the same run (the copy's GB/s is the bandwidth these element-wise kernels can
 
 The GB/s of a kernel counts the bytes it must read and write once (its inputs and outputs), so
 "% of copy" is how much of the copy's bandwidth it reaches. Each kernel's outputs are also compared
-with the torch-op form's at this shape (the tests check them at small ones). For the two tiled kernels (RMSNorm's
-backward, the q/k/v split) it also prints every candidate tile's time, as trainer.model.kernel_tiles
-measured them on the first training launch, and the default tile's (what runs untimed).
+with the torch-op form's at this shape (the tests check them at small ones). For the tiled kernels
+(RMSNorm both ways, the q/k/v split) it also prints every candidate tile's time, as
+trainer.model.kernel_tiles measured them on the first training launch, and the default tile (what
+runs untimed).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -104,36 +109,32 @@ def print_tiles() -> None:
 
 
 class Timer:
-    """Median seconds per call: CUDA events on a GPU, the wall clock on the CPU."""
+    """Median seconds per call: CUDA events on a GPU (trainer.model.kernel_tiles.cuda_seconds), the
+    wall clock on the CPU."""
 
-    def __init__(self, device: object, reps: int):
-        import torch
-
-        self.torch, self.device, self.reps = torch, device, reps
-        self.cuda = getattr(device, "type", "") == "cuda"
+    def __init__(self, device: torch.device, reps: int):
+        self.device, self.reps = device, reps
 
     def seconds(self, fn: Callable[[], object]) -> float:
+        from trainer.model.kernel_tiles import cuda_seconds
+
         fn()  # compiles, and times the tiles of a training launch
-        samples = []
-        for _ in range(self.reps):
-            if self.cuda:
-                start, end = (self.torch.cuda.Event(enable_timing=True) for _ in range(2))
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) / 1000)
-            else:
-                started = time.perf_counter()
-                fn()
-                samples.append(time.perf_counter() - started)
-        return statistics.median(samples)
+        once = cuda_seconds if self.device.type == "cuda" else wall_seconds
+        return statistics.median(once(fn) for _ in range(self.reps))
 
     def copy_gb_per_s(self, elements: int) -> float:
         """A float32 device-to-device copy of `elements` values: bytes read and written per second."""
-        src = self.torch.randn(elements, device=self.device)
-        dst = self.torch.empty_like(src)
+        import torch
+
+        src = torch.randn(elements, device=self.device)
+        dst = torch.empty_like(src)
         return 2 * src.numel() * 4 / self.seconds(lambda: dst.copy_(src)) / 1e9
+
+
+def wall_seconds(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
 
 
 if __name__ == "__main__":

@@ -59,17 +59,22 @@ def fastest(
     return min(candidates, key=lambda tile: times[tile]), times
 
 
-def seconds_on_device(launch: Launch, tile: Tile) -> float:
-    """Seconds per launch of `tile` on the current CUDA stream: one untimed launch, then the mean of
-    TIMED_LAUNCHES between two events."""
-    launch(tile)
+def cuda_seconds(fn: Callable[[], object], calls: int = 1) -> float:
+    """Seconds per call of fn on the current CUDA stream: the mean of `calls` calls between two
+    events (the GPU's time, not the host's)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(TIMED_LAUNCHES):
-        launch(tile)
+    for _ in range(calls):
+        fn()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / 1000 / TIMED_LAUNCHES
+    return start.elapsed_time(end) / 1000 / calls
+
+
+def seconds_on_device(launch: Launch, tile: Tile) -> float:
+    """Seconds per launch of `tile`: one untimed launch, then the mean of TIMED_LAUNCHES."""
+    launch(tile)
+    return cuda_seconds(functools.partial(launch, tile), TIMED_LAUNCHES)
 
 
 def worth_timing(t: torch.Tensor, elements: int, training: bool) -> bool:
