@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from trainer.config import ModelConfig
-from trainer.model import fused_ops, triton_ops
+from trainer.config.fused_loss import chunk_rows
+from trainer.model import fused_ops, linear_cross_entropy, triton_ops
 from trainer.model.llama import rope_cache
 
 BF16 = torch.bfloat16
@@ -96,12 +97,38 @@ def swiglu_cases(rows: int, hidden: int, device: torch.device) -> list[Case]:
     ]
 
 
-def cases(cfg: ModelConfig, batch: int, device: torch.device) -> list[Case]:
+def cross_entropy_case(tokens: int, vocab: int, d: int, device: torch.device) -> Case:
+    """One chunk of the fused loss (trainer.model.linear_cross_entropy) at a training step's size:
+    its bf16 logits -> each row's loss and argmax, and the logits' bf16 gradient (a mean's). The
+    bytes: the logits read once and the gradient written once (the kernel reads them twice)."""
+    rows = chunk_rows(tokens, vocab)
+    hidden, weight = (
+        torch.randn(rows, d, device=device).to(BF16),
+        torch.randn(vocab, d, device=device).to(BF16),
+    )
+    targets = torch.randint(0, vocab, (rows,), device=device)
+    chunks = linear_cross_entropy._Chunks(hidden, weight, targets, -100, True, BF16, True, True)
+    logits = (3 * torch.randn(rows, vocab, device=device)).to(BF16)
+    grad, argmax = torch.empty_like(logits), torch.empty(rows, dtype=torch.int64, device=device)
+    assert chunks.scale is not None  # a mean's
+
+    def ours() -> torch.Tensor:
+        triton_ops.cross_entropy_rows(logits, targets, -100, chunks.scale, argmax, grad)
+        return grad
+
+    def theirs() -> torch.Tensor | None:
+        return chunks._torch_rows(logits, 0, rows)
+
+    return Case(f"cross-entropy {rows}x{vocab}", 2 * logits.numel() * 2, ours, theirs)
+
+
+def cases(cfg: ModelConfig, batch: int, vocab: int, device: torch.device) -> list[Case]:
     rows = batch * cfg.ctx
     return [
         *rms_norm_cases(rows, cfg.n_embd, device),
         *qkv_cases(cfg, batch, device),
         *swiglu_cases(rows, cfg.hidden_dim, device),
+        cross_entropy_case(rows, vocab, cfg.n_embd, device),
     ]
 
 

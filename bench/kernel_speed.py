@@ -1,6 +1,7 @@
 """How close each fused Triton kernel of the eager CUDA step comes to the card's memory bandwidth,
 and which tile the step's timing picked: RMSNorm, the q/k/v split with RoPE and SwiGLU, forward and
-backward, at a preset's training shape, beside their torch-op form and a plain device copy measured
+backward, and the cross-entropy of one chunk of the fused loss (at nanoGPT's vocabulary by default),
+at a preset's training shape, beside their torch-op form and a plain device copy measured
 in the same run (the copy's GB/s is the bandwidth these element-wise kernels can hope for).
 
     python3 bench/kernel_speed.py                        # on a GPU: llama-110m, ctx 1024, batch 16
@@ -39,6 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--preset", default="llama-110m")
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument(
+        "--vocab", type=int, default=50304, help="the cross-entropy's (nanoGPT's GPT-2 vocabulary)"
+    )
     ap.add_argument("--reps", type=int, default=20, help="timed launches per figure (median)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, in Triton's interpreter")
     return ap.parse_args(argv)
@@ -48,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.smoke:  # before Triton loads: the kernels run on CPU tensors in its interpreter
         os.environ["TRITON_INTERPRET"] = "1"
-        args.preset, args.ctx, args.batch_size, args.reps = "llama-tiny", 16, 2, 2
+        args.preset, args.ctx, args.batch_size, args.reps, args.vocab = "llama-tiny", 16, 2, 2, 300
     import torch
 
     from bench._gpu_rows import Row, emit
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# kernel_speed  {platform.machine()}, {gpu}, torch {torch.__version__}, Triton "
         f"{triton_kernels.triton.__version__}; {args.preset} ctx {args.ctx} batch {args.batch_size}, "
-        f"bf16, median of {args.reps}"
+        f"vocab {args.vocab}, bf16, median of {args.reps}"
     )
     timer = Timer(device, args.reps)
     copy_gbs = timer.copy_gb_per_s(args.batch_size * args.ctx * cfg.n_embd)
@@ -77,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench._kernel_cases import cases, relative_difference
 
     worst = 0.0
-    for case in cases(cfg, args.batch_size, device):
+    for case in cases(cfg, args.batch_size, args.vocab, device):
         ours, theirs = timer.seconds(case.triton), timer.seconds(case.torch_ops)
         difference = relative_difference(case.triton(), case.torch_ops())
         worst = max(worst, difference)

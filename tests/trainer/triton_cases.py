@@ -137,6 +137,58 @@ def check_qkv_split(
         close(ours, theirs, attn_dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block", [64, triton_ops.CROSS_ENTROPY_BLOCK])  # 5 blocks (the last partial); one
+def test_cross_entropy_rows(dtype: torch.dtype, block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(triton_ops, "CROSS_ENTROPY_BLOCK", block)
+    rows, vocab, scale = 6, 300, 0.2
+    logits = (3 * leaf(rows, vocab)).detach().to(dtype)
+    logits[1, 10] = logits[1, 250] = logits[1].max() + 1  # equal maxima in two blocks: the first wins
+    targets = torch.tensor([5, 250, -100, 0, 299, 7], device=DEVICE)  # row 2 ignored
+    ref = logits.float().requires_grad_()
+    ref_loss = F.cross_entropy(ref, targets, ignore_index=-100, reduction="none")
+    (ref_grad,) = torch.autograd.grad(ref_loss.sum() * scale, (ref,))
+    argmax = torch.empty(rows, dtype=torch.int64, device=DEVICE)
+    grad = logits.clone()  # the gradient written over the logits, as the training step's chunks do
+    scale_tensor = torch.tensor(scale, device=DEVICE)
+    loss = triton_ops.cross_entropy_rows(grad, targets, -100, scale_tensor, argmax, grad)
+    close(loss, ref_loss, torch.float32)  # computed in float32 from the same stored logits
+    assert argmax.tolist() == logits.float().argmax(dim=1).tolist() and argmax[1] == 10
+    close(grad, ref_grad.to(dtype), dtype)
+    assert grad.dtype == dtype and not grad[2].any()  # the ignored row's gradient is 0
+    apart = torch.empty_like(logits)  # or into a tensor of its own
+    one = torch.ones((), device=DEVICE)
+    triton_ops.cross_entropy_rows(logits, targets, -100, one, argmax, apart)
+    close(apart, ref_grad.to(dtype) / scale, dtype)
+    untouched = logits.clone()  # without the gradient the logits stay as they were
+    no_grad = triton_ops.cross_entropy_rows(untouched, targets, -100, one, argmax, None)
+    assert torch.equal(untouched, logits) and torch.equal(no_grad, loss)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_linear_cross_entropy_takes_the_kernel(reduction: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused loss with the kernel in its chunks (chunks of 3 rows) against the plain ops: loss,
+    argmax and both gradients, under bf16 autocast as a CUDA step runs it."""
+    from trainer.model import linear_cross_entropy as lce
+
+    monkeypatch.setattr(lce, "triton_kernels_for", lambda *tensors: triton_ops)
+    hidden, weight = leaf(10, 32), leaf(300, 32, seed=1)
+    targets = torch.tensor([1, 2, -100, 3, 299, 0, 5, -100, 8, 9], device=DEVICE)
+    device_type = "cuda" if DEVICE == "cuda" else "cpu"
+    with torch.autocast(device_type, dtype=torch.bfloat16):
+        loss, argmax = lce.linear_cross_entropy(
+            hidden, weight, targets, reduction=reduction, chunk_bytes=3 * 4 * 300
+        )
+        grads = torch.autograd.grad(loss, (hidden, weight))
+        logits = F.linear(hidden, weight).float()
+    ref = F.cross_entropy(logits, targets, reduction=reduction)
+    ref_grads = torch.autograd.grad(ref, (hidden, weight))
+    close(loss, ref, torch.bfloat16)
+    assert torch.equal(argmax, logits.argmax(dim=1))
+    for ours, theirs in zip(grads, ref_grads, strict=True):
+        close(ours, theirs, torch.bfloat16)
+
+
 def test_the_model_uses_them_on_cuda_with_the_same_loss() -> None:
     """On a GPU only: a bf16 forward and backward of a small llama through fused_ops with the Triton
     kernels and with torch ops (FROMSCRATCH_TRITON_KERNELS=0) give the same loss and gradients."""
@@ -158,7 +210,7 @@ def test_the_model_uses_them_on_cuda_with_the_same_loss() -> None:
         triton_kernels.available.cache_clear()
         model.zero_grad()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(idx, idx)[1]
+            loss = model(idx, idx, argmax=True)[1]  # argmax: the fused loss (its kernel with Triton)
         loss.backward()
         results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
     os.environ.pop(triton_kernels.DISABLE_ENV)

@@ -183,14 +183,17 @@ def _loss_bytes(
     the most they allocate beyond that at once. Plain: the cast weight and the float32 logits'
     log-softmax; working, the logits' gradient before and after the float32 cast (and the logits).
     Fused (trainer.config.fused_loss, trainer.model.linear_cross_entropy): the weight's float32
-    gradient; working, one chunk's float32 logits and log-softmax (and a copy in the compute dtype)
-    with the cast weight and a chunk's weight gradient, or the backward's scaled gradients."""
+    gradient; working, one chunk's float32 logits and log-softmax (and a copy in the compute dtype;
+    on CUDA only that copy, which the Triton kernel overwrites with its gradient) with the cast
+    weight and a chunk's weight gradient, or the backward's scaled gradients."""
     d, vocab, autocast = model_cfg.n_embd, model_cfg.vocab_size, c != FP32
     if not fused_cross_entropy_on(device, compute_dtype_name(cfg, device)):
         saved = (c * vocab * d if autocast else 0) + FP32 * tokens * vocab
         return saved, 3 * FP32 * tokens * vocab + (c * tokens * vocab if autocast else 0)
     rows = chunk_rows(tokens, vocab)
-    forward = (2 * FP32 + (c if autocast else 0)) * rows * vocab + (2 * c * vocab * d if autocast else 0)
+    # on CUDA (Triton's kernel) the logits in the compute dtype alone, else float32 copies beside them
+    per_logit = c if device == "cuda" else 2 * FP32 + (c if autocast else 0)
+    forward = per_logit * rows * vocab + (2 * c * vocab * d if autocast else 0)
     backward = FP32 * vocab * d + c * tokens * d
     return FP32 * vocab * d, max(forward + INT64 * tokens, backward)
 

@@ -20,7 +20,7 @@ from trainer.model import cpu_kernels
 TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64 (numerics checks): torch ops
 
 
-def _triton(*tensors: torch.Tensor) -> ModuleType | None:
+def triton_kernels_for(*tensors: torch.Tensor) -> ModuleType | None:
     """trainer.model.triton_ops when it takes these tensors (CUDA, not float64, not compiling);
     imported on the first CUDA call, so a CPU process never loads Triton."""
     if torch.compiler.is_compiling() or not all(t.is_cuda and t.dtype in TRITON_DTYPES for t in tensors):
@@ -45,7 +45,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if torch.compiler.is_compiling():  # plain ops, fused by inductor
         xf, wf = _f32(x), _f32(weight)
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * wf).to(out_dtype)
-    if (fused := _triton(x, weight)) is not None:
+    if (fused := triton_kernels_for(x, weight)) is not None:
         training = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         return fused.RMSNorm.apply(x, weight, eps, out_dtype, training)
     kernel = out_dtype == torch.float32 and cpu_kernels.usable(x, weight)
@@ -260,7 +260,7 @@ def qkv_heads(
             for t in qkv[:, :, : H + KV].split((H, KV), dim=2)
         )
         return q, k, qkv[:, :, H + KV :].transpose(1, 2).to(attn_dtype)
-    if (fused := _triton(qkv)) is not None:
+    if (fused := triton_kernels_for(qkv)) is not None:
         tables = fused.rope_tables(cos, sin)
         if torch.is_grad_enabled() and qkv.requires_grad:
             return fused.QKV.apply(qkv, *tables, heads, attn_dtype)
@@ -336,7 +336,7 @@ class _SwiGLUKernel(torch.autograd.Function):
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up from h = [gate | up] on the last axis."""
-    if (fused := _triton(h)) is not None:
+    if (fused := triton_kernels_for(h)) is not None:
         return (
             fused.SwiGLU.apply(h) if torch.is_grad_enabled() and h.requires_grad else fused.swiglu_forward(h)
         )

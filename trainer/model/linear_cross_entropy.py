@@ -8,7 +8,10 @@ that is 2 x 2.1 GB fewer. trainer.config.fused_loss says where it is used (CUDA 
 
 The values are the plain path's, F.cross_entropy(F.linear(h, w).float(), t): the matmuls run in
 the compute dtype (the autocast dtype when autocast is on), the softmax in float32, the weight's
-gradient is summed over the chunks in float32.
+gradient is summed over the chunks in float32. On CUDA one Triton kernel per chunk
+(trainer.model.triton_ops.cross_entropy_rows) takes the logits in the compute dtype and gives the
+loss, the argmax and the gradient, written over the logits: two reads and a write of the chunk,
+where the torch ops make about eight passes over float32 copies of it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, Literal
 import torch
 
 from trainer.config.fused_loss import CHUNK_BYTES, chunk_rows, fused_cross_entropy_on
-from trainer.model.fused_ops import compute_dtype
+from trainer.model.fused_ops import compute_dtype, triton_kernels_for
 
 
 def fused_applies(hidden: torch.Tensor) -> bool:
@@ -104,8 +107,11 @@ class _Chunks:
         need_h: bool,
         need_w: bool,
     ):
-        self.hidden, self.targets, self.cdt = hidden, targets, cdt
+        self.hidden, self.targets, self.cdt, self.ignore_index = hidden, targets, cdt, ignore_index
         self.weight = weight.to(cdt)  # cast once for every chunk, as autocast's cache would
+        # CUDA: the Triton kernel of the loss (trainer.model.triton_ops), else torch ops
+        self.kernels = triton_kernels_for(hidden, self.weight)
+        self.one = torch.ones((), dtype=torch.float32, device=hidden.device)  # a sum's scale
         self.valid = targets != ignore_index
         self.count = self.valid.sum()  # a tensor: no device sync
         # a mean's gradient factor: with no target counted every row's gradient is 0 (as F's is), so
@@ -120,23 +126,13 @@ class _Chunks:
 
     def run(self, start: int, end: int) -> None:
         h = self.hidden[start:end].to(self.cdt)
-        valid = self.valid[start:end]
-        target = torch.where(valid, self.targets[start:end], 0).unsqueeze(1)  # ignored rows: any id
-        logits = (h @ self.weight.t()).float()  # (rows, V)
-        self.argmax[start:end] = logits.argmax(dim=1)
-        # one fused kernel (logsumexp then a subtraction would be several passes over the chunk)
-        log_probs = torch.log_softmax(logits, dim=1)
-        del logits
-        terms = log_probs.gather(1, target).squeeze(1).neg_()
-        self.total += torch.where(valid, terms, 0.0).sum()
-        if self.grad_hidden is None and self.grad_weight is None:
+        logits = h @ self.weight.t()  # (rows, V) in the compute dtype
+        if self.kernels is not None:
+            grad = self._kernel_rows(logits, start, end)
+        else:
+            grad = self._torch_rows(logits, start, end)
+        if grad is None:
             return
-        # d loss / d logits = softmax - one-hot, zero on ignored rows; computed in log_probs' buffer
-        grad = log_probs.exp_()
-        grad.scatter_add_(1, target, -valid.to(grad.dtype).unsqueeze(1))
-        factor = valid.to(grad.dtype) if self.scale is None else valid.to(grad.dtype) * self.scale
-        grad = grad.mul_(factor.unsqueeze(1)).to(self.cdt)
-        del log_probs
         if self.grad_hidden is not None:
             out = self.grad_hidden[start:end]
             if out.dtype == grad.dtype:
@@ -148,6 +144,37 @@ class _Chunks:
                 self.grad_weight.addmm_(grad.t(), h)
             else:  # a half-precision product, summed in float32
                 self.grad_weight += grad.t() @ h
+
+    def _kernel_rows(self, logits: torch.Tensor, start: int, end: int) -> torch.Tensor | None:
+        """Loss, argmax and the logits' gradient (over the logits, in place) in one Triton kernel."""
+        assert self.kernels is not None
+        wants_grad = self.grad_hidden is not None or self.grad_weight is not None
+        scale = self.scale if self.scale is not None else self.one
+        targets, argmax = self.targets[start:end].contiguous(), self.argmax[start:end]
+        grad = logits if wants_grad else None  # written over the logits
+        terms = self.kernels.cross_entropy_rows(logits, targets, self.ignore_index, scale, argmax, grad)
+        self.total += terms.sum()
+        return grad
+
+    def _torch_rows(self, logits: torch.Tensor, start: int, end: int) -> torch.Tensor | None:
+        """The same in torch ops: the loss and argmax of the rows, and their logits' gradient (softmax
+        - one-hot, scaled) in the compute dtype, or None when no gradient is wanted."""
+        valid = self.valid[start:end]
+        target = torch.where(valid, self.targets[start:end], 0).unsqueeze(1)  # ignored rows: any id
+        logits = logits.float()
+        self.argmax[start:end] = logits.argmax(dim=1)
+        # one fused kernel (logsumexp then a subtraction would be several passes over the chunk)
+        log_probs = torch.log_softmax(logits, dim=1)
+        del logits
+        terms = log_probs.gather(1, target).squeeze(1).neg_()
+        self.total += torch.where(valid, terms, 0.0).sum()
+        if self.grad_hidden is None and self.grad_weight is None:
+            return None
+        # d loss / d logits = softmax - one-hot, zero on ignored rows; computed in log_probs' buffer
+        grad = log_probs.exp_()
+        grad.scatter_add_(1, target, -valid.to(grad.dtype).unsqueeze(1))
+        factor = valid.to(grad.dtype) if self.scale is None else valid.to(grad.dtype) * self.scale
+        return grad.mul_(factor.unsqueeze(1)).to(self.cdt)
 
     def loss(self) -> torch.Tensor:
         return self.total / self.count if self.scale is not None else self.total

@@ -1,8 +1,9 @@
 """Fused Triton kernels for the element-wise ops of a CUDA step: RMSNorm, the q/k/v split with RoPE,
-and SwiGLU (issue 23). The eager CUDA step spends as long in these ops' torch form (mul, copy_,
-addcmul_, silu_backward: each a pass over the activations) as in its matmuls; each kernel here reads
-its inputs once and writes its outputs once, computing in float32 whatever the storage dtype.
-trainer/model/triton_ops.py wraps them in autograd functions; trainer.model.fused_ops picks them.
+SwiGLU, and the cross-entropy over the output projection's logits (issue 23). The eager CUDA step
+spends as long in these ops' torch form (mul, copy_, addcmul_, silu_backward: each a pass over the
+activations) as in its matmuls; each kernel here reads its inputs once (the cross-entropy twice)
+and writes its outputs once, computing in float32 whatever the storage dtype.
+trainer/model/triton_ops.py wraps them; trainer.model.fused_ops and .linear_cross_entropy pick them.
 
 Triton is optional (the `gpu` extra; CUDA builds of torch bring it). Without it, or with
 FROMSCRATCH_TRITON_KERNELS=0, or on a CPU, `available()` is False and the torch ops run. Under
@@ -38,7 +39,7 @@ def description() -> str:
     """What a CUDA run's element-wise ops run on, for its start-up output and checkpoints."""
     if available():
         tiles = "their tiles timed on the first step"
-        return f"Triton {triton.__version__} kernels (RMSNorm, RoPE + q/k/v split, SwiGLU; {tiles})"
+        return f"Triton {triton.__version__} kernels (RMSNorm, RoPE + q/k/v split, SwiGLU, cross-entropy; {tiles})"
     return "torch ops" + (f" ({DISABLE_ENV}=0)" if triton is not None else " (no Triton installed)")
 
 
@@ -153,3 +154,43 @@ if triton is not None:
             x = x * cos + sign * x_partner * sin
         dst = DST + (b * dst_b + t * dst_t + head * dst_h)[:, None]
         tl.store(dst + cols[None, :], x.to(DST.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def cross_entropy_kernel(
+        LOGITS, TARGETS, SCALE, LOSS, ARGMAX, DLOGITS, stride, stride_d, ignore_index,
+        V: tl.constexpr, GRAD: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        """One row of logits: its cross-entropy (logsumexp - the target's logit; 0 where the target
+        is ignore_index) and its argmax (the first of equal maxima, as torch's), in one pass of an
+        online softmax; when GRAD, a second pass writes d loss / d logits = (softmax - one-hot) *
+        scale into DLOGITS (0 on an ignored row), which may be the logits themselves. The torch form makes ~8 passes over
+        float32 copies of the logits (cast, argmax, log_softmax, exp, scatter, scale, cast back).
+        V is a compile-time constant (one build per vocabulary) so the loops' bounds are too."""
+        row = tl.program_id(0).to(tl.int64)
+        base = LOGITS + row * stride
+        target = tl.load(TARGETS + row)
+        valid = target != ignore_index
+        running_max = -float("inf")
+        total = 0.0
+        best_index = 0
+        for start in range(0, V, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(base + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
+            block_max = tl.max(x, axis=0)
+            # strictly greater: an equal maximum in a later block keeps the first one's index
+            best_index = tl.where(block_max > running_max, start + tl.argmax(x, axis=0), best_index)
+            new_max = tl.maximum(running_max, block_max)
+            total = total * tl.exp(running_max - new_max) + tl.sum(tl.exp(x - new_max), axis=0)
+            running_max = new_max
+        lse = running_max + tl.log(total)
+        target_logit = tl.load(base + target, mask=valid, other=0.0).to(tl.float32)
+        tl.store(LOSS + row, tl.where(valid, lse - target_logit, 0.0))
+        tl.store(ARGMAX + row, best_index)  # stored as int64
+        if GRAD:
+            scale = tl.where(valid, tl.load(SCALE), 0.0)
+            for start in range(0, V, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                x = tl.load(base + cols, mask=cols < V, other=0.0).to(tl.float32)
+                p = tl.exp(x - lse)
+                p = tl.where(cols == target, p - 1.0, p) * scale
+                tl.store(DLOGITS + row * stride_d + cols, p.to(DLOGITS.dtype.element_ty), mask=cols < V)

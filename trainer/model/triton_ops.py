@@ -14,6 +14,7 @@ from trainer.model.kernel_tiles import Tile, TileTable, worth_timing
 
 MAX_WARPS = 16
 SWIGLU_BLOCK = 1024  # columns of one SwiGLU program
+CROSS_ENTROPY_BLOCK = 4096  # vocabulary entries a cross-entropy program reads at a time
 # tokens one RoPE/head-move program moves (one head each), rows one RMSNorm-forward program takes,
 # rows an RMSNorm-backward program takes per pass; the defaults run untimed (trainer.model.kernel_tiles)
 TOO_BIG = (tk.OutOfResources,)  # a candidate this GPU cannot build is skipped, not fatal
@@ -133,6 +134,32 @@ class SwiGLU(torch.autograd.Function):
             g2, h2, dh, g2.stride(0), h2.stride(0), dh.stride(0), f, BLOCK=block, num_warps=_warps(block)
         )
         return dh.view(h.shape)
+
+
+def cross_entropy_rows(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int,
+    scale: torch.Tensor,
+    argmax: torch.Tensor,
+    grad: torch.Tensor | None,
+) -> torch.Tensor:
+    """The cross-entropy of each row of logits (rows, V) (float32; 0 where the target is
+    ignore_index), each row's argmax written into `argmax` (rows,) int64, and when `grad` (rows, V)
+    is given the logits' gradient, (softmax - one-hot) * scale (a 0-dim float32 tensor; 0 on ignored
+    rows), written into it; `grad` may be the logits themselves (the training step's chunks write it
+    in place). One kernel for the whole loss of a chunk of rows."""
+    rows, vocab = logits.shape
+    loss = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    block = min(CROSS_ENTROPY_BLOCK, tk.block_size(vocab))
+    out = logits if grad is None else grad  # not written without a gradient
+    if logits.stride(-1) != 1 or out.stride(-1) != 1:
+        raise ValueError("cross_entropy_rows needs its logits and gradient with a contiguous last axis")
+    tk.cross_entropy_kernel[(rows,)](
+        logits, targets, scale, loss, argmax, out, logits.stride(0), out.stride(0), ignore_index,
+        V=vocab, GRAD=grad is not None, BLOCK=block, num_warps=_warps(block),
+    )  # fmt: skip
+    return loss
 
 
 def _move_heads(
