@@ -10,7 +10,7 @@ in the same run (the copy's GB/s is the bandwidth these element-wise kernels can
 The GB/s of a kernel counts the bytes it must read and write once (its inputs and outputs), so
 "% of copy" is how much of the copy's bandwidth it reaches. Each kernel's outputs are also compared
 with the torch-op form's at this shape (the tests check them at small ones). For the tiled kernels
-(RMSNorm both ways, the q/k/v split) it also prints every candidate tile's time, as
+(RMSNorm both ways, the q/k/v split, the cross-entropy) it also prints every candidate tile's time, as
 trainer.model.kernel_tiles measured them on the first training launch, and the default tile (what
 runs untimed).
 """
@@ -104,7 +104,8 @@ def print_tiles() -> None:
     """Each tiled kernel's candidates as timed on their first training launch (none: not timed)."""
     from trainer.model import triton_ops
 
-    for table in (triton_ops.RMS_FORWARD_TILES, triton_ops.RMS_BACKWARD_TILES, triton_ops.ROPE_TILES):
+    tables = (triton_ops.RMS_FORWARD_TILES, triton_ops.RMS_BACKWARD_TILES, triton_ops.ROPE_TILES)
+    for table in (*tables, triton_ops.CROSS_ENTROPY_TILES):
         if not table.times:
             print(f"{table.name}: tiles not timed (interpreter, or launches below the threshold)")
         for key, times in table.times.items():

@@ -5,6 +5,8 @@ interpreter on a CPU (TRITON_INTERPRET=1, set before Triton loads) and on the GP
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -138,13 +140,46 @@ def check_qkv_split(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("block", [64, triton_ops.CROSS_ENTROPY_BLOCK])  # 5 blocks (the last partial); one
-def test_cross_entropy_rows(dtype: torch.dtype, block: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(triton_ops, "CROSS_ENTROPY_BLOCK", block)
-    rows, vocab, scale = 6, 300, 0.2
+def test_cross_entropy_rows(dtype: torch.dtype) -> None:
+    """300 columns read 64 at a time (5 blocks, the last partial), and with the default tile (one)."""
+    with triton_ops.CROSS_ENTROPY_TILES.forced(Tile(64, 4, "columns")):
+        check_cross_entropy(dtype, vocab=300)
+    check_cross_entropy(dtype, vocab=300)
+
+
+@pytest.mark.parametrize("tile", triton_ops.CROSS_ENTROPY_TILES.candidates, ids=str)
+def test_cross_entropy_with_every_tile(tile: Tile) -> None:
+    """20,000 columns: from 20 blocks (the last partial) to 2 (the second mostly past the row)."""
+    with triton_ops.CROSS_ENTROPY_TILES.forced(tile):
+        check_cross_entropy(torch.bfloat16, vocab=20000)
+
+
+def test_timing_the_cross_entropy_leaves_its_gradient_right(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A timed launch runs every candidate before the real one: they must not write over the logits
+    the real launch reads (the gradient goes over them in place). Here every candidate runs (a fake
+    clock around the real launch) and the values are still the torch ops'."""
+    table = triton_ops.CROSS_ENTROPY_TILES
+    ran: list[Tile] = []
+
+    def fake_seconds(launch: Callable[[Tile], None], tile: Tile) -> float:
+        launch(tile)
+        ran.append(tile)
+        return 1.0 if tile.rows != 2048 else 0.5
+
+    monkeypatch.setattr(triton_ops, "worth_timing", lambda *args: True)
+    monkeypatch.setattr(table, "seconds", fake_seconds)
+    monkeypatch.setattr(table, "chosen", {})
+    monkeypatch.setattr(table, "times", {})
+    check_cross_entropy(torch.bfloat16, vocab=20000)
+    assert ran == list(table.candidates)  # timed once, on the first launch (all fit 32,768 columns)
+    assert [tile.rows for tile in table.chosen.values()] == [2048]
+
+
+def check_cross_entropy(dtype: torch.dtype, vocab: int) -> None:
+    rows, scale, last = 6, 0.2, vocab - 50
     logits = (3 * leaf(rows, vocab)).detach().to(dtype)
-    logits[1, 10] = logits[1, 250] = logits[1].max() + 1  # equal maxima in two blocks: the first wins
-    targets = torch.tensor([5, 250, -100, 0, 299, 7], device=DEVICE)  # row 2 ignored
+    logits[1, 10] = logits[1, last] = logits[1].max() + 1  # equal maxima in two blocks: the first wins
+    targets = torch.tensor([5, last, -100, 0, vocab - 1, 7], device=DEVICE)  # row 2 ignored
     ref = logits.float().requires_grad_()
     ref_loss = F.cross_entropy(ref, targets, ignore_index=-100, reduction="none")
     (ref_grad,) = torch.autograd.grad(ref_loss.sum() * scale, (ref,))

@@ -2,7 +2,8 @@
 the GPU at hand, once per shape, rather than guessed on a machine without one.
 
 The kernels of trainer/model/triton_kernels.py that move rows of activations (RoPE's head move,
-RMSNorm both ways) are bound by memory traffic, and the bytes a program keeps in flight decide how
+RMSNorm both ways; the cross-entropy, whose tile is the columns of its row read at once) are bound
+by memory traffic, and the bytes a program keeps in flight decide how
 close they come to the card's bandwidth: one token's head per program left an H100 moving 0.4 TB/s
 of its ~3. The best tile differs between GPUs, dtypes and widths, so a training run times each
 candidate on its first launch of a shape (a few launches each; a machine's first run also builds
@@ -35,11 +36,12 @@ Launch = Callable[["Tile"], None]
 
 @dataclass(frozen=True)
 class Tile:
-    rows: int  # rows (tokens) one program takes at a time
+    rows: int  # rows (tokens) one program takes at a time; or the `unit` it takes
     warps: int
+    unit: str = "rows"  # the cross-entropy's tile: "columns" (vocabulary entries) of its one row
 
     def __str__(self) -> str:
-        return f"{self.rows} rows x {self.warps} warps"
+        return f"{self.rows} {self.unit} x {self.warps} warps"
 
 
 def fastest(

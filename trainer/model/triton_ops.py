@@ -1,11 +1,14 @@
 """Autograd functions over trainer/model/triton_kernels.py: RMSNorm, the q/k/v split with RoPE and
 SwiGLU as one fused kernel each way, with the signatures of their torch-op forms in
 trainer.model.fused_ops (which calls these for CUDA tensors when `usable`; RMSNorm also takes whether
-it runs in training, when its tiles may be timed). Each saves the least its
+it runs in training, when its tiles may be timed); and `cross_entropy_rows`, a chunk of the fused
+loss of trainer.model.linear_cross_entropy in one kernel. Each saves the least its
 backward needs: RMSNorm its input and one float per row, SwiGLU its input (the sigmoid is recomputed),
 the q/k/v split nothing but the RoPE tables."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -14,7 +17,6 @@ from trainer.model.kernel_tiles import Tile, TileTable, worth_timing
 
 MAX_WARPS = 16
 SWIGLU_BLOCK = 1024  # columns of one SwiGLU program
-CROSS_ENTROPY_BLOCK = 4096  # vocabulary entries a cross-entropy program reads at a time
 # tokens one RoPE/head-move program moves (one head each), rows one RMSNorm-forward program takes,
 # rows an RMSNorm-backward program takes per pass; the defaults run untimed (trainer.model.kernel_tiles)
 TOO_BIG = (tk.OutOfResources,)  # a candidate this GPU cannot build is skipped, not fatal
@@ -26,6 +28,13 @@ RMS_BACKWARD_TILES = TileTable(
     "rms_norm_backward", [Tile(1, 4), Tile(2, 4), Tile(4, 8), Tile(8, 8), Tile(16, 16)], Tile(1, 4), TOO_BIG
 )
 MAX_TILE_ELEMENTS = 16384  # a tile's values, so a program's registers hold it
+# vocabulary entries a cross-entropy program (one row) reads at a time
+CROSS_ENTROPY_TILES = TileTable(
+    "cross_entropy",
+    [Tile(n, w, "columns") for n, w in ((1024, 4), (2048, 8), (4096, 16), (8192, 16), (16384, 32))],
+    Tile(4096, 16, "columns"),
+    TOO_BIG,
+)
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -151,14 +160,24 @@ def cross_entropy_rows(
     in place). One kernel for the whole loss of a chunk of rows."""
     rows, vocab = logits.shape
     loss = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    block = min(CROSS_ENTROPY_BLOCK, tk.block_size(vocab))
     out = logits if grad is None else grad  # not written without a gradient
     if logits.stride(-1) != 1 or out.stride(-1) != 1:
         raise ValueError("cross_entropy_rows needs its logits and gradient with a contiguous last axis")
-    tk.cross_entropy_kernel[(rows,)](
-        logits, targets, scale, loss, argmax, out, logits.stride(0), out.stride(0), ignore_index,
-        V=vocab, GRAD=grad is not None, BLOCK=block, num_warps=_warps(block),
-    )  # fmt: skip
+
+    def launch_into(dlogits: torch.Tensor, tile: Tile) -> None:
+        tk.cross_entropy_kernel[(rows,)](
+            logits, targets, scale, loss, argmax, dlogits, logits.stride(0), dlogits.stride(0), ignore_index,
+            V=vocab, GRAD=grad is not None, BLOCK=tile.rows, num_warps=tile.warps,
+        )  # fmt: skip
+
+    key = (vocab, logits.dtype, out.dtype, logits.device)  # the same for a step's last, shorter chunk
+    fitting = CROSS_ENTROPY_TILES.fitting(tk.block_size(vocab), 1)  # no block past the padded row
+    timed = worth_timing(logits, rows * vocab, grad is not None) and key not in CROSS_ENTROPY_TILES.chosen
+    # timed candidates write their gradient apart: in place, the second would read the first's
+    scratch = torch.empty_like(out) if timed else out
+    tile = CROSS_ENTROPY_TILES.choose(key, functools.partial(launch_into, scratch), timed, fitting)
+    del scratch  # before the launch in place: the chunk's memory bound holds
+    launch_into(out, tile)
     return loss
 
 
