@@ -224,6 +224,59 @@ def test_linear_cross_entropy_takes_the_kernel(reduction: str, monkeypatch: pyte
         close(ours, theirs, torch.bfloat16)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_qkv_writes_the_new_token_into_the_cache(dtype: torch.dtype) -> None:
+    """A graphed decoding step's kernel against the torch ops it replaces (fused_ops.decode_qkv on
+    CPU tensors): q turned, k turned and v as it is, written at the position; the rest untouched."""
+    from trainer.model import fused_ops
+
+    B, H, KV, hd, ctx, n_rot, at = 2, 4, 2, 16, 10, 8, 6  # partial rotary
+    qkv = leaf(B, 1, H + 2 * KV, hd, dtype=dtype).detach()
+    cos, sin = rope(ctx, n_rot)
+    caches = (
+        leaf(B, KV, ctx, hd, dtype=dtype, seed=2).detach(),
+        leaf(B, KV, ctx, hd, dtype=dtype, seed=3).detach(),
+    )
+    theirs = caches[0].cpu().clone(), caches[1].cpu().clone()
+    before = theirs[0].clone(), theirs[1].clone()
+    position = torch.tensor([at], device=DEVICE)
+    rows = cos[at : at + 1], sin[at : at + 1]
+    q = triton_ops.decode_qkv(qkv, rows, (H, KV), dtype, caches, position)
+    views = (t.cpu().unsqueeze(1) for t in rows)  # as the attention passes them
+    q2 = fused_ops.decode_qkv(qkv.cpu(), *views, (H, KV), dtype, theirs, position.cpu())
+    assert q.shape == (B, H, 1, hd) and q.dtype == dtype
+    close(q.cpu(), q2, dtype)
+    kept = torch.arange(ctx) != at
+    for ours, ref, old in zip((c.cpu() for c in caches), theirs, before, strict=True):
+        close(ours, ref, dtype)
+        assert torch.equal(ours[:, :, kept], old[:, :, kept]) and not torch.equal(
+            ours[:, :, at], old[:, :, at]
+        )
+
+
+def test_a_graphed_decoding_step_with_the_kernels_decodes_as_the_eager_decoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The graphed decoder's step (run uncaptured) with every kernel it reaches (RMSNorm, decode_qkv,
+    SwiGLU) against the eager decoder, in float32: the same logits, step after step."""
+    from trainer.config import ModelConfig
+    from trainer.model import fused_ops
+    from trainer.model.decoders import EagerDecoder, GraphedDecoder
+    from trainer.model.llama import Llama
+
+    monkeypatch.setattr(fused_ops, "triton_kernels_for", lambda *tensors: triton_ops)
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, ctx=16, vocab_size=97)
+    model = Llama(cfg).to(DEVICE).eval()
+    logits = []
+    for decoder in (EagerDecoder(model), GraphedDecoder(model, capture=False)):
+        out = [decoder.prefill([5, 17, 3, 42])]
+        for _ in range(8):
+            out.append(decoder.step(int(out[-1].argmax())).clone())
+        logits.append(torch.stack(out))
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
+
+
 def test_the_model_uses_them_on_cuda_with_the_same_loss() -> None:
     """On a GPU only: a bf16 forward and backward of a small llama through fused_ops with the Triton
     kernels and with torch ops (FROMSCRATCH_TRITON_KERNELS=0) give the same loss and gradients."""

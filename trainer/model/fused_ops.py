@@ -275,6 +275,26 @@ def qkv_heads(
     return _split_qkv(qkv, cos, sin, heads, attn_dtype)
 
 
+def decode_qkv(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: tuple[int, int],
+    attn_dtype: torch.dtype,
+    caches: tuple[torch.Tensor, torch.Tensor],
+    position: torch.Tensor,
+) -> torch.Tensor:
+    """A graphed decoding step's one new token: returns q for SDPA (B, H, 1, hd) and writes its k and
+    v into the layer's KV caches (B, KV, ctx, hd) at `position`, a one-element device tensor. On CUDA
+    one Triton kernel (two RoPE launches and two index_copy calls fewer per layer in the graph)."""
+    if (fused := triton_kernels_for(qkv)) is not None:
+        return fused.decode_qkv(qkv, fused.rope_tables(cos, sin), heads, attn_dtype, caches, position)
+    q, k, v = qkv_heads(qkv, cos, sin, heads, attn_dtype)
+    for cache, new in zip(caches, (k, v), strict=True):
+        cache.index_copy_(2, position, new.to(cache.dtype))
+    return q
+
+
 class _QKVKernel(torch.autograd.Function):
     """_QKV in one pass each way (float32 CPU tensors: trainer.model.cpu_kernels); cos/sin as (T, n_rot)."""
 

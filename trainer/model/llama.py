@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ModelConfig
-from trainer.model.fused_ops import apply_rope, compute_dtype, qkv_heads, rms_norm, swiglu
+from trainer.model.fused_ops import apply_rope, compute_dtype, decode_qkv, qkv_heads, rms_norm, swiglu
 from trainer.model.linear_cross_entropy import fused_applies, linear_cross_entropy
 
 if TYPE_CHECKING:
@@ -133,9 +133,12 @@ class Attention(nn.Module):
             w = packed.qkv[layer] if packed else torch.cat((self.wq.weight, self.wk.weight, self.wv.weight))
             qkv = F.linear(x, w).view(B, T, H + 2 * KV, hd)
             # llama: rotary positions; q (B, H, T, hd), k and v (B, KV, T, hd)
-            q, k, v = qkv_heads(qkv, cos, sin, (H, KV), attn_dtype)
-            if cache is not None:
-                k, v = _cached_keys_values(cache, layer, k, v, attn_dtype)
+            if cache is not None:  # graphed decoding: k and v go into the cache at its position
+                caches = cache.k[layer], cache.v[layer]
+                q = decode_qkv(qkv, cos, sin, (H, KV), attn_dtype, caches, cache.position)
+                k, v = caches[0].to(attn_dtype), caches[1].to(attn_dtype)
+            else:
+                q, k, v = qkv_heads(qkv, cos, sin, (H, KV), attn_dtype)
         else:
             q = apply_rope(self.wq(x).view(B, T, H, hd), cos, sin, attn_dtype).transpose(
                 1, 2
@@ -176,11 +179,8 @@ def _token_rows(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _cached_keys_values(
     cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stores the new keys/values of `layer` in the cache and returns every key/value to attend to."""
-    if cache.position is not None:  # graphed decoding: one token, at a position held on the device
-        cache.k[layer].index_copy_(2, cache.position, k.to(cache.k[layer].dtype))
-        cache.v[layer].index_copy_(2, cache.position, v.to(cache.v[layer].dtype))
-        return cache.k[layer].to(dtype), cache.v[layer].to(dtype)
+    """Stores the new keys/values of `layer` in the cache and returns every key/value to attend to
+    (eager decoding; graphed decoding writes them in fused_ops.decode_qkv)."""
     start, T = cache.pos, k.size(2)
     cache.k[layer][:, :, start : start + T] = k
     cache.v[layer][:, :, start : start + T] = v

@@ -1,8 +1,9 @@
 """Fused Triton kernels for the element-wise ops of a CUDA step: RMSNorm, the q/k/v split with RoPE,
-SwiGLU, and the cross-entropy over the output projection's logits (issue 23). The eager CUDA step
-spends as long in these ops' torch form (mul, copy_, addcmul_, silu_backward: each a pass over the
-activations) as in its matmuls; each kernel here reads its inputs once (the cross-entropy twice)
-and writes its outputs once, computing in float32 whatever the storage dtype.
+SwiGLU, the cross-entropy over the output projection's logits, and a graphed decoding step's new
+token turned and written into the KV cache (issue 23). The eager CUDA step spends as long in these
+ops' torch form (mul, copy_, addcmul_, silu_backward: each a pass over the activations) as in its
+matmuls; each kernel here reads its inputs once (the cross-entropy twice) and writes its outputs
+once, computing in float32 whatever the storage dtype.
 trainer/model/triton_ops.py wraps them; trainer.model.fused_ops and .linear_cross_entropy pick them.
 
 Triton is optional (the `gpu` extra; CUDA builds of torch bring it). Without it, or with
@@ -39,7 +40,7 @@ def description() -> str:
     """What a CUDA run's element-wise ops run on, for its start-up output and checkpoints."""
     if available():
         tiles = "their tiles timed on the first step"
-        return f"Triton {triton.__version__} kernels (RMSNorm, RoPE + q/k/v split, SwiGLU, cross-entropy; {tiles})"
+        return f"Triton {triton.__version__} kernels (RMSNorm, RoPE + q/k/v split, SwiGLU, cross-entropy, decoding q/k/v; {tiles})"
     return "torch ops" + (f" ({DISABLE_ENV}=0)" if triton is not None else " (no Triton installed)")
 
 
@@ -194,3 +195,37 @@ if triton is not None:
                 p = tl.exp(x - lse)
                 p = tl.where(cols == target, p - 1.0, p) * scale
                 tl.store(DLOGITS + row * stride_d + cols, p.to(DLOGITS.dtype.element_ty), mask=cols < V)
+
+    @triton.jit
+    def decode_qkv_kernel(
+        QKV, Q, K_CACHE, V_CACHE, COS, SIN, POSITION, qkv_b, qkv_h, q_b, q_h, cache_b, cache_h, cache_t,
+        H, KV, hd, n_rot, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        """One head of one sequence's new token (a decoding step), from the fused projection's output
+        (B, 1, H + 2 KV, hd): a q head turned by RoPE into Q (B, H, 1, hd); a k head turned, or a v
+        head as it is, written into its KV cache (B, KV, ctx, hd) at the position held on the device.
+        COS/SIN: that position's (1, n_rot) rows. One launch for what took two RoPE launches and two
+        index_copy calls per layer of a CUDA-graphed decoding step."""
+        b = tl.program_id(0)
+        head = tl.program_id(1)
+        cols = tl.arange(0, BLOCK)
+        in_row = cols < hd
+        src = QKV + b * qkv_b + head * qkv_h
+        x = tl.load(src + cols, mask=in_row, other=0.0).to(tl.float32)
+        if head < H + KV:  # q and k heads: RoPE
+            half = n_rot // 2
+            rotated = in_row & (cols < n_rot)
+            partner = tl.where(cols < half, cols + half, cols - half)
+            x_partner = tl.load(src + partner, mask=rotated, other=0.0).to(tl.float32)
+            cos = tl.load(COS + cols, mask=rotated, other=1.0)
+            sin = tl.load(SIN + cols, mask=rotated, other=0.0)
+            x = x * cos + tl.where(cols < half, -1.0, 1.0) * x_partner * sin
+        position = tl.load(POSITION)
+        if head < H:
+            tl.store(Q + b * q_b + head * q_h + cols, x.to(Q.dtype.element_ty), mask=in_row)
+        elif head < H + KV:
+            dst = K_CACHE + b * cache_b + (head - H) * cache_h + position * cache_t
+            tl.store(dst + cols, x.to(K_CACHE.dtype.element_ty), mask=in_row)
+        else:
+            dst = V_CACHE + b * cache_b + (head - H - KV) * cache_h + position * cache_t
+            tl.store(dst + cols, x.to(V_CACHE.dtype.element_ty), mask=in_row)

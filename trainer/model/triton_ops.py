@@ -281,6 +281,33 @@ class QKV(torch.autograd.Function):
         return grad, None, None, None, None
 
 
+def decode_qkv(
+    qkv: torch.Tensor,
+    tables: tuple[torch.Tensor, torch.Tensor],
+    heads: tuple[int, int],
+    attn_dtype: torch.dtype,
+    caches: tuple[torch.Tensor, torch.Tensor],
+    position: torch.Tensor,
+) -> torch.Tensor:
+    """A decoding step's new token from the fused projection's output (B, 1, H + 2 KV, hd): q (B, H,
+    1, hd) in attn_dtype, turned by RoPE, returned; k (turned) and v written into the KV caches (B,
+    KV, ctx, hd) at `position` (a one-element device tensor: one CUDA graph serves every step).
+    tables: rope_tables of that position's cos/sin rows. One kernel."""
+    H, KV = heads
+    B, T, _, hd = qkv.shape
+    k_cache, v_cache = caches
+    if T != 1 or k_cache.stride() != v_cache.stride() or qkv.stride(-1) != 1 or k_cache.stride(-1) != 1:
+        raise ValueError("decode_qkv takes one token, and caches of one layout with contiguous rows")
+    q = torch.empty(B, H, 1, hd, dtype=attn_dtype, device=qkv.device)
+    cos, sin = tables
+    tk.decode_qkv_kernel[(B, H + 2 * KV)](
+        qkv, q, k_cache, v_cache, cos, sin, position, qkv.stride(0), qkv.stride(2), q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), H, KV, hd, cos.shape[-1],
+        BLOCK=tk.block_size(hd), num_warps=1,
+    )  # fmt: skip
+    return q
+
+
 def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The (T, n_rot) float32 contiguous tables the kernel reads, from the attention's views."""
     n_rot = cos.shape[-1]
