@@ -133,7 +133,7 @@ class Attention(nn.Module):
             w = packed.qkv[layer] if packed else torch.cat((self.wq.weight, self.wk.weight, self.wv.weight))
             qkv = F.linear(x, w).view(B, T, H + 2 * KV, hd)
             # llama: rotary positions; q (B, H, T, hd), k and v (B, KV, T, hd)
-            if cache is not None:  # graphed decoding: k and v go into the cache at its position
+            if cache is not None and cache.position is not None:  # graphed decoding: k, v into the cache
                 caches = cache.k[layer], cache.v[layer]
                 q = decode_qkv(qkv, cos, sin, (H, KV), attn_dtype, caches, cache.position)
                 k, v = caches[0].to(attn_dtype), caches[1].to(attn_dtype)
