@@ -293,8 +293,9 @@ class Llama(nn.Module):
         if cache is not None:
             cache.visible = None
             if cache.position is not None:  # graphed decoding: the position is read on the device
-                cos = self.rope_cos.index_select(0, cache.position)
-                sin = self.rope_sin.index_select(0, cache.position)
+                # float32 here, once, not in every layer's RoPE: a model cast to bf16 has bf16 tables
+                cos = self.rope_cos.index_select(0, cache.position).float()
+                sin = self.rope_sin.index_select(0, cache.position).float()
                 cache.visible = self._visible_keys(cache.position, attention_dtype(x, self.cfg.head_dim))
         for i, layer in enumerate(self.layers):
             if self.activation_checkpointing and self.training and cache is None:
