@@ -3,12 +3,11 @@ the GPU at hand, once per shape, rather than guessed on a machine without one.
 
 The kernels of trainer/model/triton_kernels.py that move rows of activations (RoPE's head move,
 RMSNorm both ways; the cross-entropy, whose tile is the columns of its row read at once) are bound
-by memory traffic, and the bytes a program keeps in flight decide how
-close they come to the card's bandwidth: one token's head per program left an H100 moving 0.4 TB/s
-of its ~3. The best tile differs between GPUs, dtypes and widths, so a training run times each
-candidate on its first launch of a shape (a few launches each; a machine's first run also builds
-each candidate, which Triton's cache keeps: the worker keeps it in its data dir) and keeps the
-fastest for the rest of the process.
+by memory traffic, and the bytes a program keeps in flight decide how close they come to the card's
+bandwidth: one token's head per program left an H100 moving 0.4 TB/s of its ~3. The best tile
+differs between GPUs, dtypes and widths, so a training run times each candidate on its first launch
+of a shape (a few launches each; a machine's first run also builds each candidate, which Triton's
+cache keeps: the worker keeps it in its data dir) and keeps the fastest for the rest of the process.
 
 Timing is only done where it is safe and pays: a training launch (not decoding or evaluation) of
 at least MIN_TIMED_ELEMENTS on a CUDA device, never while a CUDA graph is being captured, never

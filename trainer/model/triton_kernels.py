@@ -39,8 +39,8 @@ def available() -> bool:
 def description() -> str:
     """What a CUDA run's element-wise ops run on, for its start-up output and checkpoints."""
     if available():
-        tiles = "their tiles timed on the first step"
-        return f"Triton {triton.__version__} kernels (RMSNorm, RoPE + q/k/v split, SwiGLU, cross-entropy, decoding q/k/v; {tiles})"
+        kernels = "RMSNorm, RoPE + q/k/v split, SwiGLU, cross-entropy, decoding q/k/v"
+        return f"Triton {triton.__version__} kernels ({kernels}; their tiles timed on the first step)"
     return "torch ops" + (f" ({DISABLE_ENV}=0)" if triton is not None else " (no Triton installed)")
 
 
@@ -164,9 +164,10 @@ if triton is not None:
         """One row of logits: its cross-entropy (logsumexp - the target's logit; 0 where the target
         is ignore_index) and its argmax (the first of equal maxima, as torch's), in one pass of an
         online softmax; when GRAD, a second pass writes d loss / d logits = (softmax - one-hot) *
-        scale into DLOGITS (0 on an ignored row), which may be the logits themselves. The torch form makes ~8 passes over
-        float32 copies of the logits (cast, argmax, log_softmax, exp, scatter, scale, cast back).
-        V is a compile-time constant (one build per vocabulary) so the loops' bounds are too."""
+        scale into DLOGITS (0 on an ignored row), which may be the logits themselves. The torch form
+        makes ~8 passes over float32 copies of the logits (cast, argmax, log_softmax, exp, scatter,
+        scale, cast back). V is a compile-time constant (one build per vocabulary), so the loops'
+        bounds are too (the interpreter needs that)."""
         row = tl.program_id(0).to(tl.int64)
         base = LOGITS + row * stride
         target = tl.load(TARGETS + row)
