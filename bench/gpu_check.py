@@ -20,7 +20,8 @@ whether they are met, and writes it to DIR/gpu_check.json. The default steps (al
    tests/trainer's conftest loads (`--confcutdir`): the suite's root conftest starts PostgreSQL and
    Redis, which a GPU box need not have. A consumer package the box lacks fails its test, by name.
 4. `kernels`: bench/kernel_speed.py, each fused Triton kernel of the eager step (RMSNorm, the q/k/v
-   split with RoPE, SwiGLU; forward and backward) at llama-110m's training shape: its share of a
+   split with RoPE, SwiGLU, forward and backward; one chunk of the fused loss's cross-entropy at
+   nanoGPT's vocabulary) at llama-110m's training shape: its share of a
    device copy's bandwidth, its speed over the torch-op form, its largest difference from it, and
    every candidate tile's time where the step picks one by timing (trainer/model/kernel_tiles.py).
 5. `throughput`: bench/trainer_throughput.py on CUDA (llama-42m/110m at ctx 1024, a 1.2B llama at
