@@ -327,3 +327,16 @@ def test_a_big_training_launch_times_its_tiles_on_cuda() -> None:
     check_rms_norm(torch.bfloat16, 512, rows=(B, T))  # 2M values
     assert len(rms_tiles.chosen) == rms_key_count + 1
     assert len(triton_ops.RMS_FORWARD_TILES.chosen) == forward_key_count + 1
+    loss_tiles = triton_ops.CROSS_ENTROPY_TILES
+    loss_key_count = len(loss_tiles.chosen)
+    check_cross_entropy(torch.bfloat16, vocab=20000)  # 120k values: not timed
+    assert len(loss_tiles.chosen) == loss_key_count
+    logits = (3 * torch.randn(64, 32768, device=DEVICE)).to(torch.bfloat16)  # 2M values
+    targets = torch.randint(0, 32768, (64,), device=DEVICE)
+    argmax, grad = torch.empty(64, dtype=torch.int64, device=DEVICE), logits.clone()
+    loss = triton_ops.cross_entropy_rows(grad, targets, -100, torch.ones((), device=DEVICE), argmax, grad)
+    assert len(loss_tiles.chosen) == loss_key_count + 1  # timed, and the values still right
+    ref = logits.float().requires_grad_()
+    ref_loss = F.cross_entropy(ref, targets, reduction="none")
+    close(loss, ref_loss, torch.float32)
+    close(grad, torch.autograd.grad(ref_loss.sum(), (ref,))[0].to(torch.bfloat16), torch.bfloat16)
