@@ -8,6 +8,8 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from core.archives import extract_all
+
 READ_SIZE = 8 << 20  # big reads: the thread streaming a checkpoint seldom takes the GIL
 
 
@@ -17,10 +19,10 @@ class CheckpointUnreadable(Exception):
 
 def extract_checkpoint_tar(tar_path: Path, dest: Path) -> Path:
     """Extract a checkpoint tar (folder at its root) into `dest`; returns the checkpoint folder.
-    The `data` filter refuses links out of `dest`, absolute paths and device files."""
+    core.archives.extract_all refuses links out of `dest`, absolute paths and device files."""
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(tar_path) as tf:
-        tf.extractall(dest, filter="data")
+        extract_all(tf, dest)
     for config in sorted(dest.rglob("config.json")):
         if (config.parent / "model.safetensors").exists():
             return config.parent

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.archives import extract_all
 from core.models import Checkpoint, Job
 from worker.failures import JobFailure
 
@@ -100,7 +101,7 @@ def extract_checkpoint(store: BlobStore, blob_id: str, dest: Path) -> Path:
     store.read_to_path(blob_id, tar_path)
     try:
         with tarfile.open(tar_path) as tar:
-            tar.extractall(dest, filter="data")
+            extract_all(tar, dest)
     finally:
         tar_path.unlink(missing_ok=True)
     folders = [p for p in dest.iterdir() if p.is_dir()]

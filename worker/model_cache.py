@@ -21,6 +21,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.archives import extract_all
 from worker.inference_device import InferenceDevice, inference_device
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def checkpoint_dir(blob_id: str, store: BlobStore, work_dir: Path) -> Path:
     try:
         tar_path = store.read_to_path(blob_id, tmp / "checkpoint.tar")
         with tarfile.open(tar_path) as tf:
-            tf.extractall(tmp / "ckpt", filter="data")  # no links out, no absolute paths
+            extract_all(tf, tmp / "ckpt")  # no links out, no absolute paths
         tar_path.unlink()
         find_checkpoint(tmp)  # refuse a blob that is no checkpoint before it is kept
         (tmp / COMPLETE_MARKER).touch()

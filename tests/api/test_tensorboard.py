@@ -17,6 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as tensorboard_crc
 
 from api.tensorboard_events import masked_crc32c
+from core.archives import extract_all
 from core.models import Metric
 from tests.api.conftest import Factory, Tenant
 
@@ -33,7 +34,7 @@ def load(client: TestClient, tenant: Tenant, job_id: str, dest: Path) -> EventAc
     with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
         (name,) = tar.getnames()
         assert name.startswith(f"{job_id}/events.out.tfevents.")
-        tar.extractall(dest, filter="data")
+        extract_all(tar, dest)
     accumulator = EventAccumulator(str(dest / job_id))
     accumulator.Reload()
     return accumulator

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from core.archives import extract_all
 from tests.fixtures.service import SHAKESPEARE, LiveServer, ServiceProcess
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -184,7 +185,7 @@ def _download(client: httpx.Client, model_id: str, fmt: str, dest: Path) -> Path
 def _extract(tar_path: Path, dest: Path, marker: str) -> Path:
     """Extract a tar and return the folder that holds `marker`."""
     with tarfile.open(tar_path) as tf:
-        tf.extractall(dest, filter="data")
+        extract_all(tf, dest)
     found = sorted(dest.rglob(marker))
     assert found, f"no {marker} in {tar_path.name}: {[p.name for p in dest.rglob('*')]}"
     return found[0].parent

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from core.archives import extract_all
 from core.models import Blob, Checkpoint, Event, Metric
 
 # ~50 steps of llama-tiny on CPU: seconds, with checkpoints and evaluations along the way.
@@ -72,7 +73,7 @@ def extract_checkpoint(session_factory: Any, store: Any, blob_id: str, dest: Pat
     tar_path = store.read_to_path(blob_id, dest / "ckpt.tar")
     with tarfile.open(tar_path) as tar:
         names = tar.getnames()
-        tar.extractall(dest / "x", filter="data")
+        extract_all(tar, dest / "x")
     roots = {n.split("/")[0] for n in names}
     assert len(roots) == 1, f"the tar must hold one folder at its root, got {roots}"
     return dest / "x" / roots.pop()

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from core.archives import extract_all
 from core.blobstore import blobstore_from_settings
 from core.job_leases import claim_job
 from core.settings import Settings
@@ -66,7 +67,7 @@ def data_file(tmp_path: Path) -> Path:
 
 def untar(content: bytes, dest: Path) -> Path:
     with tarfile.open(fileobj=io.BytesIO(content)) as tf:
-        tf.extractall(dest, filter="data")
+        extract_all(tf, dest)
     [folder] = [p.parent for p in dest.rglob("model.safetensors")]
     return folder
 

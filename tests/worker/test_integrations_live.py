@@ -19,6 +19,7 @@ import openai
 import pytest
 from sqlalchemy import select
 
+from core.archives import extract_all
 from core.blobstore import blobstore_from_settings
 from core.models import Event
 from tests.fixtures.mlflow_server import MlflowServer, mlflow_server  # noqa: F401 - a fixture
@@ -204,7 +205,7 @@ def test_mlflow_wandb_and_tensorboard_of_a_job(
     (tmp_path / "tb.tar").write_bytes(answer.content)
     with tarfile.open(tmp_path / "tb.tar") as tar:
         assert [n.split("/")[0] for n in tar.getnames()] == [created.id]
-        tar.extractall(tmp_path / "tb", filter="data")
+        extract_all(tar, tmp_path / "tb")
     accumulator = EventAccumulator(str(tmp_path / "tb" / created.id))
     accumulator.Reload()
     tags_found = set(accumulator.Tags()["scalars"])
