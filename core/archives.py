@@ -1,8 +1,8 @@
 """Unpacking a tar archive (a checkpoint, a TensorBoard log) safely on every Python the project runs
 on. Python's "data" extraction filter makes absolute paths relative, refuses members that land
-outside the destination, links out of it and device files, and drops set-uid bits and ownership. It came in
-3.11.4 (and 3.12); Python 3.11.0 to 3.11.3 (Debian 12 ships 3.11.2) lack it, so there the same
-rules are applied here before extracting, more strictly: only plain files and folders pass.
+outside the destination, links out of it and device files, and drops set-uid bits and ownership.
+It came in 3.11.4 (and 3.12); Python 3.11.0 to 3.11.3 (Debian 12 ships 3.11.2) lack it, so there
+the same rules are applied here before extracting, more strictly: only plain files and folders pass.
 """
 
 from __future__ import annotations

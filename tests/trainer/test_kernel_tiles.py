@@ -77,9 +77,12 @@ def test_a_forced_tile_wins_while_forced() -> None:
     clock = FakeClock({1: 5e-4, 4: 3e-4, 16: 1e-4, 64: 2e-4})
     tiles = table(clock)
     with tiles.forced(Tile(64, 8)):
+        assert not tiles.will_time("shape", timed=True)
         assert tiles.choose("shape", launch, timed=True) == Tile(64, 8)
     assert clock.timed == []
+    assert tiles.will_time("shape", timed=True) and not tiles.will_time("shape", timed=False)
     assert tiles.choose("shape", launch, timed=True) == Tile(16, 8)
+    assert not tiles.will_time("shape", timed=True)  # chosen: never timed again
 
 
 def test_only_big_training_launches_on_a_gpu_are_timed() -> None:

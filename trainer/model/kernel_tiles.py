@@ -130,6 +130,11 @@ class TileTable:
             self.chosen[key] = tile
             return tile
 
+    def will_time(self, key: Hashable, timed: bool) -> bool:
+        """Whether `choose(key, ..., timed)` would time the candidates now: a kernel whose timed
+        launches must write apart (one writing in place) allocates that output only then."""
+        return timed and self._forced is None and key not in self.chosen
+
     @contextlib.contextmanager
     def forced(self, tile: Tile) -> Iterator[None]:
         """Every launch in the block runs `tile` (the tests check each candidate's numerics)."""

@@ -111,12 +111,16 @@ class _Chunks:
         self.weight = weight.to(cdt)  # cast once for every chunk, as autocast's cache would
         # CUDA: the Triton kernel of the loss (trainer.model.triton_ops), else torch ops
         self.kernels = triton_kernels_for(hidden, self.weight)
-        self.one = torch.ones((), dtype=torch.float32, device=hidden.device)  # a sum's scale
         self.valid = targets != ignore_index
         self.count = self.valid.sum()  # a tensor: no device sync
         # a mean's gradient factor: with no target counted every row's gradient is 0 (as F's is), so
         # any finite factor; the loss itself divides by the count and is NaN then, as F's is
         self.scale = self.count.clamp(min=1).float().reciprocal() if mean else None
+        # the kernel's gradient factor, a device tensor: a mean's, or 1 for a sum
+        self.kernel_scale: torch.Tensor | None = None
+        if self.kernels is not None:
+            one = torch.ones((), dtype=torch.float32, device=hidden.device)
+            self.kernel_scale = self.scale if self.scale is not None else one
         self.total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         self.argmax = torch.empty(targets.shape, dtype=torch.long, device=hidden.device)
         self.grad_hidden = torch.empty_like(hidden) if need_h else None
@@ -147,12 +151,13 @@ class _Chunks:
 
     def _kernel_rows(self, logits: torch.Tensor, start: int, end: int) -> torch.Tensor | None:
         """Loss, argmax and the logits' gradient (over the logits, in place) in one Triton kernel."""
-        assert self.kernels is not None
+        assert self.kernels is not None and self.kernel_scale is not None
         wants_grad = self.grad_hidden is not None or self.grad_weight is not None
-        scale = self.scale if self.scale is not None else self.one
         targets, argmax = self.targets[start:end].contiguous(), self.argmax[start:end]
         grad = logits if wants_grad else None  # written over the logits
-        terms = self.kernels.cross_entropy_rows(logits, targets, self.ignore_index, scale, argmax, grad)
+        terms = self.kernels.cross_entropy_rows(
+            logits, targets, self.ignore_index, self.kernel_scale, argmax, grad
+        )
         self.total += terms.sum()
         return grad
 

@@ -172,9 +172,9 @@ def cross_entropy_rows(
 
     key = (vocab, logits.dtype, out.dtype, logits.device)  # the same for a step's last, shorter chunk
     fitting = CROSS_ENTROPY_TILES.fitting(tk.block_size(vocab), 1)  # no block past the padded row
-    timed = worth_timing(logits, rows * vocab, grad is not None) and key not in CROSS_ENTROPY_TILES.chosen
+    timed = worth_timing(logits, rows * vocab, grad is not None)
     # timed candidates write their gradient apart: in place, the second would read the first's
-    scratch = torch.empty_like(out) if timed else out
+    scratch = torch.empty_like(out) if CROSS_ENTROPY_TILES.will_time(key, timed) else out
     tile = CROSS_ENTROPY_TILES.choose(key, functools.partial(launch_into, scratch), timed, fitting)
     del scratch  # before the launch in place: the chunk's memory bound holds
     launch_into(out, tile)
