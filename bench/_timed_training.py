@@ -156,10 +156,17 @@ class PeakMeter:
 
 
 # ---------------------------------------------------------------- one timed training run
+class EnoughSteps(Exception):
+    """Raised by StepTimer once it has timed enough steps: the run ends there, without the step
+    checkpoint a stopped run writes (a 1.2B model's weights and AdamW state are ~14 GB to write,
+    for nothing, in every timed run)."""
+
+
 class StepTimer(Callbacks):
     """Times each step (from the end of the previous on_step to this one: the loop's own per-step
     work included) and, between steps, measures the fp32 and bf16 matmul peaks, so every step has
-    a peak measured right beside it (the mean of the measurements before and after it)."""
+    a peak measured right beside it (the mean of the measurements before and after it). It ends the
+    run by raising EnoughSteps, which run_training catches."""
 
     def __init__(
         self,
@@ -189,6 +196,8 @@ class StepTimer(Callbacks):
             self.peaks.append(self.peak())
         else:
             self.peaks.append({})
+        if self._enough():
+            raise EnoughSteps
         self._start = clock()
 
     def timed(self) -> list[tuple[float, dict[str, float]]]:
@@ -200,16 +209,16 @@ class StepTimer(Callbacks):
             out.append((self.durations[i], peak))
         return out
 
-    def should_stop(self) -> Literal["stop", "pause"] | None:
+    def _enough(self) -> bool:
         timed = self.timed()
-        if len(timed) >= self.min_steps and sum(d for d, _ in timed) >= self.seconds:
-            # peak memory of the training steps, read before the stop checkpoint is written
-            if self.device.type == "cuda":
-                self.peak_kib = torch.cuda.max_memory_allocated(self.device) // 1024
-            else:
-                self.peak_kib = _status_kib("VmHWM")
-            return "stop"
-        return None
+        if len(timed) < self.min_steps or sum(d for d, _ in timed) < self.seconds:
+            return False
+        # the training steps' peak memory, read before anything else runs
+        if self.device.type == "cuda":
+            self.peak_kib = torch.cuda.max_memory_allocated(self.device) // 1024
+        else:
+            self.peak_kib = _status_kib("VmHWM")
+        return True
 
 
 @dataclasses.dataclass
@@ -265,7 +274,8 @@ def run_training(
             os.environ[switch] = "1" if v.kernels else "0"
         cpu_kernels._load.cache_clear()  # both read the switch anew
         triton_kernels.available.cache_clear()
-        train(v.model, cfg, data, out, timer, tokenizer=ByteTokenizer())
+        with contextlib.suppress(EnoughSteps):
+            train(v.model, cfg, data, out, timer, tokenizer=ByteTokenizer())
     finally:
         shutil.rmtree(out, ignore_errors=True)
         if v.compile:
