@@ -10,9 +10,9 @@ says whether all passed. At the end it prints one table of every figure the step
 step prints its figures as GPU_CHECK_ROW lines, bench/_gpu_rows.py), with the issue's goals and
 whether they are met, and writes it to DIR/gpu_check.json. The default steps (all but the opt-in
 ones, and `nanogpt` only with --nanogpt) are sized for one 10-minute call on one H100: on
-2026-11-27 there machine took 6 s, kernels 16, nanogpt 52, inference 30, tests 94, service 57, and
-throughput ran out of its then 300 s (each timed run wrote a stop checkpoint, 14 GB at 1.2B; no
-longer), so checkpoints became opt-in.
+2026-11-27 there machine took 6 s, kernels 16, nanogpt 52, inference 30, tests 94 and service 57,
+and throughput ran out of its then 300 s (each timed run wrote a stop checkpoint, 14 GB at 1.2B; no
+longer), so checkpoints became opt-in. `profile` came after that run and is not yet timed there.
 
 1. `machine`: the GPU, its driver and the torch in use (the box's own torch, not our pinned CPU wheel).
 2. `peer` (only when named in --steps): bench/peer.py's `shakespeare-gpu` recipe, nanoGPT's config/train_shakespeare_char.py beside
@@ -33,6 +33,9 @@ longer), so checkpoints became opt-in.
    `nanogpt` (with --nanogpt): nanoGPT's own bench.py eager and compiled (bench/nanogpt_bench.py);
    the table divides our llama-110m's FLOP rate by its (the issue's goals), and beside them that of
    llama-110m at nanoGPT's vocabulary (50304; throughput's -v50k config), the like-for-like rate.
+   `profile`: bench/profile_step.py --loop, llama-110m's eager step in the trainer's own loop at
+   vocabularies 258 and 50304: its wall time against the kernel time in it (a step that takes much
+   longer than its kernels waits on the host), and where the kernel time goes.
 6. `checkpoints` (only when named in --steps): `fromscratch train` of issue 22's H100 job (llama-110m, ctx 1024, batch 16, 300 steps,
    a checkpoint every 60): its last lines say how long the 4 checkpoints took to write in the
    background (pinned host copies) and how long training waited for them.
@@ -82,8 +85,8 @@ SMOKE_VARIANTS = [
     "--dropout 0.2 --eval-every 10 --eval-batches 2 --optimizer muon",
 ]
 STEPS = (
-    "machine", "peer", "tests", "kernels", "throughput", "nanogpt", "checkpoints", "inference", "service",
-    "compile_policy",
+    "machine", "peer", "tests", "kernels", "throughput", "profile", "nanogpt", "checkpoints", "inference",
+    "service", "compile_policy",
 )  # fmt: skip
 OPT_IN = {"peer", "checkpoints", "compile_policy"}  # run only when named in --steps
 
@@ -131,6 +134,7 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], int]]:
     throughput = [py, "bench/trainer_throughput.py", *(smoke or full)]
     nanogpt = [py, "bench/nanogpt_bench.py", "--nanogpt", str(Path(args.nanogpt or ".").resolve())]
     service = [py, "bench/gpu_service.py", "--device", args.device, *smoke]
+    profile = ["--loop", "--vocab", "258,50304", "--rows", "30", *smoke]
     policy = [py, "bench/compile_policy.py", "--device", args.device, "--minutes", args.policy_minutes]
     policy += smoke or ["--preset", "llama-110m", "--ctx", "1024", "--batch-size", "16"]
     # three runs per length (eager, compile, auto), each about that long eager, plus start-ups
@@ -144,6 +148,7 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], int]]:
         ),
         "kernels": ([py, "bench/kernel_speed.py", *smoke], 180),
         "throughput": (throughput, 360),
+        "profile": ([py, "bench/profile_step.py", "--device", args.device, *profile], 120),
         "nanogpt": (nanogpt, 300),
         "checkpoints": (checkpoints_command(args), 300),
         "inference": ([py, "bench/inference_speed.py", *(smoke or ["--preset", "llama-110m"])], 300),

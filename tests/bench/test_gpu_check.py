@@ -50,11 +50,12 @@ def smoke(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_smoke_runs_the_default_steps_and_checkpoints_on_a_cpu_and_writes_one_table(tmp_path: Path) -> None:
-    proc = smoke(tmp_path, "--steps", "machine,tests,kernels,throughput,checkpoints,inference,service")
+    steps = "machine,tests,kernels,throughput,profile,checkpoints,inference,service"
+    proc = smoke(tmp_path, "--steps", steps)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     passed = (
-        "machine passed; tests passed; kernels passed; throughput passed; checkpoints passed; inference passed; "
-        "service passed"
+        "machine passed; tests passed; kernels passed; throughput passed; profile passed; checkpoints passed; "
+        "inference passed; service passed"
     )
     assert f"== gpu_check: {passed}" in proc.stdout
     log = (tmp_path / "gpu_check.log").read_text()
@@ -70,6 +71,7 @@ def test_smoke_runs_the_default_steps_and_checkpoints_on_a_cpu_and_writes_one_ta
     assert rows[("checkpoints", "training waited for them")]["value"] >= 0
     assert any(step == "throughput" and item.endswith("tokens/s") for step, item in rows)
     assert any(step == "inference" for step, _ in rows)
+    assert rows[("profile", "llama-tiny vocab 50304 eager step of the loop: wall")]["value"] > 0
     assert rows[("kernels", "Triton vs torch ops: largest relative difference")]["met"] is True
     assert rows[("tests", "pytest -m cuda")]["met"] is True  # --smoke collects them
 

@@ -51,3 +51,24 @@ def test_smoke_mode_prints_its_table(script: str, tmp_path: Path) -> None:
     assert header, f"{script} printed no table:\n{proc.stdout[-3000:]}"
     assert lines[header[-1] + 1].startswith("---"), proc.stdout[-3000:]
     assert len(lines) > header[-1] + 2, f"{script}'s table has no rows:\n{proc.stdout[-3000:]}"
+
+
+@pytest.mark.timeout(240)
+def test_profile_step_profiles_the_trainers_own_loop(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
+    env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / "profile_step.py"), "--smoke", "--loop"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 steps of the trainer's loop" in proc.stdout
+    step = next(line for line in proc.stdout.splitlines() if line.startswith("a step of the loop: wall "))
+    wall_ms = float(step.split("wall ")[1].split(" ms")[0])
+    assert wall_ms > 0
+    assert "aten::mm" in proc.stdout  # the profiled steps ran the model's matmuls
+    assert not list(tmp_path.glob("fs-profile-*")), "the run's folder is left behind"
