@@ -103,7 +103,7 @@ def rope(T: int, n_rot: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("attn_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n_rot", [16, 8])  # every dim, and partial rotary
-@pytest.mark.parametrize("B, T", [(2, 5), (1, 1), (2, 1)])  # training; a decoding step (v a view); a batch
+@pytest.mark.parametrize("B, T", [(2, 5), (1, 1), (2, 1)])  # training; one token; a batch of one each
 def test_qkv_split_with_rope(attn_dtype: torch.dtype, n_rot: int, B: int, T: int) -> None:
     check_qkv_split(attn_dtype, n_rot, B, T)
 

@@ -127,23 +127,36 @@ if triton is not None:
         tl.store(DH + row * stride_dh + F + cols, (g * gate * s).to(DH.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def rope_heads_kernel(
-        SRC, DST, COS, SIN, src_b, src_t, src_h, dst_b, dst_t, dst_h, rows, T, hd, n_rot, sin_sign,
-        ROTATE: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+    def qkv_rope_kernel(
+        PACKED, Q, K, V, COS, SIN, packed_b, packed_t, packed_h, q_b, q_t, q_h, k_b, k_t, k_h, v_b, v_t, v_h,
+        rows, T, hd, n_rot, H, KV, sin_sign,
+        TO_PARTS: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
     ):  # fmt: skip
-        """One head of ROWS tokens, moved between layouts by strides (the last axis contiguous) and,
-        when ROTATE, turned by RoPE over its first n_rot dims: y = x cos + rotate_half(x) sin, with
-        sin_sign -1 turning it back (the backward). cos/sin: rope_cache tables (T, n_rot). A tile of
-        tokens per program: one head of one token (128 bytes at hd 64) left the H100 moving 0.4 TB/s."""
+        """One head of ROWS tokens between the fused projection's layout PACKED (its H + 2 KV heads)
+        and q, k or v (the head says which; each tensor's (batch, token, head) strides given, the
+        last axis contiguous): into them when TO_PARTS, back into PACKED otherwise (the backward).
+        q and k heads are turned by RoPE over their first n_rot dims, y = x cos + rotate_half(x)
+        sin, sin_sign -1 turning back; v heads move as they are. cos/sin: (T, n_rot) tables. One
+        launch for q, k and v: three per layer each way cost the host three launches."""
         bt = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # flat (batch, token) indices
         head = tl.program_id(1)
         b = bt // T
         t = bt % T
         cols = tl.arange(0, BLOCK)
         mask = (bt < rows)[:, None] & (cols < hd)[None, :]
-        src = SRC + (b * src_b + t * src_t + head * src_h)[:, None]
+        packed = PACKED + (b * packed_b + t * packed_t + head * packed_h)[:, None]
+        if head < H:
+            part = Q + (b * q_b + t * q_t + head * q_h)[:, None]
+        elif head < H + KV:
+            part = K + (b * k_b + t * k_t + (head - H) * k_h)[:, None]
+        else:
+            part = V + (b * v_b + t * v_t + (head - H - KV) * v_h)[:, None]
+        if TO_PARTS:
+            src, dst = packed, part
+        else:
+            src, dst = part, packed
         x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        if ROTATE:
+        if head < H + KV:  # q and k: RoPE
             half = n_rot // 2
             rotated = mask & (cols < n_rot)[None, :]
             partner = tl.where(cols < half, cols + half, cols - half)
@@ -153,8 +166,10 @@ if triton is not None:
             cos = tl.load(COS + table, mask=rotated, other=1.0)
             sin = tl.load(SIN + table, mask=rotated, other=0.0)
             x = x * cos + sign * x_partner * sin
-        dst = DST + (b * dst_b + t * dst_t + head * dst_h)[:, None]
-        tl.store(dst + cols[None, :], x.to(DST.dtype.element_ty), mask=mask)
+        if TO_PARTS:
+            tl.store(dst + cols[None, :], x.to(Q.dtype.element_ty), mask=mask)
+        else:
+            tl.store(dst + cols[None, :], x.to(PACKED.dtype.element_ty), mask=mask)
 
     @triton.jit
     def cross_entropy_kernel(

@@ -17,10 +17,10 @@ from trainer.model.kernel_tiles import Tile, TileTable, worth_timing
 
 MAX_WARPS = 16
 SWIGLU_BLOCK = 1024  # columns of one SwiGLU program
-# tokens one RoPE/head-move program moves (one head each), rows one RMSNorm-forward program takes,
+# tokens one q/k/v RoPE program moves (one head each), rows one RMSNorm-forward program takes,
 # rows an RMSNorm-backward program takes per pass; the defaults run untimed (trainer.model.kernel_tiles)
 TOO_BIG = (tk.OutOfResources,)  # a candidate this GPU cannot build is skipped, not fatal
-ROPE_TILES = TileTable("rope_heads", [Tile(n, 4) for n in (4, 8, 16, 32, 64)], Tile(32, 4), TOO_BIG)
+ROPE_TILES = TileTable("qkv_rope", [Tile(n, 4) for n in (4, 8, 16, 32, 64)], Tile(32, 4), TOO_BIG)
 RMS_FORWARD_TILES = TileTable(
     "rms_norm_forward", [Tile(1, 4), Tile(2, 4), Tile(4, 8), Tile(8, 8)], Tile(1, 4), TOO_BIG
 )
@@ -181,35 +181,36 @@ def cross_entropy_rows(
     return loss
 
 
-def _move_heads(
-    src: torch.Tensor,
-    dst: torch.Tensor,
-    sizes: tuple[int, int, int],
-    strides: tuple[tuple[int, ...], tuple[int, ...]],
-    tables: tuple[torch.Tensor, torch.Tensor] | None,
-    sin_sign: float = 1.0,
-    training: bool = False,
+def _move_qkv(
+    packed: torch.Tensor,
+    parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    tables: tuple[torch.Tensor, torch.Tensor],
+    heads: tuple[int, int],
+    to_parts: bool,
+    training: bool,
 ) -> None:
-    """Copies every (batch, token, head) row of `src` into `dst` (sizes: batch, tokens, heads;
-    strides: each one's (batch, token, head) strides, as the layouts differ), turned by RoPE when
-    `tables` (cos, sin: (T, n_rot) float32) are given, turned back when sin_sign is -1. A training
-    launch may time its tiles (trainer.model.kernel_tiles)."""
-    batch, tokens, heads = sizes
-    hd = src.shape[-1]
-    cos, sin = tables if tables is not None else (src, src)  # not read when not rotating
-    n_rot = cos.shape[-1] if tables is not None else 0
+    """Between `packed` (B, T, H + 2 KV, hd), the fused projection's layout, and the parts q (B, H,
+    T, hd), k and v (B, KV, T, hd): into the parts, q and k turned by RoPE (tables: cos, sin (T,
+    n_rot) float32), when to_parts; else back into packed, turned back (the backward). One launch;
+    a training launch may time its tiles (trainer.model.kernel_tiles)."""
+    H, KV = heads
+    B, T, _, hd = packed.shape
+    cos, sin = tables
+    n_rot = cos.shape[-1]
     block = tk.block_size(hd)
-    rows = batch * tokens
+    rows = B * T
+    strides = (_bth(packed, False), *(_bth(part, True) for part in parts))
 
     def launch(tile: Tile) -> None:
         per_program = max(1, min(tile.rows, tk.block_size(rows)))  # tokens a program moves
-        tk.rope_heads_kernel[(-(-rows // per_program), heads)](
-            src, dst, cos, sin, *strides[0], *strides[1], rows, tokens, hd, n_rot, sin_sign,
-            ROTATE=tables is not None, BLOCK=block, ROWS=per_program, num_warps=tile.warps,
+        tk.qkv_rope_kernel[(-(-rows // per_program), H + 2 * KV)](
+            packed, *parts, cos, sin, *strides[0], *strides[1], *strides[2], *strides[3],
+            rows, T, hd, n_rot, H, KV, 1.0 if to_parts else -1.0,
+            TO_PARTS=to_parts, BLOCK=block, ROWS=per_program, num_warps=tile.warps,
         )  # fmt: skip
 
-    key = (sizes, hd, n_rot, strides, src.dtype, dst.dtype, src.device)
-    timed = worth_timing(src, rows * heads * hd, training)
+    key = (B, T, heads, hd, n_rot, strides, packed.dtype, parts[0].dtype, to_parts, packed.device)
+    timed = worth_timing(packed, rows * (H + 2 * KV) * hd, training)
     launch(ROPE_TILES.choose(key, launch, timed, ROPE_TILES.fitting(MAX_TILE_ELEMENTS // 2, block)))
 
 
@@ -234,18 +235,10 @@ def split_qkv(
     qkv = _last_contiguous(qkv)
     H, KV = heads
     B, T, _, hd = qkv.shape
-    out = []
-    for first, n, rotate in ((0, H, True), (H, KV, True), (H + KV, KV, False)):
-        part = qkv[:, :, first : first + n]
-        heads_first = part.transpose(1, 2)
-        if not rotate and heads_first.is_contiguous() and part.dtype == attn_dtype:
-            out.append(heads_first)  # one token of one sequence (decoding): both layouts are one
-            continue
-        dst = torch.empty(B, n, T, hd, dtype=attn_dtype, device=qkv.device)
-        strides = (_bth(part, False), _bth(dst, True))
-        _move_heads(part, dst, (B, T, n), strides, tables if rotate else None, training=training)
-        out.append(dst)
-    return out[0], out[1], out[2]
+    q = torch.empty(B, H, T, hd, dtype=attn_dtype, device=qkv.device)
+    k, v = (torch.empty(B, KV, T, hd, dtype=attn_dtype, device=qkv.device) for _ in range(2))
+    _move_qkv(qkv, (q, k, v), tables, heads, to_parts=True, training=training)
+    return q, k, v
 
 
 class QKV(torch.autograd.Function):
@@ -272,12 +265,9 @@ class QKV(torch.autograd.Function):
         H, KV = ctx.heads  # type: ignore[attr-defined]
         B, _, T, hd = dq.shape
         grad = torch.empty(B, T, H + 2 * KV, hd, dtype=ctx.in_dtype, device=dq.device)  # type: ignore[attr-defined]
-        for d, first, n, rotate in ((dq, 0, H, True), (dk, H, KV, True), (dv, H + KV, KV, False)):
-            d = _last_contiguous(d)
-            part = grad[:, :, first : first + n]
-            strides = (_bth(d, True), _bth(part, False))
-            tables = (cos, sin) if rotate else None
-            _move_heads(d, part, (B, T, n), strides, tables, sin_sign=-1.0, training=True)
+        # one kernel reads all three: one dtype (.to is a no-op where they agree, as SDPA's do)
+        parts = (_last_contiguous(dq), _last_contiguous(dk.to(dq.dtype)), _last_contiguous(dv.to(dq.dtype)))
+        _move_qkv(grad, parts, (cos, sin), (H, KV), to_parts=False, training=True)
         return grad, None, None, None, None
 
 
