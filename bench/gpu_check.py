@@ -143,7 +143,8 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], int]]:
         "machine": ([py, "-c", MACHINE], 60),
         "peer": (peer_command(args), args.peer_timeout),
         "tests": (
-            [*pytest, *(["-m", "cuda"] if not args.smoke else ["--co"]), *cuda_test_files()],
+            # the slowest tests named: the step took 94 s of a 10-minute call on an H100
+            [*pytest, *(["-m", "cuda", "--durations=8"] if not args.smoke else ["--co"]), *cuda_test_files()],
             args.tests_timeout,
         ),
         "kernels": ([py, "bench/kernel_speed.py", *smoke], 180),
