@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
 from trainer.checkpoint import read_state
-from trainer.run import compile_memory, measured_compile
+from trainer.run import compile_memory, measured_compile, state
 from trainer.run.compile_memory import ENV, CompileFigures, CompileMemory
 from trainer.run.loop import train
 from trainer.run.measured_compile import (
@@ -59,6 +60,42 @@ def test_it_decides_after_timing_the_steps_after_the_first() -> None:
     decided = decisions[MEASURE_STEPS + 1]
     assert decided is not None and decided.value == "on" and "2,000 ms" in decided.reason
     assert decisions[MEASURE_STEPS + 2 :] == [None]  # once
+
+
+def test_one_timed_step_lengthened_by_something_else_does_not_make_the_eager_step() -> None:
+    clock = FakeClock()
+    measured = MeasuredCompile("cpu", None, clock)
+    decided = None
+    for took in [30.0, 2.0, 9.0, 2.0, 2.0]:  # the warm-up, then an evaluation in a timed step
+        decided = measured.observe(steps_left=10_000) or decided
+        clock.now += took
+    assert decided is not None and "2,000 ms" in decided.reason
+
+
+def test_checkpoint_buffers_are_pinned_only_once_compile_auto_has_stopped_timing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pinning them takes the CUDA driver for a while: compile auto must not time steps beside it."""
+    reserved: list[object] = []
+    monkeypatch.setattr(state, "buffer_plan", lambda *args: {"plan": None})
+    run = SimpleNamespace(
+        buffers_planned=False,
+        device=torch.device("cuda"),
+        optimizer=SimpleNamespace(state={"a parameter": {}}),
+        compile_auto=MeasuredCompile("cuda", None, FakeClock()),
+        is_main=True,
+        sharded=False,
+        cfg=SimpleNamespace(checkpoint_every=60),
+        writer=SimpleNamespace(reserve=reserved.append),
+        model=None,
+        model_cfg=None,
+    )
+    state.TrainRun._reserve_buffers(run)  # type: ignore[arg-type]
+    assert reserved == [] and not run.buffers_planned
+    run.compile_auto = None  # decided (and, had it compiled, its trial over)
+    state.TrainRun._reserve_buffers(run)  # type: ignore[arg-type]
+    state.TrainRun._reserve_buffers(run)  # type: ignore[arg-type]
+    assert reserved == [{"plan": None}]
 
 
 def test_a_time_limit_caps_the_steps_it_counts_on() -> None:

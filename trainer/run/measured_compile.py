@@ -20,6 +20,7 @@ cost and gained is remembered for the next run.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from trainer.run.compile_memory import CompileFigures, CompileMemory, default_figures
 from trainer.run.precision import Choice, duration
 
-MEASURE_STEPS = 3  # eager steps timed (after the first, a warm-up) before compile auto decides
+MEASURE_STEPS = 3  # eager steps timed (after the first, a warm-up) before compile auto decides: their median
 PAYBACK = 1.2  # compile when it saves at least this many times what it costs
 KEEP_COMPILED_FROM = 1.0  # compiled blocks stay only when their steps run at least this much faster
 TRIAL_SHARE = 0.05  # the share of the steps left that the compiled-against-eager trial takes
@@ -105,7 +106,9 @@ class MeasuredCompile:
         return self._conclude(steps_left)
 
     def _decide(self, steps_left: int) -> Choice:
-        eager = (self.marks[-1] - self.marks[1]) / MEASURE_STEPS
+        # the median step: one lengthened by something else (an evaluation, a checkpoint) is not
+        # the eager step compiling would shorten
+        eager = statistics.median(end - start for start, end in itertools.pairwise(self.marks[1:]))
         if self.time_limit is not None:  # the steps a time limit leaves time for
             left_s = max(0.0, self.time_limit - (self.marks[-1] - self.started))
             steps_left = min(steps_left, int(left_s / max(eager, 1e-9)))
