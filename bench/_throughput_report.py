@@ -141,7 +141,8 @@ def emit_rows(rows: list[Row], device: torch.device) -> None:
     sheet = datasheet_bf16(name) if device.type == "cuda" else None
     for r in rows:
         v = r.variant
-        label = f"{v.name} {v.precision} {'compiled' if v.compile else 'eager'}{'' if v.kernels else ' torch-ops'}"
+        mode = f"{'compiled' if v.compile else 'eager'}{' graphed' if v.graphs else ''}"
+        label = f"{v.name} {v.precision} {mode}{'' if v.kernels else ' torch-ops'}"
         tps = median(r.tps)
         emit(CheckRow("throughput", f"{label} tokens/s", tps, "tokens/s"))
         emit(CheckRow("throughput", f"{label} TFLOP/s", tps * r.flops_per_token / 1e12, "TFLOP/s"))

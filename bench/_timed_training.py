@@ -60,6 +60,7 @@ class Variant:
     # the fused kernels where a run can use them: C on the CPU (trainer.model.cpu_kernels), Triton on
     # CUDA (trainer.model.triton_kernels); False: torch ops
     kernels: bool = True
+    graphs: bool = False  # TrainConfig.cuda_graphs: the blocks replayed as CUDA graphs
 
     @property
     def label(self) -> tuple[str, str, str, str]:
@@ -67,7 +68,7 @@ class Variant:
             self.name,
             self.precision,
             "on" if self.compile else "off",
-            "fused" if self.kernels else "torch",
+            "graphed" if self.graphs else "fused" if self.kernels else "torch",
         )
 
     @property
@@ -241,6 +242,7 @@ def variant_config(v: Variant, device: torch.device) -> TrainConfig:
         device=device.type,  # type: ignore[arg-type]
         dtype=DTYPE_NAME[v.precision],
         compile=v.compile,
+        cuda_graphs=v.graphs,
         log_every=1,
         # the architecture's step, as nanoGPT's bench.py times its own (dropout 0): auto would pick
         # 0.2 for llama-110m on 8M tokens (trainer.config.data_aware) and time the dropout too

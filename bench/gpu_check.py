@@ -8,11 +8,13 @@ Steps, in this order, each a subprocess with its own time limit whose output is 
 DIR/gpu_check.log; a failed or timed-out step is reported and the next one still runs; the exit status
 says whether all passed. At the end it prints one table of every figure the steps measured (each
 step prints its figures as GPU_CHECK_ROW lines, bench/_gpu_rows.py), with the issue's goals and
-whether they are met, and writes it to DIR/gpu_check.json. The default steps (all but the opt-in
-ones, and `nanogpt` only with --nanogpt) are sized for one 10-minute call on one H100: on
-2026-11-27 there machine took 6 s, kernels 16, nanogpt 52, inference 30, tests 94 and service 57,
-and throughput ran out of its then 300 s (each timed run wrote a stop checkpoint, 14 GB at 1.2B; no
-longer), so checkpoints became opt-in. `profile` came after that run and is not yet timed there.
+whether they are met, and writes it to DIR/gpu_check.json. On 2026-11-27 an H100 took: machine
+6 s, kernels 16, nanogpt 52, inference 30, tests 94, service 57, and throughput ran out of its then
+300 s (each timed run wrote a stop checkpoint, 14 GB at 1.2B; no longer), so checkpoints became
+opt-in. `profile` and throughput's graphed runs came after and are not timed there yet: the
+default steps (all but the opt-in ones; `nanogpt` only with --nanogpt) come to about 10-11
+minutes, so a device tool whose calls stop at 10 minutes takes two, e.g. `--steps
+machine,kernels,throughput,profile,nanogpt` and then `--steps tests,inference,service`.
 
 1. `machine`: the GPU, its driver and the torch in use (the box's own torch, not our pinned CPU wheel).
 2. `peer` (only when named in --steps): bench/peer.py's `shakespeare-gpu` recipe, nanoGPT's config/train_shakespeare_char.py beside
@@ -148,7 +150,7 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], int]]:
             args.tests_timeout,
         ),
         "kernels": ([py, "bench/kernel_speed.py", *smoke], 180),
-        "throughput": (throughput, 360),
+        "throughput": (throughput, 420),
         "profile": ([py, "bench/profile_step.py", "--device", args.device, *profile], 120),
         "nanogpt": (nanogpt, 300),
         "checkpoints": (checkpoints_command(args), 300),

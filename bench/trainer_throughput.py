@@ -54,9 +54,12 @@ from trainer.run.loop import train
 
 VOCAB = ByteTokenizer.vocab_size  # 258
 AT_NANOGPT_VOCAB = "-v50k"  # a config's name suffix: at nanoGPT's vocabulary (no kernels A/B)
-# no kernels A/B on CUDA: llama-42m's eager step is bound by the host's launches (H100, 2026-11-27:
-# 469,959 tokens/s with the Triton kernels, 459,459 with torch ops), so it says nothing of them
-CUDA_NO_AB = {"llama-42m"}
+# the kernels A/B on CUDA for llama-110m only: llama-42m's eager step is bound by the host's launches
+# (H100, 2026-11-27: 469,959 tokens/s with the Triton kernels, 459,459 with torch ops) and says
+# nothing of them, and the 1.2B's (59,475 against 42,404 that day) costs gpu_check half a minute
+CUDA_AB = {"llama-110m"}
+# eager with the blocks replayed as CUDA graphs (TrainConfig.cuda_graphs), beside plain eager
+CUDA_GRAPHED = {"llama-42m", "llama-110m"}
 # nanoGPT (bias=True, vocab 98, n_layer 4, n_head 4, n_embd 256, block 128) as its estimate_mfu
 # counts it: 6 * get_num_params() + 12 * L * T * d. It measured 8,228 tokens/s = 79% of the fp32
 # matmul peak on our 2-core CPU.
@@ -232,7 +235,7 @@ def benchmark_rows(args: argparse.Namespace, cuda: bool) -> list[Row]:
     def kernels_ab(name: str, compiled: bool, precision: str) -> bool:
         if not args.kernels_ab or compiled or name.endswith(AT_NANOGPT_VOCAB):
             return False
-        return name not in CUDA_NO_AB if cuda else precision == "fp32"
+        return name in CUDA_AB if cuda else precision == "fp32"
 
     variants = [
         Variant(name, m, bs, p, c, kernels)
@@ -241,6 +244,10 @@ def benchmark_rows(args: argparse.Namespace, cuda: bool) -> list[Row]:
         for p in precisions
         for kernels in ([True, False] if kernels_ab(name, c, p) else [True])
     ]
+    if cuda and not args.smoke:
+        variants += [
+            Variant(n, m, bs, p, graphs=True) for n, m, bs in configs if n in CUDA_GRAPHED for p in precisions
+        ]
     rows = []
     for v in variants:
         with torch.device("meta"):

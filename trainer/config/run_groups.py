@@ -114,6 +114,13 @@ class RuntimeFields(StrictConfig):
         "recompute activations in the backward pass (less memory, ~30% slower)",
         title="Activation checkpointing",
     )
+    cuda_graphs: bool = param(
+        False,
+        "replay each transformer block's forward and backward as a CUDA graph (one launch each, not "
+        "dozens: for eager steps that wait on the host's launches); with CUDA, one process, dropout "
+        "0, grad_accum 1, no activation checkpointing and torch.compile off",
+        title="CUDA graphs",
+    )
     time_limit: float | None = param(
         None,
         "stop (with a checkpoint) after this many seconds of training",

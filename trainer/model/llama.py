@@ -25,6 +25,7 @@ from trainer.model.fused_ops import apply_rope, compute_dtype, decode_qkv, qkv_h
 from trainer.model.linear_cross_entropy import fused_applies, linear_cross_entropy
 
 if TYPE_CHECKING:
+    from trainer.model.graphed_blocks import GraphedBlocks
     from trainer.model.packed_weights import PackedWeights
 
 
@@ -247,6 +248,7 @@ class Llama(nn.Module):
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.activation_checkpointing = False
+        self.graphed_blocks: GraphedBlocks | None = None  # training replays them (cuda_graphs)
         cos, sin = rope_cache(cfg, cfg.ctx)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -297,11 +299,12 @@ class Llama(nn.Module):
                 cos = self.rope_cos.index_select(0, cache.position).float()
                 sin = self.rope_sin.index_select(0, cache.position).float()
                 cache.visible = self._visible_keys(cache.position, attention_dtype(x, self.cfg.head_dim))
-        for i, layer in enumerate(self.layers):
-            if self.activation_checkpointing and self.training and cache is None:
-                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
-            else:
-                x = layer(x, cos, sin, cache, i)
+        graphed = self.graphed_blocks
+        if graphed is not None and self.training and cache is None and graphed.fits(x):
+            for step in graphed.steps:  # each block's CUDA graphs (trainer.model.graphed_blocks)
+                x = step(x, cos, sin)
+        else:
+            x = self._blocks(x, cos, sin, cache)
         if cache is not None:
             cache.pos += T
         x = self.norm(x)
@@ -321,6 +324,16 @@ class Llama(nn.Module):
             reduction=reduction,
         )
         return (logits.detach().argmax(dim=-1) if argmax else logits), loss
+
+    def _blocks(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None
+    ) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            if self.activation_checkpointing and self.training and cache is None:
+                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, cache, i)
+        return x
 
     def _visible_keys(self, position: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The mask (B, H, 1, ctx) of one new query at `position`: 0 for the keys up to it, -inf past.
