@@ -51,5 +51,6 @@ def capture_when_due(run: TrainRun) -> str | None:
     run.graphs_decided = True
     if reason is not None:
         return f"CUDA graphs off: {reason}"
+    run.writer.wait()  # a capture fails if another thread calls CUDA meanwhile (a snapshot's copies)
     run.model.graphed_blocks = capture(run.model, run.cfg.batch_size, run.dtype)
     return f"CUDA graphs on at step {run.step}: {run.model_cfg.n_layer} blocks captured, forward and backward"
