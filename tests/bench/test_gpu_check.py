@@ -80,6 +80,10 @@ def test_the_compile_policy_step_runs_when_named_and_its_ratios_reach_the_table(
     proc = smoke(tmp_path, "--steps", "compile_policy")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "== gpu_check: compile_policy passed" in proc.stdout
+    # compile_policy.py's own table too (this is its smoke run: tests/bench/test_smoke.py leaves it out)
+    lines = proc.stdout.splitlines()
+    header = [i for i, line in enumerate(lines) if line.startswith("eager min ")]
+    assert header and lines[header[-1] + 1].startswith("---") and len(lines) > header[-1] + 2, proc.stdout
     [row] = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
     assert row["item"] == "llama-tiny 0.05 min run (cpu): auto / best of eager, compile"
     assert row["value"] > 0 and row["goal"] == "<= 1.1" and row["met"] == (row["value"] <= 1.1)
