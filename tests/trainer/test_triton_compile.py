@@ -25,6 +25,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
+HOPPER_SHARED_BYTES = 227 * 1024  # the most shared memory one H100 block may take
 POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64"}
 KERNELS = [name for name in dir(tk) if name.endswith("_kernel")]
 
@@ -134,3 +135,6 @@ def test_every_kernel_launch_compiles_for_an_h100(monkeypatch: pytest.MonkeyPatc
         except Exception as error:  # the test's finding: which launch, and the compiler's words
             pytest.fail(f"{launch} does not compile for sm_90: {error}")
         assert compiled.asm["cubin"], launch
+        assert compiled.metadata.shared <= HOPPER_SHARED_BYTES, (
+            f"{launch} needs more shared memory than an H100"
+        )
