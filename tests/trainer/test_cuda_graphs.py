@@ -18,6 +18,7 @@ from tests.trainer.conftest import train_losses
 from trainer.config import ModelConfig, TrainConfig
 from trainer.model.graphed_blocks import BlockStep, GraphedBlocks
 from trainer.model.llama import Llama
+from trainer.run import cuda_graphs
 from trainer.run.cuda_graphs import unusable
 from trainer.run.loop import train
 from trainer.run.report import Callbacks
@@ -121,3 +122,37 @@ def test_graphed_training_follows_the_eager_run_on_cuda(
     eager, graphed = train_losses(tmp_path / "eager"), train_losses(tmp_path / "graphed")
     print("eager", eager, "\ngraphed", graphed)
     np.testing.assert_allclose(graphed, eager, rtol=2e-2)  # the same kernels, replayed
+
+
+def test_a_run_that_may_graph_captures_after_its_first_step_and_its_steps_take_the_graphs(
+    tmp_path: Path,
+    shakespeare_data: Any,
+    byte_tokenizer: Any,
+    tiny_train: Callable[..., TrainConfig],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The glue on the CPU: CUDA's capture stood in for by the identity (the blocks run as they
+    are), the device check passed. The captured shape must be the training batch's, or the
+    steps would quietly run the eager blocks."""
+    captured: list[int] = []
+    ran: list[int] = []
+
+    def identity(steps: tuple[torch.nn.Module, ...], samples: tuple[Any, ...]) -> tuple[Any, ...]:
+        captured.append(len(steps))
+        for step in steps:
+            step.register_forward_hook(lambda *args: ran.append(1))
+        return steps
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", identity)
+    monkeypatch.setattr(cuda_graphs, "unusable", lambda run: None)
+    notes = Notes()
+    train(
+        ModelConfig(n_layer=2, n_head=2, n_embd=32, ctx=32),
+        tiny_train(max_steps=4, eval_every=2, cuda_graphs=True, compile=False),
+        shakespeare_data,
+        tmp_path,
+        notes,
+        tokenizer=byte_tokenizer,
+    )
+    assert captured == [2] and "CUDA graphs on at step 1: 2 blocks captured" in notes.notes[0]
+    assert len(ran) == 3 * 2, "steps 2 to 4, two blocks each, through the captured steps (not evaluation)"
