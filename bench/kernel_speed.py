@@ -7,6 +7,8 @@ in the same run (the copy's GB/s is the bandwidth these element-wise kernels can
     python3 bench/kernel_speed.py                        # on a GPU: llama-110m, ctx 1024, batch 16
     .venv/bin/python bench/kernel_speed.py --smoke       # the script, here (Triton's interpreter)
 
+On a GPU each time is the kernels' own: the calls are replayed as one CUDA graph (timed one by
+one, the small kernels' times were their host's, on 2026-11-27's H100 box; bench/README.md).
 The GB/s of a kernel counts the bytes it must read and write once (its inputs and outputs), so
 "% of copy" is how much of the copy's bandwidth it reaches. Each kernel's outputs are also compared
 with the torch-op form's at this shape (the tests check them at small ones). For the tiled kernels
@@ -68,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# kernel_speed  {platform.machine()}, {gpu}, torch {torch.__version__}, Triton "
         f"{triton_kernels.triton.__version__}; {args.preset} ctx {args.ctx} batch {args.batch_size}, "
-        f"vocab {args.vocab}, bf16, median of {args.reps}"
+        f"vocab {args.vocab}, bf16, "
+        + (
+            f"{args.reps} calls replayed as a CUDA graph"
+            if args.reps and device.type == "cuda"
+            else f"median of {args.reps}"
+        )
     )
     timer = Timer(device, args.reps)
     copy_gbs = timer.copy_gb_per_s(args.batch_size * args.ctx * cfg.n_embd)
@@ -114,8 +121,9 @@ def print_tiles() -> None:
 
 
 class Timer:
-    """Median seconds per call: CUDA events on a GPU (trainer.model.kernel_tiles.cuda_seconds), the
-    wall clock on the CPU."""
+    """Seconds per call. On a GPU the kernels' time: `reps` calls replayed as one CUDA graph
+    between two events (trainer.model.kernel_tiles.cuda_seconds), their mean; the calls timed one
+    by one measured the host's time for the small kernels. On the CPU the median wall clock."""
 
     def __init__(self, device: torch.device, reps: int):
         self.device, self.reps = device, reps
@@ -124,8 +132,9 @@ class Timer:
         from trainer.model.kernel_tiles import cuda_seconds
 
         fn()  # compiles, and times the tiles of a training launch
-        once = cuda_seconds if self.device.type == "cuda" else wall_seconds
-        return statistics.median(once(fn) for _ in range(self.reps))
+        if self.device.type == "cuda":
+            return cuda_seconds(fn, self.reps)
+        return statistics.median(wall_seconds(fn) for _ in range(self.reps))
 
     def copy_gb_per_s(self, elements: int) -> float:
         """A float32 device-to-device copy of `elements` values: bytes read and written per second."""

@@ -61,15 +61,42 @@ def fastest(
 
 
 def cuda_seconds(fn: Callable[[], object], calls: int = 1) -> float:
-    """Seconds per call of fn on the current CUDA stream: the mean of `calls` calls between two
-    events (the GPU's time, not the host's)."""
+    """Seconds per call of fn on the current CUDA stream: `calls` calls captured as one CUDA graph,
+    replayed between two events (the GPU's time, not the host's). Timed as launched, a small kernel
+    measures the host: an H100 box's RMSNorm forward took 135 us a call through its wrapper and
+    39 us launched bare, back to back. fn must have run once (compiled, loaded) before; where its
+    calls cannot be captured, they are timed as launched."""
+    graph = _captured(fn, calls)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(calls):
-        fn()
+    if graph is not None:
+        graph.replay()
+    else:
+        for _ in range(calls):
+            fn()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1000 / calls
+
+
+def _captured(fn: Callable[[], object], calls: int) -> torch.cuda.CUDAGraph | None:
+    """`calls` calls of fn as one CUDA graph, or None where capturing fails. Captured on a stream of
+    its own, thread-local (a checkpoint writer's thread may use CUDA meanwhile); torch.cuda.graph
+    would also empty the allocator's caches, mid-step."""
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                for _ in range(calls):
+                    fn()
+            finally:
+                graph.capture_end()
+    except RuntimeError:
+        return None
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph
 
 
 def seconds_on_device(launch: Launch, tile: Tile) -> float:
