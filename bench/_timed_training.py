@@ -250,6 +250,16 @@ def variant_config(v: Variant, device: torch.device) -> TrainConfig:
     )
 
 
+def train_until_enough(model: ModelConfig, cfg: TrainConfig, data: TokenData, callbacks: Callbacks) -> None:
+    """`train` in a scratch folder (removed after) until the callbacks raise EnoughSteps."""
+    out = Path(tempfile.mkdtemp(prefix="fs-bench-"))
+    try:
+        with contextlib.suppress(EnoughSteps):
+            train(model, cfg, data, out, callbacks, tokenizer=ByteTokenizer())
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def run_training(
     v: Variant,
     data: TokenData,
@@ -262,7 +272,6 @@ def run_training(
 ) -> RunResult:
     cfg = variant_config(v, device)
     timer = StepTimer(max(1, warmup), min_steps, seconds, device, peak)
-    out = Path(tempfile.mkdtemp(prefix="fs-bench-"))
     try:
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -276,10 +285,8 @@ def run_training(
             os.environ[switch] = "1" if v.kernels else "0"
         cpu_kernels._load.cache_clear()  # both read the switch anew
         triton_kernels.available.cache_clear()
-        with contextlib.suppress(EnoughSteps):
-            train(v.model, cfg, data, out, timer, tokenizer=ByteTokenizer())
+        train_until_enough(v.model, cfg, data, timer)
     finally:
-        shutil.rmtree(out, ignore_errors=True)
         if v.compile:
             torch._dynamo.reset()
     mem = None

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         f"vocab {args.vocab}, bf16, "
         + (
             f"{args.reps} calls replayed as a CUDA graph"
-            if args.reps and device.type == "cuda"
+            if device.type == "cuda"
             else f"median of {args.reps}"
         )
     )

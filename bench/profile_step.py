@@ -17,10 +17,7 @@ the plain step's kernels added up to 28 ms, and ran slower than at 50304 (bench/
 from __future__ import annotations
 
 import argparse
-import contextlib
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,14 +27,12 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._gpu_rows import Row, emit
-from bench._timed_training import EnoughSteps, Variant, variant_config
+from bench._timed_training import EnoughSteps, Variant, train_until_enough, variant_config
 from bench.trainer_throughput import corpus_tokens
 from trainer.config import ModelConfig, model_config_from_preset
 from trainer.config.metrics import StepMetrics
 from trainer.data.prepare import TokenData
-from trainer.data.tokenizers import ByteTokenizer
 from trainer.model.llama import Llama
-from trainer.run.loop import train
 from trainer.run.report import Callbacks
 
 LOOP_WARMUP = 3  # logged steps before the profiled ones: the first times the Triton tiles
@@ -135,12 +130,7 @@ def profile_loop(cfg: ModelConfig, args: argparse.Namespace, device: torch.devic
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     prof = profile(activities=activities)
     profiler = LoopProfiler(prof, args.steps, device)
-    out = Path(tempfile.mkdtemp(prefix="fs-profile-"))
-    try:
-        with contextlib.suppress(EnoughSteps):
-            train(cfg, train_cfg, data, out, profiler, tokenizer=ByteTokenizer())
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    train_until_enough(cfg, train_cfg, data, profiler)
     wall_ms = profiler.wall_s * 1e3 / args.steps
     events = prof.key_averages()
     kernel_ms = sum(getattr(e, "self_device_time_total", 0.0) for e in events) / 1e3 / args.steps

@@ -29,22 +29,28 @@ SCRIPTS = {
 }
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("script", sorted(SCRIPTS))
-def test_smoke_mode_prints_its_table(script: str, tmp_path: Path) -> None:
-    if script == "api_load.py" and shutil.which("wrk") is None:
-        # fail, never skip quietly: scripts/test.sh installs wrk when run as root
-        pytest.fail("api_load needs wrk: apt-get install wrk")
+def run_smoke(script: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """bench/`script` --smoke, one thread, its temporary files under tmp_path, the environment's
+    FROMSCRATCH_ settings left out."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
     env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / script), "--smoke"],
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / script), "--smoke", *args],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
         timeout=220,
     )
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_smoke_mode_prints_its_table(script: str, tmp_path: Path) -> None:
+    if script == "api_load.py" and shutil.which("wrk") is None:
+        # fail, never skip quietly: scripts/test.sh installs wrk when run as root
+        pytest.fail("api_load needs wrk: apt-get install wrk")
+    proc = run_smoke(script, tmp_path)
     assert proc.returncode == 0, f"{script} --smoke failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     lines = proc.stdout.splitlines()
     header = [i for i, line in enumerate(lines) if line.startswith(SCRIPTS[script])]
@@ -55,20 +61,11 @@ def test_smoke_mode_prints_its_table(script: str, tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_profile_step_profiles_the_trainers_own_loop(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
-    env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "profile_step.py"), "--smoke", "--loop"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=220,
-    )
+    proc = run_smoke("profile_step.py", tmp_path, "--loop")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 steps of the trainer's loop" in proc.stdout
     step = next(line for line in proc.stdout.splitlines() if line.startswith("a step of the loop: wall "))
     wall_ms = float(step.split("wall ")[1].split(" ms")[0])
     assert wall_ms > 0
     assert "aten::mm" in proc.stdout  # the profiled steps ran the model's matmuls
-    assert not list(tmp_path.glob("fs-profile-*")), "the run's folder is left behind"
+    assert not list(tmp_path.glob("fs-bench-*")), "the run's folder is left behind"
