@@ -155,4 +155,67 @@ def test_a_run_that_may_graph_captures_after_its_first_step_and_its_steps_take_t
         tokenizer=byte_tokenizer,
     )
     assert captured == [2] and "CUDA graphs on at step 1: 2 blocks captured" in notes.notes[0]
-    assert len(ran) == 3 * 2, "steps 2 to 4, two blocks each, through the captured steps (not evaluation)"
+    assert "matches the eager block to 0.0e+00" in notes.notes[0]
+    # the check at capture replays the first block once; then steps 2 to 4, two blocks each, go
+    # through the captured steps (evaluation does not)
+    assert len(ran) == 1 + 3 * 2
+
+
+class Shifted(torch.nn.Module):
+    """A "capture" that recorded something else: the block's output, shifted."""
+
+    def __init__(self, step: torch.nn.Module):
+        super().__init__()
+        self.step = step
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self.step(x, cos, sin) + 1.0
+
+
+def failing(steps: tuple[torch.nn.Module, ...], samples: tuple[Any, ...]) -> tuple[Any, ...]:
+    raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+
+def shifted(steps: tuple[torch.nn.Module, ...], samples: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(Shifted(step) for step in steps)
+
+
+@pytest.mark.parametrize(
+    "capture, note",
+    [
+        (
+            failing,
+            "CUDA graphs off: capturing the blocks failed (operation not permitted when stream is capturing)",
+        ),
+        (shifted, "CUDA graphs off: a captured block's replay differs from the eager block by"),
+    ],
+)
+def test_a_capture_that_fails_or_disagrees_leaves_the_run_eager(
+    capture: Callable[..., tuple[Any, ...]],
+    note: str,
+    tmp_path: Path,
+    shakespeare_data: Any,
+    byte_tokenizer: Any,
+    tiny_train: Callable[..., TrainConfig],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failed capture, or one whose replay is not the eager block's computation, is said in the
+    run's output and the run trains on eager, to the same losses as a run that never asked."""
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
+    monkeypatch.setattr(cuda_graphs, "unusable", lambda run: None)
+    losses = {}
+    for name, graphs in (("asked", True), ("plain", False)):
+        notes = Notes()
+        result = train(
+            ModelConfig(n_layer=2, n_head=2, n_embd=32, ctx=32),
+            tiny_train(max_steps=3, eval_every=0, cuda_graphs=graphs, compile=False),
+            shakespeare_data,
+            tmp_path / name,
+            notes,
+            tokenizer=byte_tokenizer,
+        )
+        assert result.stop_reason == "completed"
+        losses[name] = train_losses(tmp_path / name)
+        if graphs:
+            assert len(notes.notes) == 1 and notes.notes[0].startswith(note), notes.notes
+    assert losses["asked"] == losses["plain"]

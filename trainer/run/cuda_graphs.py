@@ -12,17 +12,23 @@ seeded per micro-batch, outside any graph), grad_accum 1 (a block's gradient buf
 by its next replay), no activation checkpointing, torch.compile off for good (compile auto has
 decided), and the step's batch shape. Evaluation, decoding and a batch of another shape run the
 eager blocks. The capture runs between steps, after the first (whose launches time the Triton
-tiles), and says so in the run's output.
+tiles), and says so in the run's output. Before any step uses them, the first block's replay
+(forward and backward) is checked against the eager block; a capture that fails, or whose replay
+differs, leaves the run eager and says why.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainer.model.graphed_blocks import capture
+from trainer.model.graphed_blocks import capture, difference_from_eager
 
 if TYPE_CHECKING:
     from trainer.run.state import TrainRun
+
+# a replay this far from the eager block (relative) is not the same computation: bf16 rounding
+# of the same kernels is ~1e-3 at most
+MAX_DIFFERENCE = 1e-2
 
 
 def unusable(run: TrainRun) -> str | None:
@@ -52,5 +58,19 @@ def capture_when_due(run: TrainRun) -> str | None:
     if reason is not None:
         return f"CUDA graphs off: {reason}"
     run.writer.wait()  # a capture fails if another thread calls CUDA meanwhile (a snapshot's copies)
-    run.model.graphed_blocks = capture(run.model, run.cfg.batch_size, run.dtype)
-    return f"CUDA graphs on at step {run.step}: {run.model_cfg.n_layer} blocks captured, forward and backward"
+    try:
+        graphed = capture(run.model, run.cfg.batch_size, run.dtype)
+        difference = difference_from_eager(run.model, graphed, run.dtype)
+    except RuntimeError as e:  # torch's capture errors; the blocks are untouched: train eager
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"CUDA graphs off: capturing the blocks failed ({first_line[:200]})"
+    if not difference <= MAX_DIFFERENCE:  # NaN too
+        return (
+            f"CUDA graphs off: a captured block's replay differs from the eager block by {difference:.2e} "
+            f"(relative; at most {MAX_DIFFERENCE:g} expected)"
+        )
+    run.model.graphed_blocks = graphed
+    return (
+        f"CUDA graphs on at step {run.step}: {run.model_cfg.n_layer} blocks captured, forward and "
+        f"backward (a replay matches the eager block to {difference:.1e})"
+    )
