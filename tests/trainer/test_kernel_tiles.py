@@ -70,7 +70,7 @@ def test_only_the_tiles_that_fit_are_candidates() -> None:
     assert fitting == (Tile(1, 4), Tile(4, 4))
     assert tiles.choose("wide", launch, timed=True, candidates=fitting) == Tile(4, 4)
     assert clock.timed == [Tile(1, 4), Tile(4, 4)]
-    assert tiles.fitting(max_elements=512, block=1024) == (Tile(4, 4),)  # none fits: the default
+    assert tiles.fitting(max_elements=512, block=1024) == (Tile(1, 4),)  # none fits: the smallest
 
 
 def test_a_forced_tile_wins_while_forced() -> None:

@@ -141,7 +141,8 @@ def check_qkv_split(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cross_entropy_rows(dtype: torch.dtype) -> None:
-    """300 columns read 64 at a time (5 blocks, the last partial), and with the default tile (one)."""
+    """300 columns read 64 at a time (5 blocks, the last partial), and with the tile an untimed
+    launch takes at this width (the smallest that fits the padded row of 512: 256, two blocks)."""
     with triton_ops.CROSS_ENTROPY_TILES.forced(Tile(64, 4, "columns")):
         check_cross_entropy(dtype, vocab=300)
     check_cross_entropy(dtype, vocab=300)

@@ -138,8 +138,10 @@ class TileTable:
         self._lock = threading.Lock()  # decoders and training may share a process
 
     def fitting(self, max_elements: int, block: int) -> tuple[Tile, ...]:
-        """The candidates whose tile (rows x block values) keeps within max_elements (registers)."""
-        return tuple(t for t in self.candidates if t.rows * block <= max_elements) or (self.default,)
+        """The candidates whose tile (rows x block values) keeps within max_elements (registers);
+        where none does, the smallest."""
+        fit = tuple(t for t in self.candidates if t.rows * block <= max_elements)
+        return fit or (min(self.candidates, key=lambda t: (t.rows, t.warps)),)
 
     def choose(self, key: Hashable, launch: Launch, timed: bool, candidates: Sequence[Tile] = ()) -> Tile:
         """The tile for this launch: the forced one (tests), the one timed fastest for `key` (timing

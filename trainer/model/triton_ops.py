@@ -28,10 +28,14 @@ RMS_BACKWARD_TILES = TileTable(
     "rms_norm_backward", [Tile(1, 4), Tile(2, 4), Tile(4, 8), Tile(8, 8), Tile(16, 16)], Tile(1, 4), TOO_BIG
 )
 MAX_TILE_ELEMENTS = 16384  # a tile's values, so a program's registers hold it
-# vocabulary entries a cross-entropy program (one row) reads at a time
+# vocabulary entries a cross-entropy program (one row) reads at a time; the small ones are for small
+# vocabularies (the byte tokenizer's 258): a tile is never wider than the row padded to a power of two
 CROSS_ENTROPY_TILES = TileTable(
     "cross_entropy",
-    [Tile(n, w, "columns") for n, w in ((1024, 4), (2048, 8), (4096, 16), (8192, 16), (16384, 32))],
+    [
+        Tile(n, w, "columns")
+        for n, w in ((256, 2), (512, 4), (1024, 4), (2048, 8), (4096, 16), (8192, 16), (16384, 32))
+    ],
     Tile(4096, 16, "columns"),
     TOO_BIG,
 )
