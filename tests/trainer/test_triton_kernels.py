@@ -5,6 +5,7 @@ here is a process of its own because TRITON_INTERPRET must be set before Triton 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,8 @@ def test_triton_is_installed_for_these_checks() -> None:
 def test_the_kernels_match_torch_ops_in_tritons_interpreter() -> None:
     proc = run_cases(interpret=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "45 passed" in proc.stdout  # every case but the model's, which needs CUDA tensors
+    # every case ran but the two that need CUDA tensors (the model's, and the tile timing)
+    assert re.search(r"\b\d+ passed, 2 skipped in ", proc.stdout), proc.stdout[-2000:]
 
 
 @pytest.mark.cuda

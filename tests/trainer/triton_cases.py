@@ -68,6 +68,39 @@ def check_rms_norm(out_dtype: torch.dtype, width: int, rows: tuple[int, int]) ->
     assert dx.dtype == x.dtype and dw.dtype == w.dtype
 
 
+def strided_views(width: int) -> list[torch.Tensor]:
+    """(3, 5, width) views whose rows are not packed: a slice of wider rows (row stride width + 30),
+    and a transpose (its rows reach the kernel as a copy)."""
+    wide = leaf(3, 5, width + 30, seed=2)[..., :width]
+    turned = leaf(5, 3, width, seed=3).transpose(0, 1)
+    return [wide, turned]
+
+
+@pytest.mark.parametrize("case", ["sliced", "transposed"])
+def test_rms_norm_and_swiglu_take_rows_that_are_not_packed(case: str) -> None:
+    """The outputs come back contiguous in the input's shape, whatever the input's and the
+    gradient's strides, with the torch ops' values."""
+    which = ["sliced", "transposed"].index(case)
+    x, w = strided_views(100)[which], leaf(100, seed=1)
+    grad = strided_views(100)[1 - which].detach()
+    y = triton_ops.RMSNorm.apply(x, w, 1e-5, torch.float32, True)
+    dx, dw = torch.autograd.grad(y, (x, w), grad)
+    x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
+    y2 = ref_rms_norm(x2, w2, 1e-5, torch.float32)
+    for ours, theirs in zip((y, dx, dw), (y2, *torch.autograd.grad(y2, (x2, w2), grad)), strict=True):
+        assert ours.is_contiguous() and ours.shape == theirs.shape
+        close(ours, theirs, torch.float32)
+    h = strided_views(80)[which]
+    y = triton_ops.SwiGLU.apply(h)
+    (dh,) = torch.autograd.grad(y, (h,), grad[..., :40])
+    h2 = h.detach().requires_grad_()
+    gate, up = h2.chunk(2, dim=-1)
+    y2 = F.silu(gate) * up
+    for ours, theirs in zip((y, dh), (y2, *torch.autograd.grad(y2, (h2,), grad[..., :40])), strict=True):
+        assert ours.is_contiguous() and ours.shape == theirs.shape
+        close(ours, theirs, torch.float32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_swiglu(dtype: torch.dtype) -> None:
     h = leaf(2, 7, 2 * 40, dtype=dtype)  # 40: not a power of two

@@ -143,6 +143,12 @@ class TileTable:
         fit = tuple(t for t in self.candidates if t.rows * block <= max_elements)
         return fit or (min(self.candidates, key=lambda t: (t.rows, t.warps)),)
 
+    def known(self, key: Hashable) -> Tile | None:
+        """The tile `choose` would give without timing anything: the forced one, or the one already
+        chosen for `key` (None: ask `choose`). The wrappers ask this first, and work out whether to
+        time and what fits only on a shape's first launch (host time in every launch of a step)."""
+        return self._forced or self.chosen.get(key)
+
     def choose(self, key: Hashable, launch: Launch, timed: bool, candidates: Sequence[Tile] = ()) -> Tile:
         """The tile for this launch: the forced one (tests), the one timed fastest for `key` (timing
         the candidates now when `timed` and it is the key's first launch), or the default."""

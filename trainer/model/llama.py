@@ -169,11 +169,13 @@ class Attention(nn.Module):
 
 def _token_rows(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The attention output (B, H, T, hd) as (B, T, H*hd) in the matmul dtype: transpose and cast in
-    one copy; for one token already in that dtype (decoding) the transpose moves a singleton axis,
-    so a view does (a kernel fewer per layer in a CUDA graph)."""
+    one copy. A view does where y is in that dtype and already laid out token-major, as SDPA's
+    flash kernels write it (CUDA's in the matmul dtype; a copy of the activations fewer per layer)
+    and as one token's (decoding) always is."""
     B, H, T, hd = y.shape
-    if T == 1 and y.dtype == dtype:
-        return y.transpose(1, 2).reshape(B, T, H * hd)
+    rows = y.transpose(1, 2)
+    if y.dtype == dtype and rows.is_contiguous():
+        return rows.view(B, T, H * hd)
     return torch.empty(B, T, H, hd, dtype=dtype, device=y.device).copy_(y.transpose(1, 2)).view(B, T, H * hd)
 
 

@@ -76,22 +76,27 @@ class RMSNorm(torch.autograd.Function):
         """`training`: the forward of a training step (which may time its tiles), not inference."""
         x2 = _rows(x)
         rows, d = x2.shape
-        y = torch.empty(rows, d, dtype=out_dtype, device=x.device)
+        y = torch.empty(x.shape, dtype=out_dtype, device=x.device)  # contiguous: row stride d
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
         block = tk.block_size(d)
 
         def launch(tile: Tile) -> None:
             tk.rms_norm_forward_kernel[(-(-rows // tile.rows),)](
-                x2, weight, y, rstd, x2.stride(0), y.stride(0), rows, d, eps,
+                x2, weight, y, rstd, x2.stride(0), d, rows, d, eps,
                 ROWS=tile.rows, BLOCK=block, num_warps=max(tile.warps, _warps(block)),
             )  # fmt: skip
 
         key = (rows, d, x2.dtype, out_dtype, x.device)
-        fitting = RMS_FORWARD_TILES.fitting(MAX_TILE_ELEMENTS, block)
-        launch(RMS_FORWARD_TILES.choose(key, launch, worth_timing(x2, rows * d, training), fitting))
+        tile = RMS_FORWARD_TILES.known(key) or RMS_FORWARD_TILES.choose(
+            key,
+            launch,
+            worth_timing(x2, rows * d, training),
+            RMS_FORWARD_TILES.fitting(MAX_TILE_ELEMENTS, block),
+        )
+        launch(tile)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.shape = x.shape  # type: ignore[attr-defined]
-        return y.view(x.shape)
+        return y
 
     @staticmethod
     def backward(
@@ -100,7 +105,7 @@ class RMSNorm(torch.autograd.Function):
         x2, weight, rstd = ctx.saved_tensors  # type: ignore[attr-defined]
         g2 = _rows(grad)
         rows, d = x2.shape
-        dx = torch.empty_like(x2)
+        dx = torch.empty(ctx.shape, dtype=x2.dtype, device=x2.device)  # type: ignore[attr-defined]
         programs = _programs(x2, rows)
         per_program = -(-rows // programs)
         programs = -(-rows // per_program)
@@ -109,25 +114,30 @@ class RMSNorm(torch.autograd.Function):
 
         def launch(tile: Tile) -> None:
             tk.rms_norm_backward_kernel[(programs,)](
-                g2, x2, weight, rstd, dx, parts, g2.stride(0), x2.stride(0), dx.stride(0), rows, d,
+                g2, x2, weight, rstd, dx, parts, g2.stride(0), x2.stride(0), d, rows, d,
                 ROWS_PER_PROGRAM=per_program, TILE=tile.rows, BLOCK=block, num_warps=tile.warps,
             )  # fmt: skip
 
         key = (rows, d, g2.dtype, x2.dtype, dx.device)
-        fitting = RMS_BACKWARD_TILES.fitting(MAX_TILE_ELEMENTS, block)
-        launch(RMS_BACKWARD_TILES.choose(key, launch, worth_timing(x2, rows * d, True), fitting))
+        tile = RMS_BACKWARD_TILES.known(key) or RMS_BACKWARD_TILES.choose(
+            key,
+            launch,
+            worth_timing(x2, rows * d, True),
+            RMS_BACKWARD_TILES.fitting(MAX_TILE_ELEMENTS, block),
+        )
+        launch(tile)
         dw = parts.sum(0).to(weight.dtype)
-        return dx.view(ctx.shape), dw, None, None, None  # type: ignore[attr-defined]
+        return dx, dw, None, None, None
 
 
 def swiglu_forward(h: torch.Tensor) -> torch.Tensor:
     h2 = _rows(h)
     rows, f = h2.shape[0], h2.shape[1] // 2
-    y = torch.empty(rows, f, dtype=h.dtype, device=h.device)
+    y = torch.empty(*h.shape[:-1], f, dtype=h.dtype, device=h.device)  # contiguous: row stride f
     block = min(SWIGLU_BLOCK, tk.block_size(f))
     grid = (rows, -(-f // block))
-    tk.swiglu_forward_kernel[grid](h2, y, h2.stride(0), y.stride(0), f, BLOCK=block, num_warps=_warps(block))
-    return y.view(*h.shape[:-1], f)
+    tk.swiglu_forward_kernel[grid](h2, y, h2.stride(0), f, f, BLOCK=block, num_warps=_warps(block))
+    return y
 
 
 class SwiGLU(torch.autograd.Function):
@@ -141,12 +151,12 @@ class SwiGLU(torch.autograd.Function):
         (h,) = ctx.saved_tensors  # type: ignore[attr-defined]
         h2, g2 = _rows(h), _rows(grad)
         rows, f = g2.shape
-        dh = torch.empty(rows, 2 * f, dtype=h.dtype, device=h.device)
+        dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)  # contiguous: row stride 2 f
         block = min(SWIGLU_BLOCK, tk.block_size(f))
         tk.swiglu_backward_kernel[(rows, -(-f // block))](
-            g2, h2, dh, g2.stride(0), h2.stride(0), dh.stride(0), f, BLOCK=block, num_warps=_warps(block)
+            g2, h2, dh, g2.stride(0), h2.stride(0), 2 * f, f, BLOCK=block, num_warps=_warps(block)
         )
-        return dh.view(h.shape)
+        return dh
 
 
 def cross_entropy_rows(
@@ -175,12 +185,13 @@ def cross_entropy_rows(
         )  # fmt: skip
 
     key = (vocab, logits.dtype, out.dtype, logits.device)  # the same for a step's last, shorter chunk
-    fitting = CROSS_ENTROPY_TILES.fitting(tk.block_size(vocab), 1)  # no block past the padded row
-    timed = worth_timing(logits, rows * vocab, grad is not None)
-    # timed candidates write their gradient apart: in place, the second would read the first's
-    scratch = torch.empty_like(out) if CROSS_ENTROPY_TILES.will_time(key, timed) else out
-    tile = CROSS_ENTROPY_TILES.choose(key, functools.partial(launch_into, scratch), timed, fitting)
-    del scratch  # before the launch in place: the chunk's memory bound holds
+    if (tile := CROSS_ENTROPY_TILES.known(key)) is None:
+        fitting = CROSS_ENTROPY_TILES.fitting(tk.block_size(vocab), 1)  # no block past the padded row
+        timed = worth_timing(logits, rows * vocab, grad is not None)
+        # timed candidates write their gradient apart: in place, the second would read the first's
+        scratch = torch.empty_like(out) if CROSS_ENTROPY_TILES.will_time(key, timed) else out
+        tile = CROSS_ENTROPY_TILES.choose(key, functools.partial(launch_into, scratch), timed, fitting)
+        del scratch  # before the launch in place: the chunk's memory bound holds
     launch_into(out, tile)
     return loss
 
@@ -214,8 +225,13 @@ def _move_qkv(
         )  # fmt: skip
 
     key = (B, T, heads, hd, n_rot, strides, packed.dtype, parts[0].dtype, to_parts, packed.device)
-    timed = worth_timing(packed, rows * (H + 2 * KV) * hd, training)
-    launch(ROPE_TILES.choose(key, launch, timed, ROPE_TILES.fitting(MAX_TILE_ELEMENTS // 2, block)))
+    tile = ROPE_TILES.known(key) or ROPE_TILES.choose(
+        key,
+        launch,
+        worth_timing(packed, rows * (H + 2 * KV) * hd, training),
+        ROPE_TILES.fitting(MAX_TILE_ELEMENTS // 2, block),
+    )
+    launch(tile)
 
 
 def _bth(t: torch.Tensor, heads_first: bool) -> tuple[int, int, int]:
