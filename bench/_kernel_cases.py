@@ -70,7 +70,7 @@ def qkv_cases(cfg: ModelConfig, batch: int, device: torch.device) -> list[Case]:
     qkv = _leaf(batch, T, H + 2 * KV, hd, dtype=BF16, device=device)
     cos, sin = (t.to(device) for t in rope_cache(cfg, T))
     tables = triton_ops.rope_tables(cos, sin)
-    views = cos.unsqueeze(1), sin.unsqueeze(1)  # as the attention passes them to the torch form
+    views = cos.unsqueeze(1), sin.unsqueeze(1)  # as fused_ops.qkv_heads passes them to the torch form
 
     def ours() -> tuple[torch.Tensor, ...]:
         return triton_ops.QKV.apply(qkv, *tables, (H, KV), BF16)

@@ -276,8 +276,7 @@ def test_decode_qkv_writes_the_new_token_into_the_cache(dtype: torch.dtype) -> N
     position = torch.tensor([at], device=DEVICE)
     rows = cos[at : at + 1], sin[at : at + 1]
     q = triton_ops.decode_qkv(qkv, rows, (H, KV), dtype, caches, position)
-    views = (t.cpu().unsqueeze(1) for t in rows)  # as the attention passes them
-    q2 = fused_ops.decode_qkv(qkv.cpu(), *views, (H, KV), dtype, theirs, position.cpu())
+    q2 = fused_ops.decode_qkv(qkv.cpu(), *(t.cpu() for t in rows), (H, KV), dtype, theirs, position.cpu())
     assert q.shape == (B, H, 1, hd) and q.dtype == dtype
     close(q.cpu(), q2, dtype)
     kept = torch.arange(ctx) != at

@@ -252,12 +252,14 @@ def _split_qkv(
 def qkv_heads(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: tuple[int, int], attn_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v for SDPA from the fused projection's output (see _QKV)."""
+    """q, k, v for SDPA from the fused projection's output (see _QKV); cos/sin: the (T, n_rot)
+    rope_cache rows of its positions, as the kernels read them (the torch forms broadcast them
+    over the heads themselves: no reshaping in every layer of a kernel step)."""
     if torch.compiler.is_compiling():  # plain ops: inductor fuses them and derives the backward
         H, KV = heads
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
         q, k = (
-            _rotate(t, cos, sin, attn_dtype).transpose(1, 2)
-            for t in qkv[:, :, : H + KV].split((H, KV), dim=2)
+            _rotate(t, c, s, attn_dtype).transpose(1, 2) for t in qkv[:, :, : H + KV].split((H, KV), dim=2)
         )
         return q, k, qkv[:, :, H + KV :].transpose(1, 2).to(attn_dtype)
     if (fused := triton_kernels_for(qkv)) is not None:
@@ -266,13 +268,14 @@ def qkv_heads(
             return fused.QKV.apply(qkv, *tables, heads, attn_dtype)
         return fused.split_qkv(qkv, tables, heads, attn_dtype)
     if attn_dtype == torch.float32 and cpu_kernels.usable(qkv, cos, sin):
-        tables = cos.reshape(-1, cos.shape[-1]).contiguous(), sin.reshape(-1, sin.shape[-1]).contiguous()
+        tables = cos.contiguous(), sin.contiguous()
         if torch.is_grad_enabled() and qkv.requires_grad:
             return _QKVKernel.apply(qkv, *tables, heads)
         return cpu_kernels.qkv_forward(qkv.contiguous(), *tables, heads)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, n_rot): over (B, T, heads, hd)
     if torch.is_grad_enabled() and qkv.requires_grad:
-        return _QKV.apply(qkv, cos, sin, heads, attn_dtype)
-    return _split_qkv(qkv, cos, sin, heads, attn_dtype)
+        return _QKV.apply(qkv, c, s, heads, attn_dtype)
+    return _split_qkv(qkv, c, s, heads, attn_dtype)
 
 
 def decode_qkv(
@@ -285,8 +288,9 @@ def decode_qkv(
     position: torch.Tensor,
 ) -> torch.Tensor:
     """A graphed decoding step's one new token: returns q for SDPA (B, H, 1, hd) and writes its k and
-    v into the layer's KV caches (B, KV, ctx, hd) at `position`, a one-element device tensor. On CUDA
-    one Triton kernel (two RoPE launches and two index_copy calls fewer per layer in the graph)."""
+    v into the layer's KV caches (B, KV, ctx, hd) at `position`, a one-element device tensor (cos/sin:
+    that position's (1, n_rot) rope_cache rows). On CUDA one Triton kernel (two RoPE launches and
+    two index_copy calls fewer per layer in the graph)."""
     if (fused := triton_kernels_for(qkv)) is not None:
         return fused.decode_qkv(qkv, fused.rope_tables(cos, sin), heads, attn_dtype, caches, position)
     q, k, v = qkv_heads(qkv, cos, sin, heads, attn_dtype)

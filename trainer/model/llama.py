@@ -124,7 +124,6 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, KV, hd = self.n_head, self.n_kv_head, self.head_dim
         cdt, attn_dtype = compute_dtype(x), attention_dtype(x, hd)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, n_rot): RoPE on (B, T, heads, hd)
         if cache is None or cache.position is not None:
             # One matmul for q, k and v (and one for their input gradient), on the weights
             # concatenated per call. Graphed decoding too, on weights concatenated once (packed):
@@ -141,6 +140,7 @@ class Attention(nn.Module):
             else:
                 q, k, v = qkv_heads(qkv, cos, sin, (H, KV), attn_dtype)
         else:
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (T, 1, n_rot): RoPE on (B, T, heads, hd)
             q = apply_rope(self.wq(x).view(B, T, H, hd), cos, sin, attn_dtype).transpose(
                 1, 2
             )  # (B, H, T, hd)

@@ -319,7 +319,10 @@ def decode_qkv(
 
 
 def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (T, n_rot) float32 contiguous tables the kernel reads, from the attention's views."""
+    """The (T, n_rot) float32 contiguous tables the kernel reads: the rope_cache rows themselves
+    where they are that already (as a float32 model's are; no operation in every layer)."""
+    if all(t.dim() == 2 and t.dtype == torch.float32 and t.is_contiguous() for t in (cos, sin)):
+        return cos, sin
     n_rot = cos.shape[-1]
     return (
         cos.reshape(-1, n_rot).to(torch.float32).contiguous(),
