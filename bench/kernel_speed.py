@@ -14,7 +14,9 @@ The GB/s of a kernel counts the bytes it must read and write once (its inputs an
 with the torch-op form's at this shape (the tests check them at small ones). For the tiled kernels
 (RMSNorm both ways, the q/k/v split, the cross-entropy) it also prints every candidate tile's time, as
 trainer.model.kernel_tiles measured them on the first training launch, and the default tile (what
-runs untimed).
+runs untimed). Last, causal attention forward and backward through each of torch's SDPA backends
+(flash, cuDNN, memory-efficient) at llama-110m's and the 1.2B config's shapes
+(bench/_attention_cases.py): which one the model's attention should prefer on this GPU.
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     item = "Triton vs torch ops: largest relative difference"
     emit(Row("kernels", item, worst, goal=f"<= {MAX_DIFFERENCE}", met=ok))
     print_tiles()
+    from bench._attention_cases import compare_backends
+
+    compare_backends(timer.seconds, device, args.smoke)
     return 0 if ok else 1
 
 
