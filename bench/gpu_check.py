@@ -11,10 +11,11 @@ step prints its figures as GPU_CHECK_ROW lines, bench/_gpu_rows.py), with the is
 whether they are met, and writes it to DIR/gpu_check.json. On 2026-11-27 an H100 took: machine
 6 s, kernels 16, nanogpt 52, inference 30, tests 94, service 57, and throughput ran out of its then
 300 s (each timed run wrote a stop checkpoint, 14 GB at 1.2B; no longer), so checkpoints became
-opt-in. `profile` and throughput's graphed runs came after and are not timed there yet: the
-default steps (all but the opt-in ones; `nanogpt` only with --nanogpt) come to about 10-11
-minutes, so a device tool whose calls stop at 10 minutes takes two, e.g. `--steps
-machine,kernels,throughput,profile,nanogpt` and then `--steps tests,inference,service`.
+opt-in, and so is `profile` (a diagnosis, no claim). The default steps (all but the opt-in ones;
+`nanogpt` only with --nanogpt) are meant to fit the issue's 10 minutes; throughput's graphed run
+(llama-110m) and kernels' attention backends came after that H100 run and are not timed yet. A
+device tool whose calls stop at 10 minutes may still want two calls, e.g. `--steps
+machine,kernels,throughput,nanogpt` and then `--steps tests,inference,service,profile`.
 
 1. `machine`: the GPU, its driver and the torch in use (the box's own torch, not our pinned CPU wheel).
 2. `peer` (only when named in --steps): bench/peer.py's `shakespeare-gpu` recipe, nanoGPT's config/train_shakespeare_char.py beside
@@ -35,7 +36,7 @@ machine,kernels,throughput,profile,nanogpt` and then `--steps tests,inference,se
    `nanogpt` (with --nanogpt): nanoGPT's own bench.py eager and compiled (bench/nanogpt_bench.py);
    the table divides our llama-110m's FLOP rate by its (the issue's goals), and beside them that of
    llama-110m at nanoGPT's vocabulary (50304; throughput's -v50k config), the like-for-like rate.
-   `profile`: bench/profile_step.py --loop, llama-110m's eager step in the trainer's own loop at
+   `profile` (only when named in --steps): bench/profile_step.py --loop, llama-110m's eager step in the trainer's own loop at
    vocabularies 258 and 50304: its wall time against the kernel time in it (a step that takes much
    longer than its kernels waits on the host), and where the kernel time goes.
 6. `checkpoints` (only when named in --steps): `fromscratch train` of issue 22's H100 job (llama-110m, ctx 1024, batch 16, 300 steps,
@@ -90,7 +91,7 @@ STEPS = (
     "machine", "peer", "tests", "kernels", "throughput", "profile", "nanogpt", "checkpoints", "inference",
     "service", "compile_policy",
 )  # fmt: skip
-OPT_IN = {"peer", "checkpoints", "compile_policy"}  # run only when named in --steps
+OPT_IN = {"peer", "profile", "checkpoints", "compile_policy"}  # run only when named in --steps
 
 
 def cuda_test_files() -> list[str]:
