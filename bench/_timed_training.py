@@ -188,6 +188,10 @@ class StepTimer(Callbacks):
     def on_start(self, info: StartInfo) -> None:
         self._start = clock()
 
+    def on_note(self, message: str) -> None:
+        """The run's decisions (compile auto's, whether CUDA graphs captured) beside its figures."""
+        print(f"    note: {message}", flush=True)
+
     def on_step(self, metrics: StepMetrics) -> None:
         now = clock()  # after loss.item(): the step is done on the device
         assert self._start is not None
