@@ -20,7 +20,7 @@ from trainer.model.graphed_blocks import BlockStep, GraphedBlocks
 from trainer.model.llama import Llama
 from trainer.run import cuda_graphs
 from trainer.run.cuda_graphs import unusable
-from trainer.run.loop import train
+from trainer.run.loop import TrainResult, train
 from trainer.run.report import Callbacks
 
 MODEL = dict(n_layer=2, n_head=2, n_embd=128, ctx=128)  # head_dim 64: SDPA's flash kernel takes it
@@ -124,6 +124,21 @@ def test_graphed_training_follows_the_eager_run_on_cuda(
     np.testing.assert_allclose(graphed, eager, rtol=2e-2)  # the same kernels, replayed
 
 
+def stand_in_for_capture(monkeypatch: pytest.MonkeyPatch, capture: Callable[..., tuple[Any, ...]]) -> None:
+    """CUDA's capture replaced by `capture`, and the device check passed: the glue runs on the CPU."""
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
+    monkeypatch.setattr(cuda_graphs, "unusable", lambda run: None)
+
+
+def train_two_blocks(out: Path, cfg: TrainConfig, data: Any, tokenizer: Any) -> tuple[TrainResult, Notes]:
+    """A 2-layer model trained into `out`; its result and the notes of its run."""
+    notes = Notes()
+    result = train(
+        ModelConfig(n_layer=2, n_head=2, n_embd=32, ctx=32), cfg, data, out, notes, tokenizer=tokenizer
+    )
+    return result, notes
+
+
 def test_a_run_that_may_graph_captures_after_its_first_step_and_its_steps_take_the_graphs(
     tmp_path: Path,
     shakespeare_data: Any,
@@ -143,17 +158,9 @@ def test_a_run_that_may_graph_captures_after_its_first_step_and_its_steps_take_t
             step.register_forward_hook(lambda *args: ran.append(1))
         return steps
 
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", identity)
-    monkeypatch.setattr(cuda_graphs, "unusable", lambda run: None)
-    notes = Notes()
-    train(
-        ModelConfig(n_layer=2, n_head=2, n_embd=32, ctx=32),
-        tiny_train(max_steps=4, eval_every=2, cuda_graphs=True, compile=False),
-        shakespeare_data,
-        tmp_path,
-        notes,
-        tokenizer=byte_tokenizer,
-    )
+    stand_in_for_capture(monkeypatch, identity)
+    cfg = tiny_train(max_steps=4, eval_every=2, cuda_graphs=True, compile=False)
+    _, notes = train_two_blocks(tmp_path, cfg, shakespeare_data, byte_tokenizer)
     assert captured == [2] and "CUDA graphs on at step 1: 2 blocks captured" in notes.notes[0]
     assert "matches the eager block to 0.0e+00" in notes.notes[0]
     # the check at capture replays the first block once; then steps 2 to 4, two blocks each, go
@@ -201,19 +208,11 @@ def test_a_capture_that_fails_or_disagrees_leaves_the_run_eager(
 ) -> None:
     """A failed capture, or one whose replay is not the eager block's computation, is said in the
     run's output and the run trains on eager, to the same losses as a run that never asked."""
-    monkeypatch.setattr(torch.cuda, "make_graphed_callables", capture)
-    monkeypatch.setattr(cuda_graphs, "unusable", lambda run: None)
+    stand_in_for_capture(monkeypatch, capture)
     losses = {}
     for name, graphs in (("asked", True), ("plain", False)):
-        notes = Notes()
-        result = train(
-            ModelConfig(n_layer=2, n_head=2, n_embd=32, ctx=32),
-            tiny_train(max_steps=3, eval_every=0, cuda_graphs=graphs, compile=False),
-            shakespeare_data,
-            tmp_path / name,
-            notes,
-            tokenizer=byte_tokenizer,
-        )
+        cfg = tiny_train(max_steps=3, eval_every=0, cuda_graphs=graphs, compile=False)
+        result, notes = train_two_blocks(tmp_path / name, cfg, shakespeare_data, byte_tokenizer)
         assert result.stop_reason == "completed"
         losses[name] = train_losses(tmp_path / name)
         if graphs:

@@ -145,9 +145,24 @@ class TileTable:
 
     def known(self, key: Hashable) -> Tile | None:
         """The tile `choose` would give without timing anything: the forced one, or the one already
-        chosen for `key` (None: ask `choose`). The wrappers ask this first, and work out whether to
-        time and what fits only on a shape's first launch (host time in every launch of a step)."""
+        chosen for `key` (None: ask `choose`). Asked first, so whether to time and what fits are
+        worked out only on a shape's first launch (host time in every launch of a step)."""
         return self._forced or self.chosen.get(key)
+
+    def pick(
+        self,
+        key: Hashable,
+        launch: Launch,
+        t: torch.Tensor,
+        elements: int,
+        training: bool,
+        fit: tuple[int, int],
+    ) -> Tile:
+        """A wrapper's tile for a launch over `elements` values of t: the known one, else `choose`'s,
+        timed where worth_timing says so, among the candidates fitting(*fit) (max_elements, block)."""
+        return self.known(key) or self.choose(
+            key, launch, worth_timing(t, elements, training), self.fitting(*fit)
+        )
 
     def choose(self, key: Hashable, launch: Launch, timed: bool, candidates: Sequence[Tile] = ()) -> Tile:
         """The tile for this launch: the forced one (tests), the one timed fastest for `key` (timing

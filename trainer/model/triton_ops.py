@@ -87,13 +87,7 @@ class RMSNorm(torch.autograd.Function):
             )  # fmt: skip
 
         key = (rows, d, x2.dtype, out_dtype, x.device)
-        tile = RMS_FORWARD_TILES.known(key) or RMS_FORWARD_TILES.choose(
-            key,
-            launch,
-            worth_timing(x2, rows * d, training),
-            RMS_FORWARD_TILES.fitting(MAX_TILE_ELEMENTS, block),
-        )
-        launch(tile)
+        launch(RMS_FORWARD_TILES.pick(key, launch, x2, rows * d, training, (MAX_TILE_ELEMENTS, block)))
         ctx.save_for_backward(x2, weight, rstd)
         ctx.shape = x.shape  # type: ignore[attr-defined]
         return y
@@ -119,13 +113,7 @@ class RMSNorm(torch.autograd.Function):
             )  # fmt: skip
 
         key = (rows, d, g2.dtype, x2.dtype, dx.device)
-        tile = RMS_BACKWARD_TILES.known(key) or RMS_BACKWARD_TILES.choose(
-            key,
-            launch,
-            worth_timing(x2, rows * d, True),
-            RMS_BACKWARD_TILES.fitting(MAX_TILE_ELEMENTS, block),
-        )
-        launch(tile)
+        launch(RMS_BACKWARD_TILES.pick(key, launch, x2, rows * d, True, (MAX_TILE_ELEMENTS, block)))
         dw = parts.sum(0).to(weight.dtype)
         return dx, dw, None, None, None
 
@@ -225,13 +213,8 @@ def _move_qkv(
         )  # fmt: skip
 
     key = (B, T, heads, hd, n_rot, strides, packed.dtype, parts[0].dtype, to_parts, packed.device)
-    tile = ROPE_TILES.known(key) or ROPE_TILES.choose(
-        key,
-        launch,
-        worth_timing(packed, rows * (H + 2 * KV) * hd, training),
-        ROPE_TILES.fitting(MAX_TILE_ELEMENTS // 2, block),
-    )
-    launch(tile)
+    elements = rows * (H + 2 * KV) * hd
+    launch(ROPE_TILES.pick(key, launch, packed, elements, training, (MAX_TILE_ELEMENTS // 2, block)))
 
 
 def _bth(t: torch.Tensor, heads_first: bool) -> tuple[int, int, int]:
