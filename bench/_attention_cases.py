@@ -79,7 +79,8 @@ def compare_backends(
                     seconds = seconds_of(step)
                     out = step().detach().float()
             except RuntimeError as e:  # this backend does not take the shape (or is not built)
-                print(f"  {backend.name:20s} not available: {str(e).strip().splitlines()[0][:120]}")
+                reason = (str(e).strip() or type(e).__name__).splitlines()[0]
+                print(f"  {backend.name:20s} not available: {reason[:120]}")
                 continue
             first = out if first is None else first
             difference = float((out - first).abs().max() / first.abs().max())

@@ -62,7 +62,7 @@ def capture_when_due(run: TrainRun) -> str | None:
         graphed = capture(run.model, run.cfg.batch_size, run.dtype)
         difference = difference_from_eager(run.model, graphed, run.dtype)
     except RuntimeError as e:  # torch's capture errors; the blocks are untouched: train eager
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first_line = (str(e).strip() or type(e).__name__).splitlines()[0]
         return f"CUDA graphs off: capturing the blocks failed ({first_line[:200]})"
     if not difference <= MAX_DIFFERENCE:  # NaN too
         return (
