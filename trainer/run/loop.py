@@ -127,9 +127,12 @@ def train(
             result = optimizer_step(*next_batch(run))
             run.step += 1
             run.tokens_seen += run.tokens_per_step
+            report.read_queued()  # the last logged step's numbers: on CUDA, read once this one is queued
             if due(run, cfg.log_every):
                 report.step(lr, result)  # the loss (a NaN ends the run), and the ranks' stop decision
             evaluating = run.make_val_sampler is not None and due(run, cfg.resolved_eval_every)
+            if evaluating or checkpoint_due(run):
+                report.read_queued()  # this step reported (its loss checked) before its weights are used
             if run.is_main or run.sharded:  # DDP: rank 0 evaluates and saves alone; FSDP: every rank
                 with report.not_training():
                     if evaluating:
@@ -139,6 +142,7 @@ def train(
             if evaluating and run.world > 1 and cfg.resolved_early_stopping_patience > 0:
                 report.agree_early_stop()  # every rank leaves after this step, as one process would
         # the end: final/ (after a full validation pass), or a checkpoint a stopped run resumes from
+        report.read_queued()
         stop_reason: StopReason = stop or "completed"
         run.writer.wait()  # the end reads and reports what is written in the background
         final = final_checkpoint(run, stop_reason, report)

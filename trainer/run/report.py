@@ -24,6 +24,7 @@ from trainer.config.metrics import EvalMetrics, FullEvalMetrics, StepMetrics
 from trainer.run.collectives import STOP_CODES, agree_stop, all_reduce_sum
 from trainer.run.memory import PeakMemory
 from trainer.run.metrics_file import MetricsFile, NoMetricsFile
+from trainer.run.step_read import QueuedRead, deferred_reads_on
 
 if TYPE_CHECKING:
     from trainer.run.state import StartInfo, TrainRun
@@ -47,7 +48,8 @@ class Callbacks:
         """info: total_steps, start_step, n_params, tokens_per_step, device, dtype."""
 
     def on_step(self, metrics: StepMetrics) -> None:
-        """Called every `log_every` steps (and on the last step)."""
+        """Called every `log_every` steps (and on the last step); on CUDA once the next step is queued
+        (trainer.run.step_read)."""
 
     def on_eval(self, metrics: EvalMetrics) -> None:
         """The validation loss and token accuracy (eval_batches batches), every `eval_every` steps."""
@@ -99,6 +101,9 @@ class Report:
         self.peak_memory = PeakMemory(run.device)  # the run's peak, not the worker process's
         self.clock = _Clock(run.tokens_seen)
         self.agreed: StopReason | None = self._agree_stop() if run.world > 1 else None
+        # a logged step's numbers not yet read: on CUDA, until the next step is queued (step_read)
+        self.deferred = deferred_reads_on(run.device.type)
+        self.queued: QueuedRead | None = None
 
     def close(self) -> None:
         self.metrics.close()
@@ -108,10 +113,11 @@ class Report:
         return self._asked_to_stop() if self.run.world == 1 else self.agreed
 
     def step(self, lr: float, result: StepResult) -> None:
-        """The step's loss, gradient norm and accuracy, read in one transfer (the one device sync per
-        logged step); a NaN/inf loss ends the run. Several processes: loss and accuracy are summed
-        over the ranks (each holds its share) in one all-reduce that also carries rank 0's stop code
-        (the gradients, hence the norm, are the same on every rank)."""
+        """Queue the step's loss, gradient norm and accuracy for reading, in one transfer; read at
+        once, or on CUDA by `read_queued` once the next step is queued (trainer.run.step_read).
+        Several processes: loss and accuracy are summed over the ranks (each holds its share) in one
+        all-reduce that also carries rank 0's stop code (the gradients, hence the norm, are the same
+        on every rank)."""
         run = self.run
         loss, accuracy = result.loss.detach().float(), result.accuracy.float()
         stop = torch.zeros((), device=loss.device)
@@ -120,18 +126,31 @@ class Report:
                 stop += STOP_CODES[self._asked_to_stop()]
             loss, accuracy, stop = all_reduce_sum(torch.stack([loss, accuracy, stop])).unbind()
         norm = result.grad_norm.detach().float().to(loss.device)
-        train_loss, grad_norm, train_accuracy, stop_code = torch.stack([loss, norm, accuracy, stop]).tolist()
-        run.last_train_loss, run.last_train_accuracy = train_loss, train_accuracy
+        values = torch.stack([loss, norm, accuracy, stop])
+        self.read_queued()  # a step logged before this one, not read yet: first
+        self.queued = QueuedRead.queue(run.step, run.tokens_seen, lr, values)
+        if not self.deferred:
+            self.read_queued()
+
+    def read_queued(self) -> None:
+        """Reports the logged step queued for reading, if any (a NaN/inf loss ends the run). The loop
+        calls it after queueing each step, and before what must see every step reported: an
+        evaluation, a checkpoint, the end."""
+        queued, self.queued = self.queued, None
+        if queued is None:
+            return
+        train_loss, grad_norm, train_accuracy, stop_code = queued.read()
+        self.run.last_train_loss, self.run.last_train_accuracy = train_loss, train_accuracy
         if not math.isfinite(train_loss):
-            raise TrainingDiverged(run.step, train_loss)
+            raise TrainingDiverged(queued.step, train_loss)
         measured = StepMetrics(
-            step=run.step,
+            step=queued.step,
             train_loss=train_loss,
             train_accuracy=train_accuracy,
-            lr=lr,
+            lr=queued.lr,
             grad_norm=grad_norm,
-            tokens_per_s=self.clock.tokens_per_s(run.tokens_seen),
-            tokens_seen=run.tokens_seen,
+            tokens_per_s=self.clock.tokens_per_s(queued.tokens_seen),
+            tokens_seen=queued.tokens_seen,
             peak_memory_bytes=self.peak_memory.read(),
         )
         self.metrics.write(measured)
