@@ -165,9 +165,14 @@ class EnoughSteps(Exception):
 
 class StepTimer(Callbacks):
     """Times each step (from the end of the previous on_step to this one: the loop's own per-step
-    work included) and, between steps, measures the fp32 and bf16 matmul peaks, so every step has
-    a peak measured right beside it (the mean of the measurements before and after it). It ends the
-    run by raising EnoughSteps, which run_training catches."""
+    work included) and measures the fp32 and bf16 matmul peaks between steps, so every step has a
+    peak measured beside it (the mean of the nearest measurements before and after it). It ends the
+    run by raising EnoughSteps, which run_training catches.
+
+    On the CPU the peaks are measured after every timed step. On CUDA only where the timed steps
+    start and after the last: a step is reported there once the next is queued (trainer.run.
+    step_read), and a measurement between steps (which waits for the GPU) would break that
+    overlap and time the step after it as the host's queueing alone."""
 
     def __init__(
         self,
@@ -180,7 +185,7 @@ class StepTimer(Callbacks):
         self.warmup, self.min_steps, self.seconds, self.device = warmup, min_steps, seconds, device
         self.peak = peak
         self.durations: list[float] = []
-        self.peaks: list[dict[str, float]] = []  # peaks[i] measured after step i
+        self.peaks: list[dict[str, float]] = []  # peaks[i] measured after step i ({}: none)
         self.losses: list[float] = []
         self.peak_kib: int | None = None
         self._start: float | None = None
@@ -193,15 +198,15 @@ class StepTimer(Callbacks):
         print(f"    note: {message}", flush=True)
 
     def on_step(self, metrics: StepMetrics) -> None:
-        now = clock()  # after loss.item(): the step is done on the device
+        now = clock()  # after the step's loss is read: the step is done on the device
         assert self._start is not None
         self.durations.append(now - self._start)
         self.losses.append(metrics.train_loss)
-        if len(self.durations) >= self.warmup and self.peak is not None:
-            self.peaks.append(self.peak())
-        else:
-            self.peaks.append({})
-        if self._enough():
+        enough = self._enough()
+        if enough:  # the training steps' peak memory, read before the matmul peak's buffers exist
+            self._read_peak_memory()
+        self.peaks.append(self.peak() if self._measures_peak_now(enough) else {})
+        if enough:
             raise EnoughSteps
         self._start = clock()
 
@@ -209,21 +214,26 @@ class StepTimer(Callbacks):
         """(duration, peak beside it) of each step after the warmup."""
         out = []
         for i in range(self.warmup, len(self.durations)):
-            before, after = self.peaks[i - 1], self.peaks[i]
+            before = next((p for p in reversed(self.peaks[:i]) if p), {})
+            after = next((p for p in self.peaks[i:] if p), {})
             peak = {k: (before[k] + after[k]) / 2 for k in before} if before and after else {}
             out.append((self.durations[i], peak))
         return out
 
-    def _enough(self) -> bool:
-        timed = self.timed()
-        if len(timed) < self.min_steps or sum(d for d, _ in timed) < self.seconds:
+    def _measures_peak_now(self, enough: bool) -> bool:
+        if self.peak is None or len(self.durations) < self.warmup:
             return False
-        # the training steps' peak memory, read before anything else runs
+        return self.device.type != "cuda" or enough or len(self.durations) == self.warmup
+
+    def _enough(self) -> bool:
+        timed = self.durations[self.warmup :]
+        return len(timed) >= self.min_steps and sum(timed) >= self.seconds
+
+    def _read_peak_memory(self) -> None:
         if self.device.type == "cuda":
             self.peak_kib = torch.cuda.max_memory_allocated(self.device) // 1024
         else:
             self.peak_kib = _status_kib("VmHWM")
-        return True
 
 
 @dataclasses.dataclass

@@ -108,8 +108,12 @@ class LoopProfiler(Callbacks):
         self.seen, self.started, self.wall_s = 0, 0.0, 0.0
 
     def on_step(self, metrics: StepMetrics) -> None:
-        self.seen += 1  # on_step comes after the step's loss.item(): its kernels are done
+        # on CUDA a step is reported once the next one is queued (trainer.run.step_read): waiting
+        # for the device at both ends puts `steps` whole steps in the window, reported late or not
+        self.seen += 1
         if self.seen == LOOP_WARMUP:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
             self.prof.start()
             self.started = time.perf_counter()
         elif self.seen == LOOP_WARMUP + self.steps:
