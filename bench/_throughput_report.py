@@ -143,6 +143,7 @@ def emit_rows(rows: list[Row], device: torch.device) -> None:
         v = r.variant
         mode = f"{'compiled' if v.compile else 'eager'}{' graphed' if v.graphs else ''}"
         label = f"{v.name} {v.precision} {mode}{'' if v.kernels else ' torch-ops'}"
+        label += " reads-at-once" if v.reads_at_once else ""
         tps = median(r.tps)
         emit(CheckRow("throughput", f"{label} tokens/s", tps, "tokens/s"))
         emit(CheckRow("throughput", f"{label} TFLOP/s", tps * r.flops_per_token / 1e12, "TFLOP/s"))

@@ -30,6 +30,7 @@ from trainer.config.metrics import StepMetrics
 from trainer.data.prepare import TokenData
 from trainer.data.tokenizers import ByteTokenizer
 from trainer.model import cpu_kernels, triton_kernels
+from trainer.run import step_read
 from trainer.run.loop import train
 from trainer.run.report import Callbacks
 from trainer.run.state import StartInfo
@@ -61,14 +62,18 @@ class Variant:
     # CUDA (trainer.model.triton_kernels); False: torch ops
     kernels: bool = True
     graphs: bool = False  # TrainConfig.cuda_graphs: the blocks replayed as CUDA graphs
+    # each step's loss read at once (FROMSCRATCH_DEFERRED_READS=0), CUDA's way before it read them
+    # one step late (trainer/run/step_read.py): the A/B of that change
+    reads_at_once: bool = False
 
     @property
     def label(self) -> tuple[str, str, str, str]:
+        kernels = "graphed" if self.graphs else "fused" if self.kernels else "torch"
         return (
             self.name,
             self.precision,
             "on" if self.compile else "off",
-            "graphed" if self.graphs else "fused" if self.kernels else "torch",
+            kernels + (" (read at once)" if self.reads_at_once else ""),
         )
 
     @property
@@ -297,6 +302,10 @@ def run_training(
             torch.set_num_threads(threads)
         for switch in (cpu_kernels.DISABLE_ENV, triton_kernels.DISABLE_ENV):
             os.environ[switch] = "1" if v.kernels else "0"
+        if v.reads_at_once:
+            os.environ[step_read.ENV] = "0"
+        else:  # the device's default
+            os.environ.pop(step_read.ENV, None)
         cpu_kernels._load.cache_clear()  # both read the switch anew
         triton_kernels.available.cache_clear()
         train_until_enough(v.model, cfg, data, timer)

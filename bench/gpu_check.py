@@ -151,7 +151,7 @@ def commands(args: argparse.Namespace) -> dict[str, tuple[list[str], int]]:
             args.tests_timeout,
         ),
         "kernels": ([py, "bench/kernel_speed.py", *smoke], 180),
-        "throughput": (throughput, 420),
+        "throughput": (throughput, 450),  # 420 s, and the late-reads A/B's run
         "profile": ([py, "bench/profile_step.py", "--device", args.device, *profile], 120),
         "nanogpt": (nanogpt, 300),
         "checkpoints": (checkpoints_command(args), 300),

@@ -189,7 +189,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--kernels-ab",
         action="store_true",
-        help="eager runs with the fused kernels (CPU fp32: C; CUDA: Triton) and with torch ops, side by side",
+        help="eager runs with the fused kernels (CPU fp32: C; CUDA: Triton) and with torch ops, side by side; "
+        "CUDA: also llama-110m with each step's loss read at once, not a step late",
     )
     ap.add_argument("--batch-size", type=int, default=16, help="CUDA batch size (CPU configs fix their own)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -247,6 +248,10 @@ def benchmark_rows(args: argparse.Namespace, cuda: bool) -> list[Row]:
     if cuda and not args.smoke:
         variants += [
             Variant(n, m, bs, p, graphs=True) for n, m, bs in configs if n in CUDA_GRAPHED for p in precisions
+        ]
+    if cuda and args.kernels_ab:  # each step's loss read at once, as before it was read a step late
+        variants += [
+            Variant(n, m, bs, p, reads_at_once=True) for n, m, bs in configs if n in CUDA_AB for p in precisions
         ]
     rows = []
     for v in variants:

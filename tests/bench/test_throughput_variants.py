@@ -1,0 +1,51 @@
+"""bench/trainer_throughput.py's runs on CUDA, listed on the CPU (the list is built on the meta
+device): which configs get the kernels A/B, the CUDA-graphed run and the reads-at-once run, and that
+a reads-at-once run really reads at once (trainer/run/step_read.py's variable, set per run)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import trainer_throughput
+from bench._timed_training import Variant
+from trainer.config import model_config_from_preset
+from trainer.run.step_read import ENV, deferred_reads_on
+
+
+def cuda_labels(*options: str) -> list[tuple[str, str, str, str]]:
+    args = trainer_throughput.parse_args(list(options))  # --device cpu: no GPU here
+    return [row.variant.label for row in trainer_throughput.benchmark_rows(args, cuda=True)]
+
+
+def test_the_kernels_ab_on_cuda_adds_the_torch_ops_and_the_reads_at_once_runs_of_llama_110m() -> None:
+    labels = cuda_labels("--kernels-ab")
+    eager_110m = [label[3] for label in labels if label[0] == "llama-110m" and label[2] == "off"]
+    assert eager_110m == ["fused", "torch", "graphed", "fused (read at once)"]
+    assert not any("read at once" in label[3] for label in labels if label[0] != "llama-110m")
+    assert not any("read at once" in label[3] for label in cuda_labels())  # no A/B asked for
+
+
+@pytest.mark.parametrize("at_once", [True, False])
+def test_a_run_sets_the_late_reads_variable_for_itself(
+    monkeypatch: pytest.MonkeyPatch, at_once: bool
+) -> None:
+    """run_training's set-up of the variable, as train() will read it (the run itself stubbed)."""
+    from bench import _timed_training
+
+    seen: list[bool] = []
+    monkeypatch.setattr(
+        _timed_training, "train_until_enough", lambda *a: seen.append(deferred_reads_on("cuda"))
+    )
+    # the variable left by an earlier run says the opposite; the run's switches stay in the test
+    monkeypatch.setattr(os, "environ", {**os.environ, ENV: "1" if at_once else "0"})
+    model = model_config_from_preset("llama-tiny", vocab_size=258)
+    variant = Variant("llama-tiny", model, 2, "fp32", reads_at_once=at_once)
+    _timed_training.run_training(variant, None, _timed_training.torch.device("cpu"), 1, 1, 0.0, None, dict)  # type: ignore[arg-type]
+    assert seen == [not at_once]  # at once: off on CUDA too; else the device's default (on for CUDA)
+    assert (os.environ.get(ENV) == "0") is at_once
