@@ -251,7 +251,10 @@ def benchmark_rows(args: argparse.Namespace, cuda: bool) -> list[Row]:
         ]
     if cuda and args.kernels_ab:  # each step's loss read at once, as before it was read a step late
         variants += [
-            Variant(n, m, bs, p, reads_at_once=True) for n, m, bs in configs if n in CUDA_AB for p in precisions
+            Variant(n, m, bs, p, reads_at_once=True)
+            for n, m, bs in configs
+            if n in CUDA_AB
+            for p in precisions
         ]
     rows = []
     for v in variants:
