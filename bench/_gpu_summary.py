@@ -24,6 +24,8 @@ NANOGPT_GOALS: tuple[tuple[str, str, float | None], ...] = (
     ("llama-110m bf16 compiled TFLOP/s", "nanoGPT 124M bf16 compiled TFLOP/s", 1.1),
     # eager with cuda_graphs on (off by default until a GPU has measured it): beside, no goal
     ("llama-110m bf16 eager graphed TFLOP/s", "nanoGPT 124M bf16 eager TFLOP/s", None),
+    # each step's loss read at once (the A/B of reading it a step late, trainer/run/step_read.py)
+    ("llama-110m bf16 eager reads-at-once TFLOP/s", "nanoGPT 124M bf16 eager TFLOP/s", None),
     # at nanoGPT's vocabulary (trainer_throughput's -v50k config): no goal of the issue's, shown beside
     ("llama-110m-v50k bf16 eager TFLOP/s", "nanoGPT 124M bf16 eager TFLOP/s", None),
     ("llama-110m-v50k bf16 compiled TFLOP/s", "nanoGPT 124M bf16 compiled TFLOP/s", None),

@@ -288,13 +288,14 @@ def main(argv: list[str] | None = None) -> int:
         order: list[Row] = rows if rnd % 2 == 0 else list(reversed(rows))  # cancel slow drifts
         for row in order:
             run_round(row, args, data, meter, f"round {rnd + 1}/{rounds}")
+            if rnd == rounds - 1:  # its figures are final: out now, so a run cut short keeps them
+                emit_rows([row], device)
     if args.loss_check:
         split = int(len(data.train) * 0.9)
         loss_check(
             args.loss_check, TokenData(train=data.train[:split], val=data.train[split:]), device, args.threads
         )
     print_table(rows, meter, device)
-    emit_rows(rows, device)
     print(
         "# peak MiB: CPU = peak RSS growth over the RSS before the run (model, grads, optimizer, "
         "activations); CUDA = torch.cuda.max_memory_allocated"

@@ -80,3 +80,16 @@ def test_host_ops_counts_the_operations_and_launches_of_a_cuda_step(tmp_path: Pa
     ops = int(line.split("ours: ")[1].split(" aten")[0].replace(",", ""))
     launches = int(line.split(", ")[-1].split(" Triton")[0])
     assert ops > 100 and launches == 8 * 2 + 3, line
+
+
+@pytest.mark.timeout(240)
+def test_trainer_throughput_gives_each_runs_rows_when_its_runs_are_done(tmp_path: Path) -> None:
+    """A variant's GPU_CHECK_ROW lines follow its last run, before the next variant runs and before
+    the table: gpu_check keeps them when it stops the step at its time limit."""
+    proc = run_smoke("trainer_throughput.py", tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    run_done = next(i for i, line in enumerate(lines) if line.lstrip().startswith("round 1/1 "))
+    rows = [i for i, line in enumerate(lines) if line.startswith("GPU_CHECK_ROW ")]
+    header = next(i for i, line in enumerate(lines) if line.startswith("config "))
+    assert rows and run_done < rows[0] and rows[-1] < header, proc.stdout[-3000:]
