@@ -35,7 +35,7 @@ from trainer.run.checkpoint_writer import CheckpointTimes
 from trainer.run.report import ENDS_AS_MODEL, Callbacks, Report, StopReason
 from trainer.run.setup import start_run
 from trainer.run.state import TrainRun
-from trainer.run.step import OptimizerStep, evaluate, evaluate_batches, next_batch
+from trainer.run.step import OptimizerStep, StepResult, evaluate, evaluate_batches, next_batch
 
 if TYPE_CHECKING:  # trainer.data.prepare is imported lazily (see trainer.run.setup)
     from trainer.data.prepare import TokenData
@@ -127,20 +127,7 @@ def train(
             result = optimizer_step(*next_batch(run))
             run.step += 1
             run.tokens_seen += run.tokens_per_step
-            report.read_queued()  # the last logged step's numbers: on CUDA, read once this one is queued
-            if due(run, cfg.log_every):
-                report.step(lr, result)  # the loss (a NaN ends the run), and the ranks' stop decision
-            evaluating = run.make_val_sampler is not None and due(run, cfg.resolved_eval_every)
-            if evaluating or checkpoint_due(run):
-                report.read_queued()  # this step reported (its loss checked) before its weights are used
-            if run.is_main or run.sharded:  # DDP: rank 0 evaluates and saves alone; FSDP: every rank
-                with report.not_training():
-                    if evaluating:
-                        evaluate_and_keep_best(run, report)
-                    if checkpoint_due(run):
-                        run.save_step_checkpoint(report.checkpoint, background=True)
-            if evaluating and run.world > 1 and cfg.resolved_early_stopping_patience > 0:
-                report.agree_early_stop()  # every rank leaves after this step, as one process would
+            after_step(run, report, lr, result)  # its report, evaluation and checkpoint
         # the end: final/ (after a full validation pass), or a checkpoint a stopped run resumes from
         report.read_queued()
         stop_reason: StopReason = stop or "completed"
@@ -185,6 +172,26 @@ def between_steps(run: TrainRun, report: Report) -> None:
     with report.not_training():
         if (decided := run.between_steps()) is not None:
             report.note(decided)
+
+
+def after_step(run: TrainRun, report: Report, lr: float, result: StepResult) -> None:
+    """The step's report (on CUDA the last logged step's, read once this one is queued:
+    trainer.run.step_read), then its evaluation and checkpoint, which see every step reported."""
+    cfg = run.cfg
+    report.read_queued()
+    if due(run, cfg.log_every):
+        report.step(lr, result)  # the loss (a NaN ends the run), and the ranks' stop decision
+    evaluating = run.make_val_sampler is not None and due(run, cfg.resolved_eval_every)
+    if evaluating or checkpoint_due(run):
+        report.read_queued()  # this step reported (its loss checked) before its weights are used
+    if run.is_main or run.sharded:  # DDP: rank 0 evaluates and saves alone; FSDP: every rank
+        with report.not_training():
+            if evaluating:
+                evaluate_and_keep_best(run, report)
+            if checkpoint_due(run):
+                run.save_step_checkpoint(report.checkpoint, background=True)
+    if evaluating and run.world > 1 and cfg.resolved_early_stopping_patience > 0:
+        report.agree_early_stop()  # every rank leaves after this step, as one process would
 
 
 def due(run: TrainRun, every: int) -> bool:
