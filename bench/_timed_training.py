@@ -269,12 +269,34 @@ def variant_config(v: Variant, device: torch.device) -> TrainConfig:
     )
 
 
+class BytesInAWiderVocabulary(ByteTokenizer):
+    """Byte tokens for a model whose vocabulary is wider than the bytes' 258 (nanoGPT's 50304):
+    train() sizes the model's embedding and output projection by its tokenizer, so the byte
+    tokenizer itself would turn such a config back into a 258-token model."""
+
+    def __init__(self, vocab_size: int):
+        if vocab_size < ByteTokenizer.vocab_size:
+            raise ValueError(f"a vocabulary of {vocab_size} cannot hold the 258 byte ids")
+        self.vocab_size = vocab_size
+
+    def __repr__(self) -> str:
+        return f"BytesInAWiderVocabulary({self.vocab_size})"
+
+
+def bench_tokenizer(model: ModelConfig) -> ByteTokenizer:
+    """The byte tokenizer, at the model's vocabulary size."""
+    if model.vocab_size == ByteTokenizer.vocab_size:
+        return ByteTokenizer()
+    return BytesInAWiderVocabulary(model.vocab_size)
+
+
 def train_until_enough(model: ModelConfig, cfg: TrainConfig, data: TokenData, callbacks: Callbacks) -> None:
-    """`train` in a scratch folder (removed after) until the callbacks raise EnoughSteps."""
+    """`train` in a scratch folder (removed after) until the callbacks raise EnoughSteps; the
+    data's ids are bytes, the model keeps its own vocabulary."""
     out = Path(tempfile.mkdtemp(prefix="fs-bench-"))
     try:
         with contextlib.suppress(EnoughSteps):
-            train(model, cfg, data, out, callbacks, tokenizer=ByteTokenizer())
+            train(model, cfg, data, out, callbacks, tokenizer=bench_tokenizer(model))
     finally:
         shutil.rmtree(out, ignore_errors=True)
 

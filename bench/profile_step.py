@@ -11,8 +11,9 @@ autocast on CUDA, the loss through Llama.forward, backward, fused AdamW.
 logging, metrics and syncs included, dropout off) and prints, beside the table, the wall time of a
 step against the kernel time in it: a step that takes much longer than its kernels waits on the
 host (launches, syncs). On CUDA a second table lists the host's time by self CPU time, where the
-runtime calls that wait for the GPU (cudaStreamSynchronize, cudaMemcpy, cudaFree) show. On an H100, llama-110m at vocabulary 258 ran 54 ms a step in the loop where
-the plain step's kernels added up to 28 ms, and ran slower than at 50304 (bench/README.md).
+runtime calls that wait for the GPU (cudaStreamSynchronize, cudaMemcpy, cudaFree) show. On an
+H100, llama-110m's first eager run ran 54 ms a step in the loop where the plain step's kernels
+added up to 28 ms, and a later run of the same model 38 ms (bench/README.md).
 """
 
 from __future__ import annotations

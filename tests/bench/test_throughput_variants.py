@@ -9,12 +9,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import trainer_throughput
-from bench._timed_training import Variant
+from bench._timed_training import EnoughSteps, Variant, train_until_enough, variant_config
+from bench.trainer_throughput import corpus_tokens
 from trainer.config import model_config_from_preset
+from trainer.config.metrics import StepMetrics
+from trainer.data.prepare import TokenData
+from trainer.run.report import Callbacks
+from trainer.run.state import StartInfo
 from trainer.run.step_read import ENV, deferred_reads_on
 
 
@@ -49,3 +55,29 @@ def test_a_run_sets_the_late_reads_variable_for_itself(
     _timed_training.run_training(variant, None, _timed_training.torch.device("cpu"), 1, 1, 0.0, None, dict)  # type: ignore[arg-type]
     assert seen == [not at_once]  # at once: off on CUDA too; else the device's default (on for CUDA)
     assert (os.environ.get(ENV) == "0") is at_once
+
+
+class _ParamsSeen(Callbacks):
+    """Records the run's parameter count and ends it at its first step."""
+
+    def __init__(self) -> None:
+        self.n_params: int | None = None
+
+    def on_start(self, info: StartInfo) -> None:
+        self.n_params = info["n_params"]
+
+    def on_step(self, metrics: StepMetrics) -> None:
+        raise EnoughSteps
+
+
+@pytest.mark.parametrize("vocab", [258, 300])
+def test_a_timed_run_trains_the_vocabulary_its_config_names(vocab: int) -> None:
+    """A config at nanoGPT's vocabulary (50304) timed with byte data must not turn back into a
+    258-token model: train() sizes the model by its tokenizer (the H100 run of 2026-11-27 timed
+    `llama-110m-v50k` at 258 that way)."""
+
+    model = model_config_from_preset("llama-tiny", ctx=32, vocab_size=vocab)
+    cfg = variant_config(Variant("llama-tiny", model, 2, "fp32"), torch.device("cpu"))
+    seen = _ParamsSeen()
+    train_until_enough(model, cfg, TokenData(train=corpus_tokens(20_000), val=None), seen)
+    assert seen.n_params == model.num_params()

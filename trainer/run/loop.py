@@ -182,13 +182,14 @@ def after_step(run: TrainRun, report: Report, lr: float, result: StepResult) -> 
     if due(run, cfg.log_every):
         report.step(lr, result)  # the loss (a NaN ends the run), and the ranks' stop decision
     evaluating = run.make_val_sampler is not None and due(run, cfg.resolved_eval_every)
-    if evaluating or checkpoint_due(run):
+    checkpointing = checkpoint_due(run)
+    if evaluating or checkpointing:
         report.read_queued()  # this step reported (its loss checked) before its weights are used
     if run.is_main or run.sharded:  # DDP: rank 0 evaluates and saves alone; FSDP: every rank
         with report.not_training():
             if evaluating:
                 evaluate_and_keep_best(run, report)
-            if checkpoint_due(run):
+            if checkpointing:
                 run.save_step_checkpoint(report.checkpoint, background=True)
     if evaluating and run.world > 1 and cfg.resolved_early_stopping_patience > 0:
         report.agree_early_stop()  # every rank leaves after this step, as one process would
