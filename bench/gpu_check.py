@@ -11,11 +11,11 @@ step prints its figures as GPU_CHECK_ROW lines, bench/_gpu_rows.py), with the is
 whether they are met, and writes it to DIR/gpu_check.json. On 2026-11-27 an H100 took: machine
 6 s, kernels 16, nanogpt 52, inference 30, tests 94, service 57, and throughput ran out of its then
 300 s (each timed run wrote a stop checkpoint, 14 GB at 1.2B; no longer), so checkpoints became
-opt-in, and so is `profile` (a diagnosis, no claim). The default steps (all but the opt-in ones;
-`nanogpt` only with --nanogpt) are meant to fit the issue's 10 minutes; throughput's graphed run
-(llama-110m) and kernels' attention backends came after that H100 run and are not timed yet. A
-device tool whose calls stop at 10 minutes may still want two calls, e.g. `--steps
-machine,kernels,throughput,nanogpt` and then `--steps tests,inference,service,profile`.
+opt-in, and so is `profile` (a diagnosis, no claim). That call ran past the device tool's 10
+minutes and never printed its table. Now the call has a clock (`--minutes`, 9.5 on cuda by
+default; bench/_gpu_deadline.py): each step keeps, for the steps after it, the time they took that
+day, a step left less than half its own is reported NOT RUN, and throughput is given what remains
+as a budget, its runs ordered so the issue's figures come first (bench/_run_plan.py).
 
 1. `machine`: the GPU, its driver and the torch in use (the box's own torch, not our pinned CPU wheel).
 2. `peer` (only when named in --steps): bench/peer.py's `shakespeare-gpu` recipe, nanoGPT's config/train_shakespeare_char.py beside
@@ -73,6 +73,7 @@ from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._gpu_deadline import Deadline
 from bench._gpu_rows import Row, table_lines
 from bench._gpu_summary import nanogpt_ratios, step_rows, write_json
 
@@ -91,6 +92,7 @@ STEPS = (
     "machine", "peer", "tests", "kernels", "throughput", "profile", "nanogpt", "checkpoints", "inference",
     "service", "compile_policy",
 )  # fmt: skip
+DEFAULT_MINUTES = 9.5
 OPT_IN = {"peer", "profile", "checkpoints", "compile_policy"}  # run only when named in --steps
 
 
@@ -166,6 +168,11 @@ class StepResult:
     passed: bool
     seconds: float
     lines: list[str] = field(default_factory=list)
+    ran: bool = True  # False: the call's --minutes left too little for it
+
+    @property
+    def verdict(self) -> str:
+        return "passed" if self.passed else "FAILED" if self.ran else "NOT RUN"
 
 
 def run_step(name: str, cmd: list[str], limit: int, log: TextIO) -> StepResult:
@@ -203,6 +210,13 @@ def run_step(name: str, cmd: list[str], limit: int, log: TextIO) -> StepResult:
     return StepResult(False, time.perf_counter() - started, seen)
 
 
+def not_run(name: str, deadline: Deadline, log: TextIO) -> StepResult:
+    line = f"== {name}: NOT RUN, {deadline.left():.0f} s left of the call's {deadline.minutes} minutes"
+    print(line, flush=True)
+    log.write(line + "\n")
+    return StepResult(False, 0.0, ran=False)
+
+
 def _pump(proc: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -234,8 +248,18 @@ def parse_args() -> argparse.Namespace:
         default="0.5,3",
         help="compile_policy: run lengths in eager minutes (comma-separated)",
     )
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="the whole call's time: steps cut to fit, the table printed within it (default: 9.5 on "
+        "cuda, the device tool's 10-minute call less its set-up; none with --smoke or on cpu)",
+    )
     p.add_argument("--smoke", action="store_true", help="each step as small as it goes (checks the script)")
     args = p.parse_args()
+    if args.minutes is None and args.device == "cuda" and not args.smoke:
+        args.minutes = DEFAULT_MINUTES
+    args.deadline = Deadline(args.minutes, smoke=args.smoke)
     if args.smoke:
         args.iters = min(args.iters, 20)
     if args.steps is None:
@@ -267,17 +291,24 @@ def run_steps(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     with (args.out / "gpu_check.log").open("a") as log:
         log.write(f"# gpu_check {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n")
-        for name in args.steps:
+        for i, name in enumerate(args.steps):
             cmd, limit = table[name]
-            results[name] = run_step(name, cmd, limit, log)
+            allotted = args.deadline.allot(name, limit, args.steps[i + 1 :])
+            if allotted is None:
+                results[name] = not_run(name, args.deadline, log)
+                continue
+            results[name] = run_step(name, cmd + args.deadline.options(name, allotted), allotted, log)
             rows += step_rows(name, results[name].lines)
         rows += nanogpt_ratios(rows)
-        summary = "; ".join(f"{name} {'passed' if r.passed else 'FAILED'}" for name, r in results.items())
+        summary = "; ".join(f"{name} {r.verdict}" for name, r in results.items())
         total = sum(r.seconds for r in results.values())
         for line in ["", *table_lines(rows), "", f"== gpu_check: {summary} ({total:.0f} s in all)"]:
             print(line)
             log.write(line + "\n")
-    steps = {name: {"passed": r.passed, "seconds": round(r.seconds, 1)} for name, r in results.items()}
+    steps = {
+        name: {"passed": r.passed, "ran": r.ran, "seconds": round(r.seconds, 1)}
+        for name, r in results.items()
+    }
     machine = {"host": platform.node(), "python": platform.python_version(), "argv": sys.argv[1:]}
     write_json(args.out / "gpu_check.json", machine, steps, rows)
     return 0 if all(r.passed for r in results.values()) else 1

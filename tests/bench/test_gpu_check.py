@@ -17,6 +17,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 
 from bench import gpu_check  # noqa: E402
+from bench._gpu_deadline import Deadline  # noqa: E402
 from bench._gpu_rows import Row, emit, parse_rows, table_lines  # noqa: E402
 from bench._gpu_summary import nanogpt_ratios, step_rows  # noqa: E402
 from bench.nanogpt_bench import NANOGPT_PROMISED, flop_rate  # noqa: E402
@@ -152,3 +153,43 @@ def test_nanogpt_flop_rate_and_our_ratio_to_it() -> None:
     (same_vocab,) = nanogpt_ratios([rows[0], Row("throughput", "llama-110m-v50k bf16 eager TFLOP/s", 250.0)])
     assert same_vocab.value == 1.25 and same_vocab.goal == "" and same_vocab.met is None
     assert same_vocab.item == "llama-110m-v50k bf16 eager FLOP rate x nanoGPT's"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_each_step_keeps_the_later_steps_time_and_is_cut_to_what_is_left() -> None:
+    clock = FakeClock()
+    deadline = Deadline(9.5, clock=clock)  # 570 s, the table's 10 kept at the end
+    later = ["kernels", "throughput", "nanogpt", "inference", "service"]  # 16 + 240 + 52 + 30 + 57
+    assert deadline.allot("tests", 180, later) == 570 - 10 - 395
+    clock.now += 250
+    throughput = deadline.allot("throughput", 450, ["nanogpt", "inference", "service"])
+    assert throughput == 570 - 250 - 10 - 139
+    # its runs may start within the share less one run's overrun (a compiled 1.2B, ~a minute)
+    assert deadline.options("throughput", throughput) == ["--budget", str(throughput - 75)]
+    assert deadline.options("nanogpt", 52) == []
+    clock.now += 295  # 15 s left: less than half of service's 57, the table's 10 kept
+    assert deadline.allot("service", 300, []) is None
+
+
+def test_without_minutes_a_step_has_its_own_limit() -> None:
+    deadline = Deadline(None, clock=FakeClock())
+    assert deadline.allot("throughput", 450, ["service"]) == 450
+    assert deadline.options("throughput", 450) == []
+
+
+def test_steps_past_the_calls_minutes_are_reported_not_run_and_the_table_is_still_written(
+    tmp_path: Path,
+) -> None:
+    proc = smoke(tmp_path, "--steps", "machine,throughput", "--minutes", "0.01")
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "== machine: NOT RUN, " in proc.stdout
+    assert "== gpu_check: machine NOT RUN; throughput NOT RUN (0 s in all)" in proc.stdout
+    doc = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert doc["steps"]["throughput"] == {"passed": False, "ran": False, "seconds": 0.0}

@@ -14,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import trainer_throughput
+from bench._run_plan import Budget, runs_within
 from bench._timed_training import EnoughSteps, Variant, train_until_enough, variant_config
 from bench.trainer_throughput import corpus_tokens
 from trainer.config import model_config_from_preset
@@ -81,3 +82,29 @@ def test_a_timed_run_trains_the_vocabulary_its_config_names(vocab: int) -> None:
     seen = _ParamsSeen()
     train_until_enough(model, cfg, TokenData(train=corpus_tokens(20_000), val=None), seen)
     assert seen.n_params == model.num_params()
+
+
+def test_on_cuda_the_issues_figures_run_first_and_the_diagnostics_last() -> None:
+    labels = cuda_labels("--kernels-ab")
+    plain = [(name, compiled) for name, _, compiled, kernels in labels if kernels in ("fused", "-")]
+    assert plain[:8] == [
+        ("llama-110m", "off"), ("llama-110m", "on"), ("llama-1.2b", "off"), ("llama-1.2b", "on"),
+        ("llama-110m-v50k", "off"), ("llama-110m-v50k", "on"), ("llama-42m", "off"), ("llama-42m", "on"),
+    ]  # fmt: skip
+    assert labels[: len(plain)] == [label for label in labels if label[3] in ("fused", "-")]
+
+
+def test_runs_start_until_the_budget_is_spent_and_every_other_round_goes_backwards() -> None:
+    now = [0.0]
+    rows = [
+        trainer_throughput.Row(Variant(n, model_config_from_preset("llama-tiny"), 2, "fp32"), 1, 1)
+        for n in "abc"
+    ]
+    order = [(rnd, row.variant.name) for rnd, row in runs_within(rows, 2, Budget(None, clock=lambda: now[0]))]
+    assert order == [(0, "a"), (0, "b"), (0, "c"), (1, "c"), (1, "b"), (1, "a")]
+    budget = Budget(10.0, clock=lambda: now[0])
+    started = []
+    for _, row in runs_within(rows, 2, budget):
+        started.append(row.variant.name)
+        now[0] += 4.0  # each run takes 4 s: runs start at 0, 4 and 8, none at 12
+    assert started == ["a", "b", "c"]
