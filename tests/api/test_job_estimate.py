@@ -5,13 +5,18 @@ and the time is the request's compute over what this worker class achieved on fi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
 
 from api.job_estimate import RATE_JOBS
 from api.job_limits import job_size
+from core.db import make_engine, make_session_factory
 from core.models import Job
 from core.settings import Settings
 from tests.api.conftest import SHAKESPEARE, Factory, Tenant, count, upload
@@ -19,6 +24,26 @@ from tests.api.test_errors import assert_envelope
 from trainer.config import TrainConfig, model_config_from_preset
 
 URL = "/v1/fine_tuning/jobs/estimate"
+
+
+# The time is a median over a worker class's finished jobs in the whole table, so what these tests
+# assert of it depends on every job the table holds: each test gets a database of its own (the
+# session's database holds other tests' finished jobs, in an order that depends on the run).
+@pytest.fixture
+def pg_url(pg_database_factory: Callable[..., str]) -> str:
+    return pg_database_factory()
+
+
+@pytest.fixture
+def engine(pg_url: str) -> Iterator[Engine]:
+    eng = make_engine(pg_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return make_session_factory(engine)
 
 
 def uploaded(client: TestClient, tenant: Tenant) -> dict[str, Any]:
