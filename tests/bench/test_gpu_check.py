@@ -21,6 +21,7 @@ from bench._gpu_deadline import Deadline  # noqa: E402
 from bench._gpu_rows import Row, emit, parse_rows, table_lines  # noqa: E402
 from bench._gpu_summary import nanogpt_ratios, step_rows  # noqa: E402
 from bench.nanogpt_bench import NANOGPT_PROMISED, flop_rate  # noqa: E402
+from tests.fake_clock import FakeClock  # noqa: E402
 
 
 def test_the_cuda_test_files_are_those_with_the_marker() -> None:
@@ -153,14 +154,6 @@ def test_nanogpt_flop_rate_and_our_ratio_to_it() -> None:
     (same_vocab,) = nanogpt_ratios([rows[0], Row("throughput", "llama-110m-v50k bf16 eager TFLOP/s", 250.0)])
     assert same_vocab.value == 1.25 and same_vocab.goal == "" and same_vocab.met is None
     assert same_vocab.item == "llama-110m-v50k bf16 eager FLOP rate x nanoGPT's"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_each_step_keeps_the_later_steps_time_and_is_cut_to_what_is_left() -> None:

@@ -17,6 +17,7 @@ from bench import trainer_throughput
 from bench._run_plan import Budget, runs_within
 from bench._timed_training import EnoughSteps, Variant, train_until_enough, variant_config
 from bench.trainer_throughput import corpus_tokens
+from tests.fake_clock import FakeClock
 from trainer.config import model_config_from_preset
 from trainer.config.metrics import StepMetrics
 from trainer.data.prepare import TokenData
@@ -95,16 +96,16 @@ def test_on_cuda_the_issues_figures_run_first_and_the_diagnostics_last() -> None
 
 
 def test_runs_start_until_the_budget_is_spent_and_every_other_round_goes_backwards() -> None:
-    now = [0.0]
+    clock = FakeClock()
     rows = [
         trainer_throughput.Row(Variant(n, model_config_from_preset("llama-tiny"), 2, "fp32"), 1, 1)
         for n in "abc"
     ]
-    order = [(rnd, row.variant.name) for rnd, row in runs_within(rows, 2, Budget(None, clock=lambda: now[0]))]
+    order = [(rnd, row.variant.name) for rnd, row in runs_within(rows, 2, Budget(None, clock=clock))]
     assert order == [(0, "a"), (0, "b"), (0, "c"), (1, "c"), (1, "b"), (1, "a")]
-    budget = Budget(10.0, clock=lambda: now[0])
+    budget = Budget(10.0, clock=clock)
     started = []
     for _, row in runs_within(rows, 2, budget):
         started.append(row.variant.name)
-        now[0] += 4.0  # each run takes 4 s: runs start at 0, 4 and 8, none at 12
+        clock.now += 4.0  # each run takes 4 s: runs start at 0, 4 and 8, none at 12
     assert started == ["a", "b", "c"]

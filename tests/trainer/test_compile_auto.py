@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.fake_clock import FakeClock
 from trainer.checkpoint import read_state
 from trainer.run import compile_memory, measured_compile, state
 from trainer.run.compile_memory import ENV, CompileFigures, CompileMemory
@@ -29,14 +30,6 @@ from trainer.run.report import Callbacks
 
 COMPILING_STEP = MEASURE_STEPS + 1  # warm-up and timed eager steps, then the step that compiles
 VERDICT_STEP = COMPILING_STEP + 1 + 2 * MEASURE_STEPS  # after the shortest trial
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_it_compiles_only_when_the_steps_left_pay_the_compile_back() -> None:
