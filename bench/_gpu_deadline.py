@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from bench._run_plan import Budget
+
 # seconds each step took on an H100 on 2026-11-27 (throughput: the runs of the issue's figures;
 # profile, checkpoints, peer and compile_policy, which are opt-in: as their limits allow)
 EXPECTED_SECONDS = {
@@ -43,10 +45,10 @@ class Deadline:
     minutes: float | None
     smoke: bool = False  # --smoke: the steps take seconds, none is kept any time for
     clock: Callable[[], float] = time.monotonic
-    start: float = field(init=False)
+    call: Budget = field(init=False)
 
     def __post_init__(self) -> None:
-        self.start = self.clock()
+        self.call = Budget(None if self.minutes is None else self.minutes * 60, self.clock)
 
     def expected(self, step: str) -> float:
         return 0.0 if self.smoke else EXPECTED_SECONDS[step]
@@ -55,8 +57,7 @@ class Deadline:
         """The step's time limit, or None when it is not to run: too little is left for it."""
         if self.minutes is None:
             return limit
-        elapsed = self.clock() - self.start
-        room = self.minutes * 60 - elapsed - TABLE_SECONDS - sum(self.expected(s) for s in later)
+        room = self.call.left() - TABLE_SECONDS - sum(self.expected(s) for s in later)
         if room < max(1.0, self.expected(step) / 2):
             return None
         return int(min(limit, room))
@@ -67,6 +68,3 @@ class Deadline:
             return []
         overrun = 0 if self.smoke else RUN_OVERRUN_SECONDS
         return [BUDGETED[step], str(max(1, allotted - overrun))]
-
-    def left(self) -> float:
-        return float("inf") if self.minutes is None else self.minutes * 60 - (self.clock() - self.start)

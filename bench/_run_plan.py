@@ -9,6 +9,7 @@ starts only while the budget lasts, and one that starts runs to its end: the bud
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,8 +39,11 @@ class Budget:
     def __post_init__(self) -> None:
         self.start = self.clock()
 
+    def left(self) -> float:
+        return math.inf if self.seconds is None else self.seconds - (self.clock() - self.start)
+
     def spent(self) -> bool:
-        return self.seconds is not None and self.clock() - self.start >= self.seconds
+        return self.left() <= 0
 
 
 def runs_within(rows: list[Row], rounds: int, budget: Budget) -> Iterator[tuple[int, Row]]:

@@ -58,6 +58,7 @@ script can be checked on a CPU before a GPU's minutes are spent on it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import queue
@@ -178,12 +179,7 @@ class StepResult:
 def run_step(name: str, cmd: list[str], limit: int, log: TextIO) -> StepResult:
     """Runs one step, echoing and logging each line; passed when it exited 0 within its limit. Lines
     are read on a thread, so a step that goes silent is still stopped at its limit."""
-
-    def say(line: str) -> None:
-        print(line, flush=True)
-        log.write(line + "\n")
-        log.flush()
-
+    say = functools.partial(say_and_log, log)
     say(f"== {name}: {' '.join(cmd)}  (limit {limit} s)")
     started = time.perf_counter()
     proc = subprocess.Popen(
@@ -210,10 +206,15 @@ def run_step(name: str, cmd: list[str], limit: int, log: TextIO) -> StepResult:
     return StepResult(False, time.perf_counter() - started, seen)
 
 
-def not_run(name: str, deadline: Deadline, log: TextIO) -> StepResult:
-    line = f"== {name}: NOT RUN, {deadline.left():.0f} s left of the call's {deadline.minutes} minutes"
+def say_and_log(log: TextIO, line: str) -> None:
     print(line, flush=True)
     log.write(line + "\n")
+    log.flush()
+
+
+def not_run(name: str, deadline: Deadline, log: TextIO) -> StepResult:
+    left = deadline.call.left()
+    say_and_log(log, f"== {name}: NOT RUN, {left:.0f} s left of the call's {deadline.minutes} minutes")
     return StepResult(False, 0.0, ran=False)
 
 
@@ -303,8 +304,7 @@ def run_steps(args: argparse.Namespace) -> int:
         summary = "; ".join(f"{name} {r.verdict}" for name, r in results.items())
         total = sum(r.seconds for r in results.values())
         for line in ["", *table_lines(rows), "", f"== gpu_check: {summary} ({total:.0f} s in all)"]:
-            print(line)
-            log.write(line + "\n")
+            say_and_log(log, line)
     steps = {
         name: {"passed": r.passed, "ran": r.ran, "seconds": round(r.seconds, 1)}
         for name, r in results.items()

@@ -295,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         run_round(row, args, data, meter, f"round {rnd + 1}/{rounds}")
         if rnd == rounds - 1:  # its figures are final: out now, so a run cut short keeps them
             emit_rows([row], device)
-    if unrun := [row for row in rows if not row.tps]:
-        print(f"not run, the --budget of {args.budget:.0f} s spent: {', '.join(label(r) for r in unrun)}")
+    if unrun := ["/".join(row.variant.label) for row in rows if not row.tps]:
+        print(f"not run, the --budget of {args.budget:.0f} s spent: {', '.join(unrun)}")
     rows = [row for row in rows if row.tps]
     if args.loss_check:
         split = int(len(data.train) * 0.9)
@@ -309,10 +309,6 @@ def main(argv: list[str] | None = None) -> int:
         "activations); CUDA = torch.cuda.max_memory_allocated"
     )
     return 0
-
-
-def label(row: Row) -> str:
-    return "/".join(row.variant.label)
 
 
 def warm_up(row: Row, args: argparse.Namespace, data: TokenData, meter: PeakMeter) -> None:
