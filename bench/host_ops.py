@@ -77,10 +77,18 @@ def cuda_path_on_cpu(launches: Counter[str]) -> None:
         raise SystemExit("host_ops needs Triton installed (pip install triton): its wrappers are counted")
     for name in KERNELS:
         setattr(triton_kernels, name, CountedLaunch(launches, name))
+    cuda_wrappers_on_cpu()
+
+
+def cuda_wrappers_on_cpu(on_call: Callable[[], None] = lambda: None) -> None:
+    """The model takes its CUDA path with CPU tensors: the Triton wrappers (their launches stubbed
+    out above, or run by Triton's interpreter: tests/trainer/test_step_reads.py), attention in the
+    matmul dtype, the loss fused with the output projection. `on_call`: each wrapper taken."""
 
     def wrappers_for(*tensors: torch.Tensor) -> ModuleType | None:
         if torch.compiler.is_compiling() or any(t.dtype == torch.float64 for t in tensors):
             return None
+        on_call()
         return triton_ops
 
     fused_ops.triton_kernels_for = wrappers_for  # type: ignore[assignment]

@@ -61,41 +61,26 @@ def _reader(stack: list[traceback.FrameSummary]) -> str:
     return "?"
 
 
-def _cuda_path_on_cpu(counts: dict[str, int]) -> None:
-    """The model's Triton wrappers for CPU tensors (run in the interpreter), the loss fused with the
-    output projection and attention in the matmul dtype, as on CUDA (bench/host_ops.py does the same
-    with the launches stubbed out)."""
-    import torch
-
-    from trainer.config.fused_loss import ENV as FUSED_LOSS_ENV
-    from trainer.model import fused_ops, linear_cross_entropy, llama, triton_ops
-
-    def wrappers_for(*tensors: torch.Tensor) -> Any:
-        if torch.compiler.is_compiling() or any(t.dtype == torch.float64 for t in tensors):
-            return None
-        counts["triton_calls"] += 1
-        return triton_ops
-
-    fused_ops.triton_kernels_for = wrappers_for
-    linear_cross_entropy.triton_kernels_for = wrappers_for
-    llama.attention_dtype = lambda x, head_dim: fused_ops.compute_dtype(x)
-    os.environ[FUSED_LOSS_ENV] = "1"
-    os.environ["FROMSCRATCH_DEFERRED_READS"] = "1"
-
-
 def main() -> None:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from bench.host_ops import cuda_wrappers_on_cpu
     from trainer.config import ModelConfig, TrainConfig
     from trainer.config.metrics import StepMetrics
     from trainer.run.loop import train
     from trainer.run.report import Callbacks
+    from trainer.run.step_read import ENV as DEFERRED_READS
 
     reads: set[tuple[str, str]] = set()
     counts = {"triton_calls": 0}
     recording = [False]
-    _cuda_path_on_cpu(counts)
+
+    def count_call() -> None:
+        counts["triton_calls"] += 1
+
+    cuda_wrappers_on_cpu(count_call)
+    os.environ[DEFERRED_READS] = "1"  # a step's numbers read a step late, as on CUDA
 
     class Reads(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
