@@ -30,8 +30,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 READING_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default"}
 READING_METHODS = ("tolist", "numpy", "cpu", "item")
 PROJECT = {"trainer", "worker", "core", "bench"}  # where a reader is named (not torch, not this file)
+STEPS = 8  # of the run; reads are recorded from the third
 # what the step is meant to read, as (what, the project function that reads)
-STEPS = 8
 MEANT = {
     # the batch's target count, counted on the host before the batch moves (no sync)
     ("aten._local_scalar_dense.default", "trainer/run/step.py:count_targets"),
