@@ -89,11 +89,20 @@ def finish(sdk: openai.OpenAI, job_id: str, worker: ServiceProcess) -> Any:
         message=lambda: f"{job_id} to finish\n{worker.output()}",
     )
     wait_until(
-        lambda: TASK_RETURNED.search(worker.output(tail=10**7)),
+        lambda: task_returned(worker.output(tail=10**7), job_id),
         timeout=120,
         message=lambda: f"the worker's task for {job_id} to return\n{worker.output()}",
     )
     return job
+
+
+def task_returned(output: str, job_id: str) -> bool:
+    """Whether the worker's task that ran `job_id` has returned. A training worker runs one task at a
+    time (pool solo), so it is the first train_job task to return after the line claiming the job;
+    any return before that line is another task's, such as a message of an earlier test's job that
+    the worker dropped (which once let this wait pass before the job's trackers had started)."""
+    claimed = output.find(f"claimed job {job_id} ")
+    return claimed >= 0 and TASK_RETURNED.search(output, claimed) is not None
 
 
 def warn_events(session_factory: Any, job_id: str) -> list[Event]:
