@@ -55,6 +55,7 @@ class Row:
     mfu_bf16: list[float] = dataclasses.field(default_factory=list)
     x_nano: list[float] = dataclasses.field(default_factory=list)
     mem: list[float] = dataclasses.field(default_factory=list)
+    left_out: str | None = None  # why a run's figures are not the variant's (a graphed run ran eager)
 
 
 def machine_description(device: torch.device) -> str:
@@ -144,6 +145,9 @@ def emit_rows(rows: list[Row], device: torch.device) -> None:
         mode = f"{'compiled' if v.compile else 'eager'}{' graphed' if v.graphs else ''}"
         label = f"{v.name} {v.precision} {mode}{'' if v.kernels else ' torch-ops'}"
         label += " reads-at-once" if v.reads_at_once else ""
+        if not r.tps:  # not one round ran as the variant says (its reason printed with the run)
+            emit(CheckRow("throughput", f"{label}: left out", r.left_out or "not run"))
+            continue
         tps = median(r.tps)
         emit(CheckRow("throughput", f"{label} tokens/s", tps, "tokens/s"))
         emit(CheckRow("throughput", f"{label} TFLOP/s", tps * r.flops_per_token / 1e12, "TFLOP/s"))

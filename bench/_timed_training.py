@@ -193,6 +193,7 @@ class StepTimer(Callbacks):
         self.peaks: list[dict[str, float]] = []  # peaks[i] measured after step i ({}: none)
         self.losses: list[float] = []
         self.peak_kib: int | None = None
+        self.notes: list[str] = []
         self._start: float | None = None
 
     def on_start(self, info: StartInfo) -> None:
@@ -200,6 +201,7 @@ class StepTimer(Callbacks):
 
     def on_note(self, message: str) -> None:
         """The run's decisions (compile auto's, whether CUDA graphs captured) beside its figures."""
+        self.notes.append(message)
         print(f"    note: {message}", flush=True)
 
     def on_step(self, metrics: StepMetrics) -> None:
@@ -246,6 +248,7 @@ class RunResult:
     steps: list[tuple[float, dict[str, float]]]  # (seconds, {"fp32": FLOP/s, "bf16": FLOP/s})
     mem_mib: float | None
     losses: list[float]
+    notes: list[str] = dataclasses.field(default_factory=list)  # the run's decisions, as printed
 
 
 def variant_config(v: Variant, device: torch.device) -> TrainConfig:
@@ -337,4 +340,4 @@ def run_training(
     mem = None
     if timer.peak_kib is not None and base_kib is not None:
         mem = (timer.peak_kib - base_kib) / 1024
-    return RunResult(timer.timed(), mem, timer.losses)
+    return RunResult(timer.timed(), mem, timer.losses, timer.notes)

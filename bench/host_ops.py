@@ -9,7 +9,14 @@ GPU: the model runs the CUDA path on tiny CPU tensors with the Triton launches s
 counted, none run), under bf16 autocast, the loss fused with the output projection as on CUDA.
 
     .venv/bin/python bench/host_ops.py --nanogpt PATH        # llama-110m's shape, and nanoGPT's
+    .venv/bin/python bench/host_ops.py --nanogpt PATH --time 7   # and the host's time a step
     .venv/bin/python bench/host_ops.py --smoke               # the script itself
+
+`--time ROUNDS` also times the host's work: thread CPU time of a step (1 thread), ours and
+nanoGPT's in turn, ROUNDS rounds, medians. The models keep their layers and heads but are 8 values
+a head wide, so the step's operations are the same and their CPU arithmetic small: what is left is
+the dispatcher, the autograd engine and the Python around them (a GPU adds each launch's cost,
+and Triton's launcher on top, which the stubs here leave out).
 
 One difference from a CUDA step remains: torch's CPU flash attention writes its output heads-first,
 so the attention output is copied into token rows (an empty and a copy_ a layer) where CUDA's
@@ -19,9 +26,12 @@ flash kernels write token rows and the model takes a view (trainer.model.llama._
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
+import statistics
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -36,8 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from trainer.config import ModelConfig, model_config_from_preset
 from trainer.config.fused_loss import ENV as FUSED_LOSS_ENV
 from trainer.model import fused_ops, linear_cross_entropy, llama, triton_kernels, triton_ops
+from trainer.model.kernel_tiles import TileTable
 
 Step = Callable[[torch.Tensor, torch.Tensor], object]
+KNOWN_TILES = contextlib.ExitStack()  # every tile table's tile fixed, for the process's life
 KERNELS = (
     "rms_norm_forward_kernel",
     "rms_norm_backward_kernel",
@@ -72,11 +84,14 @@ class CountedLaunch:
 
 
 def cuda_path_on_cpu(launches: Counter[str]) -> None:
-    """The model's CUDA path for CPU tensors: the Triton wrappers taken, their launches counted."""
+    """The model's CUDA path for CPU tensors: the Triton wrappers taken, their launches counted, each
+    kernel's tile known (as on a GPU after the first step, which times them)."""
     if triton_kernels.triton is None:
         raise SystemExit("host_ops needs Triton installed (pip install triton): its wrappers are counted")
     for name in KERNELS:
         setattr(triton_kernels, name, CountedLaunch(launches, name))
+    for table in (t for t in vars(triton_ops).values() if isinstance(t, TileTable)):
+        KNOWN_TILES.enter_context(table.forced(table.default))
     cuda_wrappers_on_cpu()
 
 
@@ -157,12 +172,50 @@ def count(step: Step, cfg: ModelConfig, launches: Counter[str]) -> tuple[Counter
     return counter.ops, sum(launches.values())
 
 
+def host_ms(steps: dict[str, Step], cfg: ModelConfig, rounds: int, per_round: int) -> dict[str, float]:
+    """Median thread CPU milliseconds a step of each, the steps taken in turn, `per_round` at a time."""
+    x = torch.randint(0, cfg.vocab_size, (1, cfg.ctx))
+    y = torch.randint(0, cfg.vocab_size, (1, cfg.ctx))
+    for step in steps.values():
+        for _ in range(3):  # the optimizer's state, the tiles' first choices
+            step(x, y)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            start = time.thread_time()
+            for _ in range(per_round):
+                step(x, y)
+            times[name].append((time.thread_time() - start) / per_round * 1e3)
+    return {name: statistics.median(ms) for name, ms in times.items()}
+
+
+def narrow(cfg: ModelConfig) -> ModelConfig:
+    """cfg's layers, heads and vocabulary, 8 values a head wide: the same operations, little arithmetic."""
+    return cfg.model_copy(update={"n_embd": 8 * cfg.n_head, "ffn_dim": 16 * cfg.n_head})
+
+
+def print_host_time(cfg: ModelConfig, nanogpt_path: Path | None, rounds: int, per_round: int) -> None:
+    small = narrow(cfg)
+    steps = {"ours": ours(small)}
+    if nanogpt_path is not None:
+        steps["nanoGPT"] = nanogpt(nanogpt_path, small)
+    ms = host_ms(steps, small, rounds, per_round)
+    print(
+        f"host time a step ({small.n_layer} layers {small.n_embd} wide, thread CPU time, medians of "
+        f"{rounds} rounds of {per_round}): " + ", ".join(f"{name} {v:.2f} ms" for name, v in ms.items())
+    )
+    if "nanoGPT" in ms:
+        print(f"ours / nanoGPT: {ms['ours'] / ms['nanoGPT']:.2f}x the host time")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="llama-110m", help="the layers, heads and width counted")
     ap.add_argument("--vocab", type=int, default=258)
     ap.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout: its model counted beside ours")
     ap.add_argument("--top", type=int, default=12, help="operations listed, the most frequent first")
+    ap.add_argument("--time", type=int, default=0, metavar="ROUNDS", help="also time the host's work a step")
+    ap.add_argument("--steps-per-round", type=int, default=20)
     ap.add_argument("--smoke", action="store_true", help="llama-tiny (the script itself)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -183,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, ops in rows:
         common = ", ".join(f"{op.removeprefix('aten.')} {n}" for op, n in ops.most_common(args.top))
         print(f"{name}, the most frequent: {common}")
+    if args.time:
+        print_host_time(cfg, args.nanogpt, args.time, args.steps_per_round)
     return 0
 
 

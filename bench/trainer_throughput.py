@@ -61,6 +61,7 @@ AT_NANOGPT_VOCAB = "-v50k"  # a config's name suffix: at nanoGPT's vocabulary (n
 CUDA_AB = {"llama-110m"}
 # eager with the blocks replayed as CUDA graphs (TrainConfig.cuda_graphs), beside plain eager
 CUDA_GRAPHED = {"llama-110m"}
+GRAPHS_ON = "CUDA graphs on"  # how trainer.run.cuda_graphs says the blocks were captured
 # nanoGPT (bias=True, vocab 98, n_layer 4, n_head 4, n_embd 256, block 128) as its estimate_mfu
 # counts it: 6 * get_num_params() + 12 * L * T * d. It measured 8,228 tokens/s = 79% of the fp32
 # matmul peak on our 2-core CPU.
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         run_round(row, args, data, meter, f"round {rnd + 1}/{rounds}")
         if rnd == rounds - 1:  # its figures are final: out now, so a run cut short keeps them
             emit_rows([row], device)
-    if unrun := ["/".join(row.variant.label) for row in rows if not row.tps]:
+    if unrun := ["/".join(row.variant.label) for row in rows if not row.tps and not row.left_out]:
         print(f"not run, the --budget of {args.budget:.0f} s spent: {', '.join(unrun)}")
     rows = [row for row in rows if row.tps]
     if args.loss_check:
@@ -325,6 +326,10 @@ def run_round(row: Row, args: argparse.Namespace, data: TokenData, meter: PeakMe
     min_steps = 2 if args.smoke else args.min_steps
     warmup = args.warmup if args.warmup is not None else (8 if v.compile else 1 if args.smoke else 2)
     res = run_training(v, data, device, warmup, min_steps, seconds, args.threads, meter)
+    if v.graphs and not any(note.startswith(GRAPHS_ON) for note in res.notes):
+        row.left_out = next((n for n in res.notes if n.startswith("CUDA graphs off")), "no capture reported")
+        print(f"  {label} {'/'.join(v.label):28s} left out, its blocks ran eager: {row.left_out}", flush=True)
+        return
     for dur, peak in res.steps:
         tps = v.tokens_per_step / dur
         row.tps.append(tps)

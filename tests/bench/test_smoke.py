@@ -74,12 +74,14 @@ def test_profile_step_profiles_the_trainers_own_loop(tmp_path: Path) -> None:
 def test_host_ops_counts_the_operations_and_launches_of_a_cuda_step(tmp_path: Path) -> None:
     """llama-tiny's 2 layers: 8 Triton launches a layer (each RMSNorm, the q/k/v split and SwiGLU,
     forward and backward), the final RMSNorm's 2 and the loss's 1, counted without running them."""
-    proc = run_smoke("host_ops.py", tmp_path)
+    proc = run_smoke("host_ops.py", tmp_path, "--time", "2", "--steps-per-round", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("ours: "))
     ops = int(line.split("ours: ")[1].split(" aten")[0].replace(",", ""))
     launches = int(line.split(", ")[-1].split(" Triton")[0])
     assert ops > 100 and launches == 8 * 2 + 3, line
+    timed = next(line for line in proc.stdout.splitlines() if line.startswith("host time a step "))
+    assert "(2 layers 32 wide," in timed and float(timed.split("ours ")[1].split(" ms")[0]) > 0, timed
 
 
 @pytest.mark.timeout(240)
