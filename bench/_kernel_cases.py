@@ -64,6 +64,31 @@ def rms_norm_cases(rows: int, d: int, device: torch.device) -> list[Case]:
     ]
 
 
+def add_rms_norm_cases(rows: int, d: int, device: torch.device) -> list[Case]:
+    """A block's residual add (float32 x, bf16 branch output h) and the norm after it: one kernel
+    each way (triton_ops.AddRMSNorm) against the add and the Triton RMSNorm as the step ran them
+    before, each in the op's own kernel."""
+    x, w = _leaf(rows, d, dtype=torch.float32, device=device), _leaf(d, dtype=torch.float32, device=device)
+    h = _leaf(rows, d, dtype=BF16, device=device)
+
+    def ours() -> tuple[torch.Tensor, torch.Tensor]:
+        return triton_ops.AddRMSNorm.apply(x, h, w, EPS, BF16)
+
+    def apart() -> tuple[torch.Tensor, torch.Tensor]:
+        s = x + h
+        return s, triton_ops.RMSNorm.apply(s, w, EPS, BF16, True)
+
+    return [
+        Case("add+rms_norm fwd vs apart", rows * d * (4 + 2 + 4 + 2), ours, apart),
+        Case(  # ds (float32), dy (bf16) and s read; dx (float32) and dh (bf16) written
+            "add+rms_norm bwd vs apart",
+            rows * d * (4 + 2 + 4 + 4 + 2),
+            _backward(ours(), (x, h, w)),
+            _backward(apart(), (x, h, w)),
+        ),
+    ]
+
+
 def qkv_cases(cfg: ModelConfig, batch: int, device: torch.device) -> list[Case]:
     """The fused projection's bf16 output split into q, k, v (heads first), q and k turned."""
     H, KV, hd, T = cfg.n_head, cfg.kv_heads, cfg.head_dim, cfg.ctx
@@ -126,6 +151,7 @@ def cases(cfg: ModelConfig, batch: int, vocab: int, device: torch.device) -> lis
     rows = batch * cfg.ctx
     return [
         *rms_norm_cases(rows, cfg.n_embd, device),
+        *add_rms_norm_cases(rows, cfg.n_embd, device),
         *qkv_cases(cfg, batch, device),
         *swiglu_cases(rows, cfg.hidden_dim, device),
         cross_entropy_case(rows, vocab, cfg.n_embd, device),

@@ -50,6 +50,17 @@ from trainer.model.kernel_tiles import TileTable
 
 Step = Callable[[torch.Tensor, torch.Tensor], object]
 KNOWN_TILES = contextlib.ExitStack()  # every tile table's tile fixed, for the process's life
+# operations that change a tensor's metadata or allocate, and launch no kernel on a GPU
+NO_KERNEL = {
+    f"aten.{name}"
+    for name in (
+        "view.default", "_unsafe_view.default", "_reshape_alias.default", "t.default", "transpose.int",
+        "permute.default", "detach.default", "alias.default", "as_strided.default", "slice.Tensor",
+        "select.int", "expand.default", "unsqueeze.default", "squeeze.dim", "split.Tensor",
+        "split_with_sizes.default", "unbind.int", "empty.memory_format", "empty_strided.default",
+        "empty_like.default", "promote_types.default", "lift_fresh.default", "is_same_size.default",
+    )
+} | {"profiler._record_function_enter_new.default", "profiler._record_function_exit._RecordFunction"}  # fmt: skip
 KERNELS = (
     "rms_norm_forward_kernel",
     "rms_norm_backward_kernel",
@@ -172,6 +183,11 @@ def count(step: Step, cfg: ModelConfig, launches: Counter[str]) -> tuple[Counter
     return counter.ops, sum(launches.values())
 
 
+def kernels(ops: Counter[str]) -> int:
+    """How many of the operations launch a kernel on a GPU."""
+    return sum(n for op, n in ops.items() if op not in NO_KERNEL)
+
+
 def host_ms(steps: dict[str, Step], cfg: ModelConfig, rounds: int, per_round: int) -> dict[str, float]:
     """Median thread CPU milliseconds a step of each, the steps taken in turn, `per_round` at a time."""
     x = torch.randint(0, cfg.vocab_size, (1, cfg.ctx))
@@ -226,12 +242,21 @@ def main(argv: list[str] | None = None) -> int:
     cuda_path_on_cpu(launches)
     print(f"# host_ops {preset} ({cfg.n_layer} layers, vocab {cfg.vocab_size}): one bf16 training step")
     mine, triton_launches = count(ours(cfg), cfg, launches)
-    print(f"ours: {sum(mine.values()):,} aten operations a step, {triton_launches} Triton launches")
+    print(
+        f"ours: {sum(mine.values()):,} aten operations a step ({kernels(mine):,} launch a kernel on a GPU), "
+        f"{triton_launches} Triton launches"
+    )
     rows = [("ours", mine)]
     if args.nanogpt is not None:
         theirs, _ = count(nanogpt(args.nanogpt, cfg), cfg, launches)
-        print(f"nanoGPT: {sum(theirs.values()):,} aten operations a step (its own fused ops: no Triton)")
-        print(f"ours / nanoGPT: {sum(mine.values()) / sum(theirs.values()):.2f}x the operations")
+        print(
+            f"nanoGPT: {sum(theirs.values()):,} aten operations a step ({kernels(theirs):,} launch a kernel "
+            "on a GPU; its own fused ops: no Triton)"
+        )
+        print(
+            f"ours / nanoGPT: {sum(mine.values()) / sum(theirs.values()):.2f}x the operations, "
+            f"{(kernels(mine) + triton_launches) / kernels(theirs):.2f}x the kernel launches"
+        )
         rows.append(("nanoGPT", theirs))
     for name, ops in rows:
         common = ", ".join(f"{op.removeprefix('aten.')} {n}" for op, n in ops.most_common(args.top))

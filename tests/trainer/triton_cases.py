@@ -44,6 +44,7 @@ def test_rms_norm_backward_with_every_tile(tile: Tile) -> None:
     of them partly past its rows (the tile a run picks by timing must compute the same values)."""
     with triton_ops.RMS_BACKWARD_TILES.forced(tile):
         check_rms_norm(torch.bfloat16, 100, rows=(3, 37))
+        test_add_rms_norm(torch.bfloat16, torch.bfloat16)
 
 
 @pytest.mark.parametrize("tile", triton_ops.RMS_FORWARD_TILES.candidates, ids=str)
@@ -51,6 +52,7 @@ def test_rms_norm_forward_with_every_tile(tile: Tile) -> None:
     """111 rows: the last program of every tile but one row's is partly past the rows."""
     with triton_ops.RMS_FORWARD_TILES.forced(tile):
         check_rms_norm(torch.bfloat16, 100, rows=(3, 37))
+        test_add_rms_norm(torch.bfloat16, torch.bfloat16)
 
 
 def check_rms_norm(out_dtype: torch.dtype, width: int, rows: tuple[int, int]) -> None:
@@ -66,6 +68,33 @@ def check_rms_norm(out_dtype: torch.dtype, width: int, rows: tuple[int, int]) ->
     close(dx, dx2, out_dtype)
     close(dw, dw2, out_dtype)
     assert dx.dtype == x.dtype and dw.dtype == w.dtype
+
+
+@pytest.mark.parametrize(
+    ("h_dtype", "out_dtype"), [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)]
+)
+def test_add_rms_norm(h_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
+    """The residual add fused into the norm: the sum, the norm and the gradients of x, h (in h's
+    dtype: a bf16 branch beside the float32 residual) and the weight, as the add and the norm; 111
+    rows, so a tile's last program is partly past them. Without a gradient, the same two outputs."""
+    x, h, w = leaf(3, 37, 100), leaf(3, 37, 100, dtype=h_dtype, seed=1), leaf(100, seed=2)
+    ds, dy = torch.randn(3, 37, 100).to(DEVICE), torch.randn(3, 37, 100).to(DEVICE, out_dtype)
+    s, y = triton_ops.AddRMSNorm.apply(x, h, w, 1e-5, out_dtype)
+    assert (s.dtype, y.dtype) == (torch.float32, out_dtype)
+    grads = torch.autograd.grad((s, y), (x, h, w), (ds, dy))
+    x2, h2, w2 = (t.detach().requires_grad_() for t in (x, h, w))
+    s2 = x2 + h2
+    y2 = ref_rms_norm(s2, w2, 1e-5, out_dtype)
+    expected = torch.autograd.grad((s2, y2), (x2, h2, w2), (ds, dy))
+    torch.testing.assert_close(s, s2, rtol=0, atol=0)  # one float32 add, the same one
+    close(y, y2, out_dtype)
+    for ours, theirs, dtype in zip(grads, expected, (torch.float32, h_dtype, torch.float32), strict=True):
+        assert ours.dtype == theirs.dtype == dtype
+        close(ours, theirs, h_dtype)
+    with torch.no_grad():
+        s3, y3, _ = triton_ops.add_rms_norm(x, h, w, 1e-5, out_dtype, False)
+    torch.testing.assert_close(s3, s, rtol=0, atol=0)
+    torch.testing.assert_close(y3, y, rtol=0, atol=0)
 
 
 def strided_views(width: int) -> list[torch.Tensor]:
@@ -339,6 +368,48 @@ def test_the_model_uses_them_on_cuda_with_the_same_loss() -> None:
     assert abs(results[0][0] - results[1][0]) < 1e-2
     for ours, theirs in zip(results[0][1], results[1][1], strict=True):
         torch.testing.assert_close(ours, theirs, rtol=5e-2, atol=5e-3)
+
+
+def test_a_llama_on_the_kernels_computes_what_it_does_on_the_cpu_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On this CPU, in the interpreter: a float32 llama with the model's functions taking the Triton
+    kernels, as on CUDA (the residual add fused into each block's second norm among them, and the
+    fused loss's kernel), against the CPU path: the loss, every gradient, and logits without one."""
+    if DEVICE == "cuda":
+        pytest.skip("on CUDA, test_the_model_uses_them_on_cuda_with_the_same_loss compares the two paths")
+    from trainer.config import ModelConfig
+    from trainer.config.fused_loss import ENV as FUSED_LOSS
+    from trainer.model import fused_ops, linear_cross_entropy
+    from trainer.model.llama import Llama
+
+    monkeypatch.setenv(FUSED_LOSS, "1")  # the loss fused on both paths, as on CUDA
+    torch.manual_seed(0)
+    model = Llama(ModelConfig(n_layer=2, n_head=4, n_kv_head=2, n_embd=64, ctx=32, vocab_size=258))
+    idx = torch.randint(0, 258, (2, 32))
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        model.zero_grad()
+        loss = model(idx, idx, argmax=True)[1]
+        assert loss is not None
+        loss.backward()
+        with torch.no_grad():
+            logits = model(idx)[0]
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None], logits
+
+    cpu_path = run()
+    fused: list[str] = []
+    for module in (fused_ops, linear_cross_entropy):
+        monkeypatch.setattr(module, "triton_kernels_for", lambda *tensors: triton_ops)
+    apply = triton_ops.AddRMSNorm.apply
+    monkeypatch.setattr(triton_ops.AddRMSNorm, "apply", lambda *a: fused.append("add") or apply(*a))
+    kernels = run()
+    assert fused == ["add"] * 2  # each block's, in the training forward
+    close(kernels[0], cpu_path[0], torch.float32)
+    assert len(kernels[1]) == len(cpu_path[1]) == len(list(model.parameters()))
+    for ours, theirs in zip(kernels[1], cpu_path[1], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+    close(kernels[2], cpu_path[2], torch.float32)
 
 
 def test_a_big_training_launch_times_its_tiles_on_cuda() -> None:

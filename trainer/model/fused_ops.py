@@ -1,6 +1,6 @@
-"""The hand-written autograd functions of the model's eager path: RMSNorm, the q/k/v split with
-RoPE, SwiGLU (trainer/model/llama.py uses them). Autograd through the plain ops of these makes several
-passes over the activations per op, where a hand-written backward needs one or two; on a float32
+"""The hand-written autograd functions of the model's eager path: RMSNorm (on CUDA with the residual
+add before it), the q/k/v split with RoPE, SwiGLU (trainer/model/llama.py uses them). Autograd
+through the plain ops of these makes several passes over the activations per op, where a hand-written backward needs one or two; on a float32
 CPU run they go one step further and call the fused C kernels of trainer.model.cpu_kernels (one pass
 each), falling back to the torch ops below where those are unavailable. On CUDA they call the
 fused Triton kernels of trainer.model.triton_ops where Triton is installed (one pass each way).
@@ -54,6 +54,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if kernel:
         return cpu_kernels.rms_norm_forward(x.contiguous(), weight, eps)[0]
     return _rms_norm(_f32(x), _f32(weight), eps)[0].to(out_dtype)  # no gradient: in-place ops are fine
+
+
+def add_rms_norm(
+    x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + h, rms_norm(x + h, weight, eps)): a residual add and the norm that reads the sum, in
+    one Triton kernel each way on CUDA (triton_ops.AddRMSNorm: h, a branch's output, may be
+    narrower than the residual x); elsewhere the add, then rms_norm."""
+    fused = triton_kernels_for(x, h, weight)
+    if fused is not None and x.shape == h.shape and _sums_in(x.dtype, h.dtype):
+        if torch.is_grad_enabled() and (x.requires_grad or h.requires_grad or weight.requires_grad):
+            return fused.AddRMSNorm.apply(x, h, weight, eps, compute_dtype(x))
+        return fused.add_rms_norm(x, h, weight, eps, compute_dtype(x), False)[:2]
+    s = x + h
+    return s, rms_norm(s, weight, eps)
+
+
+def _sums_in(x_dtype: torch.dtype, h_dtype: torch.dtype) -> bool:
+    """Whether x + h has x's dtype (asked without torch.promote_types, an operation of its own)."""
+    return h_dtype == x_dtype or x_dtype == torch.float32 and h_dtype in (torch.bfloat16, torch.float16)
 
 
 def _f32(t: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,15 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import ModelConfig
-from trainer.model.fused_ops import apply_rope, compute_dtype, decode_qkv, qkv_heads, rms_norm, swiglu
+from trainer.model.fused_ops import (
+    add_rms_norm,
+    apply_rope,
+    compute_dtype,
+    decode_qkv,
+    qkv_heads,
+    rms_norm,
+    swiglu,
+)
 from trainer.model.linear_cross_entropy import fused_applies, linear_cross_entropy
 
 if TYPE_CHECKING:
@@ -223,10 +231,13 @@ class Block(nn.Module):
         layer: int = 0,
     ) -> torch.Tensor:
         h = self.attention(self.attention_norm(x), cos, sin, cache, layer)
-        x = x + drop(h, self.dropout, self.training)
+        # the residual add and the norm after it: one kernel each way on CUDA
+        x, normed = add_rms_norm(
+            x, drop(h, self.dropout, self.training), self.ffn_norm.weight, self.ffn_norm.eps
+        )
         packed = cache.packed if cache is not None and cache.position is not None else None
         w13 = packed.w13[layer] if packed is not None else None
-        return x + drop(self.feed_forward(self.ffn_norm(x), w13), self.dropout, self.training)
+        return x + drop(self.feed_forward(normed, w13), self.dropout, self.training)
 
 
 class Llama(nn.Module):

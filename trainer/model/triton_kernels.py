@@ -39,7 +39,10 @@ def available() -> bool:
 def description() -> str:
     """What a CUDA run's element-wise ops run on, for its start-up output and checkpoints."""
     if available():
-        kernels = "RMSNorm, RoPE + q/k/v split, SwiGLU, cross-entropy, decoding q/k/v"
+        kernels = (
+            "RMSNorm (a block's second with its residual add), RoPE + q/k/v split, SwiGLU, cross-entropy, "
+            "decoding q/k/v"
+        )
         return f"Triton {triton.__version__} kernels ({kernels}; their tiles timed on the first step)"
     return "torch ops" + (f" ({DISABLE_ENV}=0)" if triton is not None else " (no Triton installed)")
 
@@ -58,14 +61,19 @@ if triton is not None:
 
     @triton.jit
     def rms_norm_forward_kernel(
-        X, W, Y, RSTD, stride_x, stride_y, n_rows, D, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr
+        X, H, S, W, Y, RSTD, stride_x, stride_h, stride_s, stride_y, n_rows, D, eps,
+        ADD: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        """ROWS rows: y = x * rstd * w in float32, stored as Y's dtype; rstd kept for the backward."""
+        """ROWS rows: y = x * rstd * w in float32, stored as Y's dtype; rstd kept for the backward.
+        ADD: x is first the residual sum x + h (float32), stored into S, and normalised."""
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK)
         in_rows = rows < n_rows
         mask = in_rows[:, None] & (cols < D)[None, :]
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if ADD:
+            x += tl.load(H + rows[:, None] * stride_h + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            tl.store(S + rows[:, None] * stride_s + cols[None, :], x.to(S.dtype.element_ty), mask=mask)
         w = tl.load(W + cols, mask=cols < D, other=0.0).to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
         tl.store(RSTD + rows, rstd, mask=in_rows)
@@ -74,11 +82,14 @@ if triton is not None:
 
     @triton.jit
     def rms_norm_backward_kernel(
-        G, X, W, RSTD, DX, DW_PARTS, stride_g, stride_x, stride_dx, n_rows, D,
+        G, X, W, RSTD, DX, DW_PARTS, DS, DH, stride_g, stride_x, stride_dx, stride_ds, stride_dh, n_rows, D,
+        ADD: tl.constexpr, SPLIT: tl.constexpr,
         ROWS_PER_PROGRAM: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
         """A run of rows, TILE at a time: dx = rstd * (g w - xhat mean(g w xhat)) per row, and this
-        program's share of dw = sum over rows of g xhat (summed over the programs by the caller)."""
+        program's share of dw = sum over rows of g xhat (summed over the programs by the caller).
+        ADD (the norm of a residual sum s = x + h): dx also takes s's own gradient DS, and SPLIT
+        stores it again, in h's dtype, into DH (h's gradient where h is of another dtype)."""
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         in_cols = cols < D
@@ -96,8 +107,16 @@ if triton is not None:
             xhat = x * rstd
             gw = g * w[None, :]
             dot = (tl.sum(gw * xhat, axis=1) / D)[:, None]
-            dx = (rstd * (gw - xhat * dot)).to(DX.dtype.element_ty)
-            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx, mask=mask)
+            dx = rstd * (gw - xhat * dot)
+            if ADD:
+                dx += tl.load(DS + rows[:, None] * stride_ds + cols[None, :], mask=mask, other=0.0).to(
+                    tl.float32
+                )
+                if SPLIT:
+                    tl.store(
+                        DH + rows[:, None] * stride_dh + cols[None, :], dx.to(DH.dtype.element_ty), mask=mask
+                    )
+            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
             dw += tl.sum(g * xhat, axis=0)
         tl.store(DW_PARTS + pid * D + cols, dw, mask=in_cols)
 

@@ -1,10 +1,10 @@
-"""Autograd functions over trainer/model/triton_kernels.py: RMSNorm, the q/k/v split with RoPE and
-SwiGLU as one fused kernel each way, with the signatures of their torch-op forms in
-trainer.model.fused_ops (which calls these for CUDA tensors when `usable`; RMSNorm also takes whether
-it runs in training, when its tiles may be timed); and `cross_entropy_rows`, a chunk of the fused
-loss of trainer.model.linear_cross_entropy in one kernel. Each saves the least its
-backward needs: RMSNorm its input and one float per row, SwiGLU its input (the sigmoid is recomputed),
-the q/k/v split nothing but the RoPE tables."""
+"""Autograd functions over trainer/model/triton_kernels.py: RMSNorm (also with a residual add before
+it: AddRMSNorm), the q/k/v split with RoPE and SwiGLU as one fused kernel each way, with the
+signatures of their torch-op forms in trainer.model.fused_ops (which calls these for CUDA tensors
+when `usable`; RMSNorm also takes whether it runs in training, when its tiles may be timed); and
+`cross_entropy_rows`, a chunk of the fused loss of trainer.model.linear_cross_entropy in one kernel.
+Each saves the least its backward needs: RMSNorm its input (AddRMSNorm the sum) and one float per
+row, SwiGLU its input (the sigmoid is recomputed), the q/k/v split nothing but the RoPE tables."""
 
 from __future__ import annotations
 
@@ -63,6 +63,68 @@ def _programs(t: torch.Tensor, rows: int) -> int:
     return max(1, min(rows, 4 * sms))
 
 
+def _norm_forward(
+    x2: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    y: torch.Tensor,
+    training: bool,
+    add: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Writes RMSNorm(x2) * weight into y (x2's shape, contiguous) and returns rstd; x2 (rows, d).
+    add = (h2, s2): the residual sum s2 = x2 + h2 is written and normalised, in the same kernel.
+    `training`: the forward of a training step (which may time its tiles), not inference."""
+    rows, d = x2.shape
+    h2, s2 = add if add is not None else (x2, x2)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x2.device)
+    block = tk.block_size(d)
+
+    def launch(tile: Tile) -> None:
+        tk.rms_norm_forward_kernel[(-(-rows // tile.rows),)](
+            x2, h2, s2, weight, y, rstd, x2.stride(0), h2.stride(0), s2.stride(0), d, rows, d, eps,
+            ADD=add is not None, ROWS=tile.rows, BLOCK=block, num_warps=max(tile.warps, _warps(block)),
+        )  # fmt: skip
+
+    key = (rows, d, x2.dtype, None if add is None else h2.dtype, y.dtype, x2.device)
+    launch(RMS_FORWARD_TILES.pick(key, launch, x2, rows * d, training, (MAX_TILE_ELEMENTS, block)))
+    return rstd
+
+
+def _norm_backward(
+    grad: torch.Tensor,
+    saved: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    shape: torch.Size,
+    ds: torch.Tensor | None = None,
+    h_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dh, dw) from y's gradient; `saved`: (the normalised input, weight, rstd). With ds, the
+    residual sum's own gradient, dx is the sum's whole gradient and dh the same values in h_dtype
+    (dx itself where that is x's dtype: autograd's add gives both its inputs one tensor too)."""
+    s, weight, rstd = saved
+    s2, g2 = _rows(s), _rows(grad)
+    rows, d = s2.shape
+    dx = torch.empty(shape, dtype=s2.dtype, device=s2.device)
+    split = ds is not None and h_dtype != s2.dtype
+    dh = torch.empty(shape, dtype=h_dtype, device=s2.device) if split else dx
+    ds2 = g2 if ds is None else _rows(ds)
+    programs = _programs(s2, rows)
+    per_program = -(-rows // programs)
+    programs = -(-rows // per_program)
+    parts = torch.empty(programs, d, dtype=torch.float32, device=s2.device)
+    block = tk.block_size(d)
+
+    def launch(tile: Tile) -> None:
+        tk.rms_norm_backward_kernel[(programs,)](
+            g2, s2, weight, rstd, dx, parts, ds2, dh,
+            g2.stride(0), s2.stride(0), d, ds2.stride(0), d, rows, d, ADD=ds is not None, SPLIT=split,
+            ROWS_PER_PROGRAM=per_program, TILE=tile.rows, BLOCK=block, num_warps=tile.warps,
+        )  # fmt: skip
+
+    key = (rows, d, g2.dtype, s2.dtype, None if ds is None else (ds2.dtype, h_dtype), dx.device)
+    launch(RMS_BACKWARD_TILES.pick(key, launch, s2, rows * d, True, (MAX_TILE_ELEMENTS, block)))
+    return dx, dh, parts.sum(0).to(weight.dtype)
+
+
 class RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -75,19 +137,8 @@ class RMSNorm(torch.autograd.Function):
     ) -> torch.Tensor:
         """`training`: the forward of a training step (which may time its tiles), not inference."""
         x2 = _rows(x)
-        rows, d = x2.shape
-        y = torch.empty(x.shape, dtype=out_dtype, device=x.device)  # contiguous: row stride d
-        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-        block = tk.block_size(d)
-
-        def launch(tile: Tile) -> None:
-            tk.rms_norm_forward_kernel[(-(-rows // tile.rows),)](
-                x2, weight, y, rstd, x2.stride(0), d, rows, d, eps,
-                ROWS=tile.rows, BLOCK=block, num_warps=max(tile.warps, _warps(block)),
-            )  # fmt: skip
-
-        key = (rows, d, x2.dtype, out_dtype, x.device)
-        launch(RMS_FORWARD_TILES.pick(key, launch, x2, rows * d, training, (MAX_TILE_ELEMENTS, block)))
+        y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        rstd = _norm_forward(x2, weight, eps, y, training)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.shape = x.shape  # type: ignore[attr-defined]
         return y
@@ -96,26 +147,48 @@ class RMSNorm(torch.autograd.Function):
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
-        x2, weight, rstd = ctx.saved_tensors  # type: ignore[attr-defined]
-        g2 = _rows(grad)
-        rows, d = x2.shape
-        dx = torch.empty(ctx.shape, dtype=x2.dtype, device=x2.device)  # type: ignore[attr-defined]
-        programs = _programs(x2, rows)
-        per_program = -(-rows // programs)
-        programs = -(-rows // per_program)
-        parts = torch.empty(programs, d, dtype=torch.float32, device=x2.device)
-        block = tk.block_size(d)
-
-        def launch(tile: Tile) -> None:
-            tk.rms_norm_backward_kernel[(programs,)](
-                g2, x2, weight, rstd, dx, parts, g2.stride(0), x2.stride(0), d, rows, d,
-                ROWS_PER_PROGRAM=per_program, TILE=tile.rows, BLOCK=block, num_warps=tile.warps,
-            )  # fmt: skip
-
-        key = (rows, d, g2.dtype, x2.dtype, dx.device)
-        launch(RMS_BACKWARD_TILES.pick(key, launch, x2, rows * d, True, (MAX_TILE_ELEMENTS, block)))
-        dw = parts.sum(0).to(weight.dtype)
+        dx, _, dw = _norm_backward(grad, ctx.saved_tensors, ctx.shape)  # type: ignore[attr-defined]
         return dx, dw, None, None, None
+
+
+def add_rms_norm(
+    x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype, training: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(s, y, rstd): the residual sum s = x + h (x's dtype), y = RMSNorm(s) * weight in out_dtype,
+    from one kernel; AddRMSNorm's forward, and the whole of it without a gradient (decoding)."""
+    s = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    rstd = _norm_forward(_rows(x), weight, eps, y, training, add=(_rows(h), s.view(-1, x.shape[-1])))
+    return s, y, rstd
+
+
+class AddRMSNorm(torch.autograd.Function):
+    """(s, RMSNorm(s)) of the residual sum s = x + h (x's dtype; h may be narrower, as a bf16
+    branch's output beside the float32 residual): the add inside the norm's kernel, and in its
+    backward s's own gradient added to the norm's (one pass over the residual each way, where the
+    add, the sum of its gradients and their cast take three more)."""
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        x: torch.Tensor,
+        h: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        out_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        s, y, rstd = add_rms_norm(x, h, weight, eps, out_dtype, training=True)
+        ctx.save_for_backward(s, weight, rstd)
+        ctx.h_dtype = h.dtype  # type: ignore[attr-defined]
+        return s, y
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, ds: torch.Tensor, dy: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        saved = ctx.saved_tensors  # type: ignore[attr-defined]
+        dx, dh, dw = _norm_backward(dy, saved, saved[0].shape, ds, ctx.h_dtype)  # type: ignore[attr-defined]
+        return dx, dh, dw, None, None
 
 
 def swiglu_forward(h: torch.Tensor) -> torch.Tensor:
