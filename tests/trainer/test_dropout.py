@@ -23,7 +23,8 @@ from trainer.checkpoint import load_model, read_state
 from trainer.config import ConfigError, ModelConfig, TrainConfig
 from trainer.export import export
 from trainer.model import cpu_kernels
-from trainer.model.llama import KVCache, Llama
+from trainer.model.kv_cache import KVCache
+from trainer.model.llama import Llama
 from trainer.run.loop import train
 from trainer.run.step import DropoutSeeds, dropout_seed, evaluate_batches
 from trainer.sampling import generate_ids

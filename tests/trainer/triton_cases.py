@@ -374,7 +374,7 @@ def test_a_llama_on_the_kernels_computes_what_it_does_on_the_cpu_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On this CPU, in the interpreter: a float32 llama with the model's functions taking the Triton
-    kernels, as on CUDA (the residual add fused into each block's second norm among them, and the
+    kernels, as on CUDA (the residual adds fused into the norms after them among them, and the
     fused loss's kernel), against the CPU path: the loss, every gradient, and logits without one."""
     if DEVICE == "cuda":
         pytest.skip("on CUDA, test_the_model_uses_them_on_cuda_with_the_same_loss compares the two paths")
@@ -404,7 +404,8 @@ def test_a_llama_on_the_kernels_computes_what_it_does_on_the_cpu_path(
     apply = triton_ops.AddRMSNorm.apply
     monkeypatch.setattr(triton_ops.AddRMSNorm, "apply", lambda *a: fused.append("add") or apply(*a))
     kernels = run()
-    assert fused == ["add"] * 2  # each block's, in the training forward
+    # in the training forward, every norm but the first block's first adds the residual branch before it
+    assert fused == ["add"] * 4
     close(kernels[0], cpu_path[0], torch.float32)
     assert len(kernels[1]) == len(cpu_path[1]) == len(list(model.parameters()))
     for ours, theirs in zip(kernels[1], cpu_path[1], strict=True):

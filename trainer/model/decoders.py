@@ -24,7 +24,8 @@ from typing import Protocol
 
 import torch
 
-from trainer.model.llama import KVCache, Llama
+from trainer.model.kv_cache import KVCache
+from trainer.model.llama import Llama
 from trainer.model.packed_weights import PackedWeights
 
 

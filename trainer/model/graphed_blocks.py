@@ -25,7 +25,7 @@ class BlockStep(nn.Module):
         self.block = block
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return self.block(x, cos, sin)
+        return self.block(x, cos, sin)[0]
 
 
 class GraphedBlocks:

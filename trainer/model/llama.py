@@ -30,11 +30,11 @@ from trainer.model.fused_ops import (
     rms_norm,
     swiglu,
 )
+from trainer.model.kv_cache import KVCache
 from trainer.model.linear_cross_entropy import fused_applies, linear_cross_entropy
 
 if TYPE_CHECKING:
     from trainer.model.graphed_blocks import GraphedBlocks
-    from trainer.model.packed_weights import PackedWeights
 
 
 def default_init_std(n_embd: int) -> float:
@@ -54,6 +54,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+    def after_add(self, x: torch.Tensor, h: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + h, this norm of it): a residual add and the norm that reads the sum, one kernel each
+        way on CUDA (fused_ops.add_rms_norm); h None: (x, this norm of x)."""
+        return (x, self(x)) if h is None else add_rms_norm(x, h, self.weight, self.eps)
 
 
 def rope_cache(
@@ -89,24 +94,6 @@ def attention_dtype(x: torch.Tensor, head_dim: int) -> torch.dtype:
     if x.device.type == "cpu" and head_dim >= CPU_FP32_ATTENTION_MIN_HEAD_DIM:
         return torch.float32
     return compute_dtype(x)
-
-
-class KVCache:
-    """Per-layer key/value buffers for incremental decoding: (B, n_kv_head, ctx, head_dim)."""
-
-    def __init__(self, cfg: ModelConfig, batch: int, device: torch.device, dtype: torch.dtype):
-        shape = (batch, cfg.kv_heads, cfg.ctx, cfg.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
-        self.pos = 0  # number of positions already filled
-        # Set while decoding through a captured CUDA graph (trainer.model.decoders): the position
-        # of the one new token, held on the device so that one graph serves every step. Keys are
-        # then written there and attention reads the whole buffer, `visible` (additive: 0 up to the
-        # position, -inf past it) masking the rest.
-        self.position: torch.Tensor | None = None
-        self.visible: torch.Tensor | None = None
-        # The projections that the graphed step multiplies by, concatenated once (PackedWeights).
-        self.packed: PackedWeights | None = None
 
 
 class Attention(nn.Module):
@@ -154,7 +141,7 @@ class Attention(nn.Module):
             )  # (B, H, T, hd)
             k = apply_rope(self.wk(x).view(B, T, KV, hd), cos, sin).transpose(1, 2)  # (B, KV, T, hd)
             v = self.wv(x).view(B, T, KV, hd).transpose(1, 2)
-            k, v = _cached_keys_values(cache, layer, k, v, attn_dtype)
+            k, v = cache.keys_values(layer, k, v, attn_dtype)
         # llama: grouped-query attention; enable_gqa lets SDPA broadcast kv heads without a copy.
         gqa = KV != H
         with (
@@ -185,17 +172,6 @@ def _token_rows(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if y.dtype == dtype and rows.is_contiguous():
         return rows.view(B, T, H * hd)
     return torch.empty(B, T, H, hd, dtype=dtype, device=y.device).copy_(y.transpose(1, 2)).view(B, T, H * hd)
-
-
-def _cached_keys_values(
-    cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stores the new keys/values of `layer` in the cache and returns every key/value to attend to
-    (eager decoding; graphed decoding writes them in fused_ops.decode_qkv)."""
-    start, T = cache.pos, k.size(2)
-    cache.k[layer][:, :, start : start + T] = k
-    cache.v[layer][:, :, start : start + T] = v
-    return cache.k[layer][:, :, : start + T].to(dtype), cache.v[layer][:, :, : start + T].to(dtype)
 
 
 class FeedForward(nn.Module):
@@ -229,15 +205,19 @@ class Block(nn.Module):
         sin: torch.Tensor,
         cache: KVCache | None = None,
         layer: int = 0,
-    ) -> torch.Tensor:
-        h = self.attention(self.attention_norm(x), cos, sin, cache, layer)
-        # the residual add and the norm after it: one kernel each way on CUDA
-        x, normed = add_rms_norm(
-            x, drop(h, self.dropout, self.training), self.ffn_norm.weight, self.ffn_norm.eps
-        )
+        pending: torch.Tensor | None = None,
+        defer: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the block's output, None); defer: (x, f), the residual stream past the attention branch
+        and the feed-forward branch's output, not yet added: the next norm adds it, in its kernel
+        on CUDA, taking it as `pending` (the previous block's f, added by this block's first norm)."""
+        x, normed = self.attention_norm.after_add(x, pending)
+        h = self.attention(normed, cos, sin, cache, layer)
+        x, normed = self.ffn_norm.after_add(x, drop(h, self.dropout, self.training))
         packed = cache.packed if cache is not None and cache.position is not None else None
         w13 = packed.w13[layer] if packed is not None else None
-        return x + drop(self.feed_forward(normed, w13), self.dropout, self.training)
+        f = drop(self.feed_forward(normed, w13), self.dropout, self.training)
+        return (x, f) if defer else (x + f, None)
 
 
 class Llama(nn.Module):
@@ -313,14 +293,15 @@ class Llama(nn.Module):
                 sin = self.rope_sin.index_select(0, cache.position).float()
                 cache.visible = self._visible_keys(cache.position, attention_dtype(x, self.cfg.head_dim))
         graphed = self.graphed_blocks
+        pending = None  # the last block's feed-forward output, added by the final norm
         if graphed is not None and self.training and cache is None and graphed.fits(x):
             for step in graphed.steps:  # each block's CUDA graphs (trainer.model.graphed_blocks)
                 x = step(x, cos, sin)
         else:
-            x = self._blocks(x, cos, sin, cache)
+            x, pending = self._blocks(x, cos, sin, cache)
         if cache is not None:
             cache.pos += T
-        x = self.norm(x)
+        x = self.norm.after_add(x, pending)[1]
         if targets is None:
             logits = self.output(x).float()
             return (logits.argmax(dim=-1) if argmax else logits), None
@@ -340,13 +321,18 @@ class Llama(nn.Module):
 
     def _blocks(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(x, f): the residual stream and the last block's feed-forward output where not yet added.
+        Eager blocks hand theirs to the next block's first norm; a checkpointed block keeps x alone
+        as its input, and a compiled one (regional compilation) adds its own: one compile serves
+        every layer only while the calls pass the same kinds of arguments."""
+        pending = None
         for i, layer in enumerate(self.layers):
             if self.activation_checkpointing and self.training and cache is None:
-                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+                x = checkpoint(layer, x, cos, sin, use_reentrant=False)[0]
             else:
-                x = layer(x, cos, sin, cache, i)
-        return x
+                x, pending = layer(x, cos, sin, cache, i, pending, layer._compiled_call_impl is None)
+        return x, pending
 
     def _visible_keys(self, position: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """The mask (B, H, 1, ctx) of one new query at `position`: 0 for the keys up to it, -inf past.
