@@ -92,7 +92,7 @@ def test_add_rms_norm(h_dtype: torch.dtype, out_dtype: torch.dtype) -> None:
         assert ours.dtype == theirs.dtype == dtype
         close(ours, theirs, h_dtype)
     with torch.no_grad():
-        s3, y3, _ = triton_ops.add_rms_norm(x, h, w, 1e-5, out_dtype, False)
+        s3, y3, _, _ = triton_ops.add_rms_norm(x, h, w, 1e-5, out_dtype, False)
     torch.testing.assert_close(s3, s, rtol=0, atol=0)
     torch.testing.assert_close(y3, y, rtol=0, atol=0)
 

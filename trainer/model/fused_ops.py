@@ -66,7 +66,8 @@ def add_rms_norm(
     if fused is not None and x.shape == h.shape and _sums_in(x.dtype, h.dtype):
         if torch.is_grad_enabled() and (x.requires_grad or h.requires_grad or weight.requires_grad):
             return fused.AddRMSNorm.apply(x, h, weight, eps, compute_dtype(x))
-        return fused.add_rms_norm(x, h, weight, eps, compute_dtype(x), False)[:2]
+        s, y, _, _ = fused.add_rms_norm(x, h, weight, eps, compute_dtype(x), False)
+        return s, y
     s = x + h
     return s, rms_norm(s, weight, eps)
 

@@ -53,7 +53,7 @@ def _warps(block: int) -> int:
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """t as (rows, last axis) with a contiguous last axis (a copy only when it is not)."""
-    t2 = t.reshape(-1, t.shape[-1])
+    t2 = t if t.dim() == 2 else t.reshape(-1, t.shape[-1])  # no view of what is rows already
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
@@ -153,13 +153,14 @@ class RMSNorm(torch.autograd.Function):
 
 def add_rms_norm(
     x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype, training: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(s, y, rstd): the residual sum s = x + h (x's dtype), y = RMSNorm(s) * weight in out_dtype,
-    from one kernel; AddRMSNorm's forward, and the whole of it without a gradient (decoding)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(s, y, rstd, s as rows): the residual sum s = x + h (x's dtype), y = RMSNorm(s) * weight in
+    out_dtype, from one kernel; AddRMSNorm's forward, and the whole of it without a gradient."""
     s = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    s2 = s.view(-1, x.shape[-1])
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    rstd = _norm_forward(_rows(x), weight, eps, y, training, add=(_rows(h), s.view(-1, x.shape[-1])))
-    return s, y, rstd
+    rstd = _norm_forward(_rows(x), weight, eps, y, training, add=(_rows(h), s2))
+    return s, y, rstd, s2
 
 
 class AddRMSNorm(torch.autograd.Function):
@@ -177,17 +178,17 @@ class AddRMSNorm(torch.autograd.Function):
         eps: float,
         out_dtype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        s, y, rstd = add_rms_norm(x, h, weight, eps, out_dtype, training=True)
-        ctx.save_for_backward(s, weight, rstd)
-        ctx.h_dtype = h.dtype  # type: ignore[attr-defined]
+        s, y, rstd, s2 = add_rms_norm(x, h, weight, eps, out_dtype, training=True)
+        ctx.save_for_backward(s2, weight, rstd)  # s's rows: saving s itself, an output, costs two ops
+        ctx.shape, ctx.h_dtype = x.shape, h.dtype  # type: ignore[attr-defined]
         return s, y
 
     @staticmethod
     def backward(
         ctx: torch.autograd.function.FunctionCtx, ds: torch.Tensor, dy: torch.Tensor
     ) -> tuple[torch.Tensor | None, ...]:
-        saved = ctx.saved_tensors  # type: ignore[attr-defined]
-        dx, dh, dw = _norm_backward(dy, saved, saved[0].shape, ds, ctx.h_dtype)  # type: ignore[attr-defined]
+        shape, h_dtype = ctx.shape, ctx.h_dtype  # type: ignore[attr-defined]
+        dx, dh, dw = _norm_backward(dy, ctx.saved_tensors, shape, ds, h_dtype)  # type: ignore[attr-defined]
         return dx, dh, dw, None, None
 
 
