@@ -31,7 +31,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 WHEELS, NANOGPT = ".whl", ".nanogpt"
-BOX_BRINGS = {"torch", "triton"}  # the box's CUDA build: never carried (ours is the CPU wheel)
+# What the boxes lent so far had (2026-11-23/26/27: H100 and H200, torch 2.11.0+cu130, Python 3.12),
+# and weigh most: torch and Triton with torch's sympy and networkx, and what our trainer, the ONNX
+# export and the transformers and onnxruntime consumer tests ran on there. Resolved, never carried:
+# the device tool carries 64 MiB at most. Small packages whose version matters (typing-extensions:
+# anyio needs a recent one) are carried even where the box has them: the carried copy comes first.
+BOX_BRINGS = {
+    "torch", "triton", "sympy", "mpmath", "networkx", "numpy", "transformers", "huggingface-hub", "hf-xet",
+    "tokenizers", "onnx", "onnxscript", "onnx-ir", "ml-dtypes", "protobuf", "onnxruntime",
+}  # fmt: skip
+NOT_USED = {"boto3"}  # the s3 blob backend's alone (imported with it): the check runs the embedded store
+CARRY_LIMIT = 64 << 20  # the device tool's bytes for all carried paths together
 TEST_EXTRA_NEEDED = ("pytest", "pytest-timeout")  # `pytest -m cuda` on the box
 BUILT = "llama-cpp-python"  # no wheel on PyPI: built here, alone (its requirements downloaded)
 BUILT_NEEDS = ("typing-extensions>=4.5", "numpy>=1.20", "diskcache>=5.6.1", "jinja2>=2.11.3")
@@ -51,7 +61,7 @@ def carried_requirements(pyproject: Path = REPO / "pyproject.toml") -> list[str]
     """pyproject's dependencies but what the box brings, and the test extra's entries the CUDA
     tests need, as pyproject states them (one place for the versions)."""
     project = tomllib.loads(pyproject.read_text())["project"]
-    base = [r for r in project["dependencies"] if requirement_name(r) not in BOX_BRINGS]
+    base = [r for r in project["dependencies"] if requirement_name(r) not in BOX_BRINGS | NOT_USED]
     test = project["optional-dependencies"]["test"]
     wanted = {*TEST_EXTRA_NEEDED, BUILT}
     return base + [r for r in test if requirement_name(r) in wanted]
@@ -94,6 +104,20 @@ def device_command(minutes: float) -> str:
     )
 
 
+def wheel_name(path: Path) -> str:
+    """The distribution a wheel file holds ("hf_xet-1.8.0-cp38-....whl" -> "hf-xet")."""
+    return path.name.split("-")[0].lower().replace("_", "-")
+
+
+def drop_what_the_box_brings(dest: Path) -> int:
+    """Deletes the wheels of BOX_BRINGS (resolved with the rest, so their requirements came too);
+    returns the bytes left."""
+    for wheel in dest.glob("*.whl"):
+        if wheel_name(wheel) in BOX_BRINGS:
+            wheel.unlink()
+    return sum(w.stat().st_size for w in dest.glob("*.whl"))
+
+
 def run(cmd: list[str], env: dict[str, str] | None = None) -> None:
     print("$", shlex.join(cmd), flush=True)
     subprocess.run(cmd, check=True, env=env)
@@ -121,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         dest.mkdir(exist_ok=True)
         run(commands[0])
         run(commands[1], env={**os.environ, "CMAKE_ARGS": PORTABLE})
+        size = drop_what_the_box_brings(dest)
+        print(f"{WHEELS}: {len(list(dest.glob('*.whl')))} wheels, {size / 2**20:.1f} MiB")
+        if size > CARRY_LIMIT:
+            raise SystemExit(f"more than the device tool carries ({CARRY_LIMIT >> 20} MiB): drop some")
         if args.nanogpt is not None:
             shutil.copytree(
                 args.nanogpt, REPO / NANOGPT, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git")

@@ -36,7 +36,7 @@ def test_it_carries_pyprojects_dependencies_but_torch_and_what_the_cuda_tests_im
 def test_the_real_pyproject_and_the_printed_device_call() -> None:
     names = {gpu_carry.requirement_name(r) for r in gpu_carry.carried_requirements()}
     assert {"fastapi", "celery", "psycopg", "gguf", "pytest", "llama-cpp-python"} <= names
-    assert not names & {"torch", "triton", "openai"}
+    assert not names & {"torch", "triton", "openai", "boto3"}  # the box's, a test's alone, the s3 store's
     proc = subprocess.run(
         [sys.executable, "bench/gpu_carry.py", "--dry-run"], cwd=REPO_ROOT, capture_output=True, text=True
     )
@@ -47,3 +47,15 @@ def test_the_real_pyproject_and_the_printed_device_call() -> None:
     # the check's own clock inside the timeout, and the wheels' install given half a minute
     assert float(minutes.group(1)) * 60 < int(timeout.group(1)) <= 570
     assert "bench/gpu_check.py" in call and "--target /tmp/site .whl/*.whl" in call
+
+
+def test_the_wheels_of_what_the_box_brings_are_dropped_and_the_rest_weighed(tmp_path: Path) -> None:
+    kept = {"fastapi-0.120.0-py3-none-any.whl": 300, "typing_extensions-4.15.0-py3-none-any.whl": 40}
+    dropped = {
+        "numpy-2.5.5-cp312-cp312-manylinux_2_28_x86_64.whl": 900,
+        "hf_xet-1.8.0-cp38-abi3-any.whl": 500,
+    }
+    for name, size in {**kept, **dropped}.items():
+        (tmp_path / name).write_bytes(b"x" * size)
+    assert gpu_carry.drop_what_the_box_brings(tmp_path) == sum(kept.values())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
