@@ -4,6 +4,9 @@
     python3 bench/gpu_check.py --nanogpt PATH --steps tests,peer   # some of them
     .venv/bin/python bench/gpu_check.py --nanogpt PATH --device cpu --smoke   # the script itself, here
 
+A box without network needs the service's packages and nanoGPT carried to it: bench/gpu_carry.py
+prepares both here and prints the device call that installs them and runs this.
+
 Steps, in this order, each a subprocess with its own time limit whose output is streamed and kept in
 DIR/gpu_check.log; a failed or timed-out step is reported and the next one still runs; the exit status
 says whether all passed. At the end it prints one table of every figure the steps measured (each
