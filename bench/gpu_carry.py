@@ -99,14 +99,14 @@ def device_command(minutes: float) -> str:
     of 2026-11-26/27 did), then the check, its clock set to leave the install a minute."""
     return (
         f"python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site {WHEELS}/*.whl && "
-        f"PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout {round(minutes * 60) + 15} python3 bench/gpu_check.py "
-        f"--minutes {minutes:g} --nanogpt {NANOGPT} --out $OUT"
+        f"PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout {round(minutes * 60) + 15} "
+        f"python3 bench/gpu_check.py --minutes {minutes:g} --nanogpt {NANOGPT} --out $OUT"
     )
 
 
 def wheel_name(path: Path) -> str:
     """The distribution a wheel file holds ("hf_xet-1.8.0-cp38-....whl" -> "hf-xet")."""
-    return path.name.split("-")[0].lower().replace("_", "-")
+    return requirement_name(path.name.split("-")[0])
 
 
 def drop_what_the_box_brings(dest: Path) -> int:

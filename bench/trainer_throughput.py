@@ -61,7 +61,7 @@ AT_NANOGPT_VOCAB = "-v50k"  # a config's name suffix: at nanoGPT's vocabulary (n
 CUDA_AB = {"llama-110m"}
 # eager with the blocks replayed as CUDA graphs (TrainConfig.cuda_graphs), beside plain eager
 CUDA_GRAPHED = {"llama-110m"}
-GRAPHS_ON = "CUDA graphs on"  # how trainer.run.cuda_graphs says the blocks were captured
+GRAPHS = "CUDA graphs"  # how trainer.run.cuda_graphs's note starts: "... on at step", "... off: why"
 # nanoGPT (bias=True, vocab 98, n_layer 4, n_head 4, n_embd 256, block 128) as its estimate_mfu
 # counts it: 6 * get_num_params() + 12 * L * T * d. It measured 8,228 tokens/s = 79% of the fp32
 # matmul peak on our 2-core CPU.
@@ -326,8 +326,9 @@ def run_round(row: Row, args: argparse.Namespace, data: TokenData, meter: PeakMe
     min_steps = 2 if args.smoke else args.min_steps
     warmup = args.warmup if args.warmup is not None else (8 if v.compile else 1 if args.smoke else 2)
     res = run_training(v, data, device, warmup, min_steps, seconds, args.threads, meter)
-    if v.graphs and not any(note.startswith(GRAPHS_ON) for note in res.notes):
-        row.left_out = next((n for n in res.notes if n.startswith("CUDA graphs off")), "no capture reported")
+    graphs = next((note for note in res.notes if note.startswith(GRAPHS)), "no capture reported")
+    if v.graphs and not graphs.startswith(f"{GRAPHS} on"):
+        row.left_out = graphs  # the trainer's "CUDA graphs off: <why>"
         print(f"  {label} {'/'.join(v.label):28s} left out, its blocks ran eager: {row.left_out}", flush=True)
         return
     for dur, peak in res.steps:

@@ -1,11 +1,11 @@
 """The hand-written autograd functions of the model's eager path: RMSNorm (on CUDA with the residual
 add before it), the q/k/v split with RoPE, SwiGLU (trainer/model/llama.py uses them). Autograd
-through the plain ops of these makes several passes over the activations per op, where a hand-written backward needs one or two; on a float32
-CPU run they go one step further and call the fused C kernels of trainer.model.cpu_kernels (one pass
-each), falling back to the torch ops below where those are unavailable. On CUDA they call the
-fused Triton kernels of trainer.model.triton_ops where Triton is installed (one pass each way).
-While compiling (torch.compiler.is_compiling()) every function here returns plain ops, which
-inductor fuses itself.
+through the plain ops of these makes several passes over the activations per op, where a
+hand-written backward needs one or two; on a float32 CPU run they go one step further and call the fused
+C kernels of trainer.model.cpu_kernels (one pass each), falling back to the torch ops below where
+those are unavailable. On CUDA they call the fused Triton kernels of trainer.model.triton_ops where
+Triton is installed (one pass each way). While compiling (torch.compiler.is_compiling()) every
+function here returns plain ops, which inductor fuses itself.
 """
 
 from __future__ import annotations

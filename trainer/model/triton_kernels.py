@@ -39,10 +39,8 @@ def available() -> bool:
 def description() -> str:
     """What a CUDA run's element-wise ops run on, for its start-up output and checkpoints."""
     if available():
-        kernels = (
-            "RMSNorm (a block's second with its residual add), RoPE + q/k/v split, SwiGLU, cross-entropy, "
-            "decoding q/k/v"
-        )
+        kernels = "RMSNorm (with the residual add before it), RoPE + q/k/v split, SwiGLU, cross-entropy, "
+        kernels += "decoding q/k/v"
         return f"Triton {triton.__version__} kernels ({kernels}; their tiles timed on the first step)"
     return "torch ops" + (f" ({DISABLE_ENV}=0)" if triton is not None else " (no Triton installed)")
 

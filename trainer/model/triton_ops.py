@@ -97,11 +97,11 @@ def _norm_backward(
     ds: torch.Tensor | None = None,
     h_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dh, dw) from y's gradient; `saved`: (the normalised input, weight, rstd). With ds, the
+    """(dx, dh, dw) from y's gradient; `saved`: (the normalised input as rows, weight, rstd). With ds, the
     residual sum's own gradient, dx is the sum's whole gradient and dh the same values in h_dtype
     (dx itself where that is x's dtype: autograd's add gives both its inputs one tensor too)."""
-    s, weight, rstd = saved
-    s2, g2 = _rows(s), _rows(grad)
+    s2, weight, rstd = saved
+    g2 = _rows(grad)
     rows, d = s2.shape
     dx = torch.empty(shape, dtype=s2.dtype, device=s2.device)
     split = ds is not None and h_dtype != s2.dtype
