@@ -86,6 +86,8 @@ def checkpoint_costs_event(
     """The job's event about its background checkpoints: written, uploaded, and what training waited."""
     data = {
         "checkpoints": trained.count,
+        "step_checkpoints": trained.resumable,
+        "best_snapshots": trained.weights_only,
         "tensor_bytes": trained.bytes,
         "write_seconds": round(trained.write, 3),
         "uploads": uploads,
@@ -96,7 +98,8 @@ def checkpoint_costs_event(
         "reported_seconds": round(trained.reported, 3),
     }
     return (
-        f"Checkpoints in the background: {trained.count} written in {trained.write:.1f} s and "
+        f"Checkpoints in the background: {trained.count} written ({trained.kinds()}) in "
+        f"{trained.write:.1f} s and "
         f"{uploads} uploaded in {upload_seconds:.1f} s while training went on; training waited "
         f"{trained.stall:.2f} s for them",
         data,

@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.trainer.conftest import read_metrics
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.checkpoint_snapshot import OPTIMIZER_FILE, HostBuffers, take_snapshot
 from trainer.config import TrainConfig
@@ -128,3 +129,19 @@ def test_older_step_checkpoints_drop_their_optimizer_state_and_a_resume_needs_no
         resume=steps[0],
     )
     assert resumed.step == 5 and load_checkpoint(steps[0]).step == 4
+
+
+def test_best_model_snapshots_are_counted_apart_from_the_step_checkpoints(
+    tmp_path: Path, tiny_model: Any, tiny_train: Any, shakespeare_data: Any, byte_tokenizer: Any
+) -> None:
+    cfg = tiny_train(max_steps=9, checkpoint_every=4, eval_every=2)
+    times = train(tiny_model(), cfg, shakespeare_data, tmp_path, tokenizer=byte_tokenizer).checkpoint_times
+    assert times.resumable == 2  # steps 4 and 8; the last step's is written at the end
+    losses = [m["val_loss"] for m in read_metrics(tmp_path) if "val_loss" in m]
+    new_bests = sum(loss < min(losses[:i], default=float("inf")) for i, loss in enumerate(losses))
+    assert times.weights_only == new_bests >= 2  # best/ is written at each new best
+    assert times.count == times.resumable + times.weights_only
+    summary = times.summary()
+    assert summary is not None and summary.endswith(
+        f"2 step checkpoints, {times.weights_only} best-model snapshots (best/)"
+    )

@@ -96,7 +96,15 @@ def test_an_early_stopped_jobs_model_is_its_best_checkpoint(
         f"Validation loss has not improved for 3 evaluations since step 10 ({losses[10]:.3f}); stopping; "
         "the model is the step-10 checkpoint. To train longer, raise early_stopping_patience (0 = off)."
     )
-    assert note in event_messages(session_factory, job_id)
+    messages = event_messages(session_factory, job_id)
+    assert note in messages
+    # the checkpoint event tells best/'s snapshots (one per new best) from the step checkpoints
+    new_bests = sum(
+        losses[s] < min([losses[t] for t in losses if t < s], default=float("inf")) for s in losses
+    )
+    assert ref.checkpoint_times.weights_only == new_bests >= 2
+    kinds = f"({ref.checkpoint_times.resumable} step checkpoints, {new_bests} best-model snapshots (best/))"
+    assert any(m.startswith("Checkpoints in the background") and kinds in m for m in messages), messages
 
     # the model is the step-10 checkpoint, the final one; the last step's stays listed beside it
     rows = {c.step: c for c in checkpoint_rows(session_factory, job_id)}

@@ -27,7 +27,9 @@ BACKGROUND_NICE = 10  # the writer's (and the worker's uploads') CPU priority be
 class CheckpointTimes:
     """What a run's background checkpoints cost, in seconds. On the training thread: taking the
     snapshots, waiting for a write still in flight, and reporting finished ones to the callbacks
-    (which hand them to the worker's uploads); `stall` is their sum. On the writer's thread: `write`."""
+    (which hand them to the worker's uploads); `stall` is their sum. On the writer's thread: `write`.
+    `count` holds every folder written; `weights_only` of them are best/'s snapshots (no optimizer
+    state: the lowest validation loss so far, not a point to resume from)."""
 
     count: int = 0
     snapshot: float = 0.0
@@ -35,6 +37,12 @@ class CheckpointTimes:
     reported: float = 0.0
     write: float = 0.0
     bytes: int = 0
+    weights_only: int = 0
+
+    @property
+    def resumable(self) -> int:
+        """The step checkpoints among them (weights and optimizer state: a run resumes from these)."""
+        return self.count - self.weights_only
 
     @property
     def stall(self) -> float:
@@ -47,8 +55,12 @@ class CheckpointTimes:
         return (
             f"{self.count} checkpoints ({self.bytes / 1e6:,.0f} MB of tensors) written in the background "
             f"in {self.write:.2f} s; training waited {self.stall:.2f} s for them (snapshots "
-            f"{self.snapshot:.2f} s, a write in flight {self.waited:.2f} s, reporting {self.reported:.2f} s)"
+            f"{self.snapshot:.2f} s, a write in flight {self.waited:.2f} s, reporting {self.reported:.2f} s); "
+            f"{self.kinds()}"
         )
+
+    def kinds(self) -> str:
+        return f"{self.resumable} step checkpoints, {self.weights_only} best-model snapshots (best/)"
 
 
 class CheckpointWriter:
@@ -56,6 +68,7 @@ class CheckpointWriter:
         self.buffers = HostBuffers()
         self._background = OneAtATime("checkpoint-writer", nice=BACKGROUND_NICE)
         self._count, self._bytes, self._snapshot_seconds = 0, 0, 0.0
+        self._weights_only = 0
 
     def wait(self) -> None:
         """Until no write is in flight, then the follow-ups of finished ones (their errors raise)."""
@@ -86,6 +99,7 @@ class CheckpointWriter:
         if snapshot is None:
             return
         self._count += 1
+        self._weights_only += snapshot.optimizer is None
         self._bytes += snapshot.nbytes
 
         def write() -> None:
@@ -105,6 +119,7 @@ class CheckpointWriter:
             bg.follow_up_seconds,
             bg.busy_seconds,
             self._bytes,
+            self._weights_only,
         )
 
     def close(self) -> None:
