@@ -19,7 +19,7 @@ from api.errors import APIError
 from api.hyperparams import HyperparameterError, Resolved, check_context, resolve
 from api.integration_models import disallowed_tracker
 from api.job_limits import JobTooLarge, check_job_limits, check_max_steps
-from api.placement import training_queue
+from api.placement import gpu_queue_without_cuda, training_queue
 from api.queries import ModelRef, find_model, live_files
 from api.request_models import MAX_SEED, JobCreate
 from core.device_queues import job_queue
@@ -144,6 +144,12 @@ def resolve_request(session: Session, owner_id: str, body: JobCreate, settings: 
     seed = body.seed if body.seed is not None else secrets.randbelow(MAX_SEED)
     _check_max_steps(body, settings)
     resolved = _resolve(body, parent, seed, train_file, val_file)
+    if resolved.train_config.device == "cuda" and gpu_queue_without_cuda(session, settings):
+        raise _bad(
+            "device: cuda was asked for, but the training workers of this service have no CUDA device "
+            "(GET /v1/workers); use auto or cpu",
+            "device",
+        )
     queue = training_queue(session, resolved.train_config.device, settings)
     return ResolvedRequest(train_file, val_file, parent, seed, resolved, queue)
 

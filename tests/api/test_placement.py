@@ -1,6 +1,7 @@
 """Placement of a job without a device (issue 23): it trains on the GPU class when a GPU worker is
 alive (a fresh `workers` row with a CUDA device), else on the default queue, and admission checks
-it against that class's memory. The classes are simulated: a worker row as a GPU worker writes it,
+it against that class's memory. A job naming cuda is refused where only CPU workers consume the
+gpu queue, and waits where none does. The classes are simulated: a worker row as a GPU worker writes it,
 on PostgreSQL and on the embedded SQLite."""
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ GiB = 1 << 30
 
 
 @contextlib.contextmanager
-def gpu_worker(session_factory: Any, seen_at: datetime) -> Iterator[None]:
-    """A GPU worker's row, as worker/advertise.py writes it, for the block's duration."""
+def gpu_worker(session_factory: Any, seen_at: datetime, device_kind: str = "cuda") -> Iterator[None]:
+    """A gpu-queue training worker's row, as worker/advertise.py writes it, for the block's
+    duration: one with a GPU, or (device_kind cpu) a CPU worker consuming the gpu queue too."""
     worker_id = f"gpu-{secrets.token_hex(4)}@box"
     with session_factory() as s:
         s.add(
@@ -36,7 +38,7 @@ def gpu_worker(session_factory: Any, seen_at: datetime) -> Iterator[None]:
                 host="box",
                 pid=1,
                 queues=["gpu"],
-                device_kind="cuda",
+                device_kind=device_kind,
                 devices=1,
                 memory_bytes=80 * GiB,
                 started_at=seen_at,
@@ -79,3 +81,24 @@ def test_a_job_without_a_device_goes_to_the_gpu_class_while_a_gpu_worker_is_aliv
         with gpu_worker(session_factory, seen_at=silent):  # died without saying so
             err = assert_envelope(create(client, tenant, {"max_steps": 3}), 400)
             assert err["code"] == JobTooLarge.code, err
+
+
+def test_a_cuda_job_is_refused_where_the_gpu_queues_workers_have_no_gpu_and_waits_where_there_are_none(
+    sqlite_settings: Settings, sqlite_session_factory: Any
+) -> None:
+    """`fromscratch serve` on a laptop: its one training worker consumes the gpu queue on a CPU, and
+    a job naming cuda used to be accepted there and then fail. (The embedded database: the shared
+    Postgres may hold other tests' live workers.)"""
+    tenant = new_tenant(sqlite_session_factory)
+    cuda = {"device": "cuda", "max_steps": 3}
+    with TestClient(create_app(sqlite_settings)) as client:
+        r = create(client, tenant, cuda)  # no gpu worker seen: GPU nodes may still be starting
+        assert r.status_code == 200 and r.json()["queue"] == "gpu", r.text
+        client.post(f"{JOBS}/{r.json()['id']}/cancel", headers=tenant.headers)
+        with gpu_worker(sqlite_session_factory, seen_at=utcnow(), device_kind="cpu"):
+            err = assert_envelope(create(client, tenant, cuda), 400)
+            assert err["param"] == "device" and "no CUDA device" in err["message"], err
+            assert create(client, tenant, {"max_steps": 3}).json()["queue"] == "cpu"  # auto: the CPU
+            with gpu_worker(sqlite_session_factory, seen_at=utcnow()):  # and a GPU one beside it
+                r = create(client, tenant, cuda)
+                assert r.status_code == 200 and r.json()["queue"] == "gpu", r.text

@@ -76,12 +76,29 @@ def test_a_run_decides_auto_from_its_data_reports_why_and_keeps_the_decision(tmp
     auto: list[str] = rec.started["auto"]
     assert auto[0].startswith("dropout 0.1: auto: 18,000 training tokens for ")
     assert auto[1].startswith("eval_every 10: auto: 20 evaluations over 200 steps")
+    assert len(rec.evals) == 20  # as many as it said
     assert auto[2].startswith("early_stopping_patience 4: auto: the run passes over its training tokens")
     evaluated = [step for step, _ in rec.evals]
     assert evaluated[:3] == [10, 20, 30]
     assert result.final_checkpoint is not None
     saved: dict[str, Any] = json.loads((result.final_checkpoint / "config.json").read_text())
     assert (saved["train"]["dropout"], saved["train"]["eval_every"]) == (0.1, 10)
+
+
+@pytest.mark.parametrize(
+    "steps, every, said",
+    [
+        (5, 10, "1 evaluation over 5"),
+        (100, 10, "10 evaluations over 100"),
+        (205, 10, "21 evaluations over 205"),
+        (1_000, 50, "20 evaluations over 1,000"),
+    ],
+)
+def test_auto_eval_every_counts_the_evaluations_the_run_makes(steps: int, every: int, said: str) -> None:
+    from trainer.config.data_aware import auto_eval_every
+
+    choice = auto_eval_every(steps)
+    assert choice.value == every and choice.reason.startswith(f"auto: {said} steps")
 
 
 def test_admission_plans_for_the_most_dropout_the_file_can_get() -> None:

@@ -87,10 +87,12 @@ def auto_early_stopping_patience(train_tokens: int, planned_tokens: int, evaluat
 
 def auto_eval_every(total_steps: int) -> AutoChoice:
     every = max(MIN_EVAL_EVERY, round(total_steps / EVALUATIONS_PER_RUN))
+    evaluations = -(-total_steps // every)  # each multiple of `every`, and the last step
     return AutoChoice(
         "eval_every",
         every,
-        f"auto: {EVALUATIONS_PER_RUN} evaluations over {total_steps:,} steps (at least every {MIN_EVAL_EVERY})",
+        f"auto: {evaluations} evaluation{'s' if evaluations != 1 else ''} over {total_steps:,} steps "
+        f"(about {EVALUATIONS_PER_RUN} a run, at least {MIN_EVAL_EVERY} steps apart)",
     )
 
 
