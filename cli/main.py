@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from cli.parser import Parser
@@ -39,8 +40,23 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+SIGPIPE_EXIT = 141  # what a shell reports for a command a closed pipe stopped (128 + SIGPIPE)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Run a subcommand. Output piped into a reader that stops early (`| head`) ends the command
+    quietly, as it would a C tool killed by SIGPIPE, not with a traceback."""
+    try:
+        code = _run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, where a closed pipe can still be caught, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        # stdout is gone: point it at /dev/null so the interpreter's final flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return SIGPIPE_EXIT
+
+
+def _run(argv: list[str]) -> int:
     command = argv[0] if argv and argv[0] in COMMANDS else None
     parser = build_parser(only=command)
     args = parser.parse_args(argv)

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from typing import Any
 
+import pytest
+
+from cli.main import SIGPIPE_EXIT
 from client.commands.follow import _FollowState
 from client.commands.follow_display import LineDisplay, summary_rows
 from client.commands.jobs import job_details, jobs_rows
@@ -141,3 +147,20 @@ def test_keys_list_is_tab_separated_or_json(tmp_path: Any, capsys: Any, monkeypa
     assert main(["keys", "list", "--json", "--data-dir", str(tmp_path)]) == 0
     [key] = json.loads(capsys.readouterr().out)["data"]
     assert key["name"] == name and key["revoked_at"] is None and isinstance(key["created_at"], int)
+
+
+@pytest.mark.parametrize("json_output", [False, True])
+def test_output_into_a_closed_pipe_ends_quietly(json_output: bool, tmp_path: Any) -> None:
+    """`fromscratch jobs list | head -1`: the reader is gone before the command writes."""
+    env = {k: v for k, v in os.environ.items() if k != "FROMSCRATCH_DATABASE_URL"}
+    env["FROMSCRATCH_DATA_DIR"] = str(tmp_path)
+    command = [sys.executable, "-m", "cli.main", "keys"]
+    subprocess.run([*command, "create", "--name", "k"], stdout=subprocess.DEVNULL, env=env, check=True)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        listing = [*command, "list", *(["--json"] if json_output else [])]
+        done = subprocess.run(listing, stdout=write_end, stderr=subprocess.PIPE, env=env)
+    finally:
+        os.close(write_end)
+    assert done.stderr == b"" and done.returncode == SIGPIPE_EXIT, done.stderr.decode()
