@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tarfile
 from pathlib import Path
 from typing import BinaryIO
 
 from client.commands.output import format_size, format_time, make_console, print_json, print_rows
-from client.commands.runner import EXIT_OK, connect
+from client.commands.runner import EXIT_OK, CommandError, connect
+from core.archives import extract_all
 from core.exports import DOWNLOADS
 
 DEFAULT_WAIT = 600.0  # seconds `models download` waits for a worker to prepare an export
@@ -32,11 +35,14 @@ def cmd_models_list(args: argparse.Namespace) -> int:
 
 def cmd_models_download(args: argparse.Namespace) -> int:
     """`models download MODEL_ID`: stream the export to a file (whole or not at all). An export the
-    server has not made yet is prepared by a worker first: the command waits for it (`--wait`)."""
+    server has not made yet is prepared by a worker first: the command waits for it (`--wait`). A
+    folder format (hf, checkpoint) arrives as one tar and is unpacked into its folder (`--tar`
+    keeps the tar)."""
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-    part = _PartFile(args.output)
+    unpack = _is_folder(args.format) and not args.tar
+    part = _PartFile(_tar_folder(args.output) if unpack else args.output)
     with (
         connect(args) as client,
         Progress(
@@ -82,9 +88,55 @@ def cmd_models_download(args: argparse.Namespace) -> int:
         finally:
             part.discard()
     size = final.stat().st_size
+    if unpack:
+        final = unpack_folder(final, args.output)
     print(f"saved {final} ({format_size(size)})", file=sys.stderr)
     print(final)
     return EXIT_OK
+
+
+def unpack_folder(tar_path: Path, output: str | None) -> Path:
+    """The folder a folder format's tar holds, where the download asked for it: `--output` when it
+    names no existing folder, else the tar's own folder name inside it (or here). Unpacked beside
+    it first and moved in once whole; the tar is removed after. A destination that exists and is
+    not empty is left alone: the tar is kept and the error says where it is."""
+    unpacking = tar_path.with_name(f".{tar_path.name}.unpack-{os.getpid()}")
+    try:
+        try:
+            with tarfile.open(tar_path) as tar:
+                extract_all(tar, unpacking)
+        except tarfile.TarError as e:  # core.archives' refusals too
+            raise CommandError(f"the download is not a folder's tar ({e}); it is in {tar_path}") from e
+        entries = list(unpacking.iterdir())
+        one_folder = len(entries) == 1 and entries[0].is_dir()
+        root = entries[0] if one_folder else unpacking
+        if output is not None and not Path(output).is_dir():
+            dest = Path(output)
+        else:
+            dest = (Path(output) if output is not None else Path()) / (
+                root.name if one_folder else tar_path.stem
+            )
+        try:
+            os.replace(root, dest)  # a folder moves onto a missing or empty one only
+        except OSError as e:
+            raise CommandError(f"{dest}: {e.strerror}; the download is in {tar_path}") from e
+    finally:
+        shutil.rmtree(unpacking, ignore_errors=True)
+    tar_path.unlink()
+    return dest
+
+
+def _tar_folder(output: str | None) -> str | None:
+    """Where a tar to unpack is downloaded: the folder its folder will be in."""
+    if output is None or Path(output).is_dir():
+        return output
+    parent = Path(output).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return str(parent)
+
+
+def _is_folder(fmt: str) -> bool:
+    return next(d.is_folder for d in DOWNLOADS if d.name == fmt)
 
 
 class _PartFile:

@@ -97,7 +97,11 @@ def _add_jobs(subparsers: Subparsers, leaf: _Leaves) -> None:
     )
     p.add_argument("--validation-file", metavar="FILE_ID", help="validation file id")
     p.add_argument("--suffix", help="added to the fine-tuned model's name")
-    p.add_argument("--seed", type=int, help="random seed (default: the trainer's, 1337)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="random seed (default: one the server draws, shown on the job, as OpenAI does)",
+    )
     p.add_argument("--metadata", action="append", metavar="KEY=VALUE", help="job metadata (repeatable)")
     p.add_argument("--idempotency-key", help="a retried create with the same key returns the same job")
     p.add_argument("--follow", action="store_true", help="follow the job after creating it (as jobs follow)")
@@ -168,5 +172,11 @@ def _add_models(subparsers: Subparsers, leaf: _Leaves) -> None:
         "-o",
         "--output",
         metavar="PATH",
-        help="file or folder to write (default: the server's file name in the current folder)",
+        help="file or folder to write (default: the server's file name in the current folder); a "
+        "folder format is unpacked into PATH, or into its own folder inside PATH when PATH is a folder",
+    )
+    p.add_argument(
+        "--tar",
+        action="store_true",
+        help="keep a folder format (hf, checkpoint) as the one tar the server sends, not unpacked",
     )

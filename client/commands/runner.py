@@ -21,6 +21,10 @@ class UsageError(Exception):
     """A mistake in how the command was called (exit code 2)."""
 
 
+class CommandError(Exception):
+    """The command could not finish what it was asked (one line on stderr, exit code 1)."""
+
+
 def connect(args: argparse.Namespace) -> Client:
     """A client.http.Client for `--server`/`--api-key` (or their environment variables)."""
     from client.http import DEFAULT_SERVER, Client
@@ -47,6 +51,9 @@ def run_command(handler: Handler) -> Handler:
             return EXIT_USAGE
         except APIError as e:
             print(f"fromscratch: error: {e.one_line()}", file=sys.stderr)
+            return EXIT_ERROR
+        except CommandError as e:
+            print(f"fromscratch: error: {e}", file=sys.stderr)
             return EXIT_ERROR
         except KeyboardInterrupt:
             print("fromscratch: interrupted", file=sys.stderr)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -97,15 +98,27 @@ def test_upload_create_follow_show_download(live_server: Any, worker_proc: Any, 
     assert out.read_bytes()[:4] == b"GGUF"
     assert [p.name for p in out.parent.iterdir()] == ["model.gguf"]  # no temp file left behind
 
-    # -o a folder: the server's file name inside it
+    # a folder format: unpacked, into its own folder inside an -o folder, or as -o itself
+    def saved(*args: Any) -> Path:
+        return Path(
+            ok(cli(live_server, "models", "download", model_id, *args)).stdout.strip().splitlines()[-1]
+        )
+
     folder = tmp_path / "into"
     folder.mkdir()
-    saved = Path(
-        ok(cli(live_server, "models", "download", model_id, "--format", "checkpoint", "-o", folder))
-        .stdout.strip()
-        .splitlines()[-1]
-    )
-    assert saved.parent == folder and saved.stat().st_size > 0
+    inside = saved("--format", "checkpoint", "-o", folder)
+    assert inside.parent == folder and (inside / "model.safetensors").is_file()
+    assert [p.name for p in folder.iterdir()] == [inside.name]  # the tar is gone, nothing half done
+    named = saved("--format", "checkpoint", "-o", tmp_path / "named" / "ckpt")
+    assert named == tmp_path / "named" / "ckpt" and (named / "config.json").is_file()
+    assert [p.name for p in named.parent.iterdir()] == ["ckpt"]
+    # --tar keeps the server's tar; a destination in the way keeps the download and says where
+    tar = saved("--format", "checkpoint", "--tar", "-o", tmp_path / "model.tar")
+    assert tarfile.is_tarfile(tar) and tar == tmp_path / "model.tar"
+    refused = cli(live_server, "models", "download", model_id, "--format", "checkpoint", "-o", folder)
+    assert refused.returncode == 1, refused.stderr
+    kept = refused.stderr.strip().splitlines()[-1].rsplit(" ", 1)[-1]
+    assert tarfile.is_tarfile(kept) and Path(kept).parent == folder, refused.stderr
 
 
 def show(server: Any, job_id: str) -> dict[str, Any]:

@@ -154,7 +154,8 @@ class ScheduleFields(StrictConfig):
     )
     n_epochs: Int | None = param(
         None,
-        "train for this many passes over the data instead of max_steps",
+        "passes over the training data, each window once a pass; sets the run's length, unless "
+        "max_steps is given too: then max_steps ends the run, even mid-pass",
         title="Epochs",
         ge=1,
         le=10_000,
