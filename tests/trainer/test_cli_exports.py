@@ -61,6 +61,8 @@ def test_default_exports_none_and_a_format_that_cannot_be_made(tmp_path: Path, s
     exports = tmp_path / "default" / "exports"
     assert sorted(p.name for p in exports.iterdir()) == ["hf", "model.gguf"]  # the default: gguf,hf
     assert json.loads((exports / "hf" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (exports / "hf").iterdir()}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as the rest (the umask's)
 
     r = fromscratch("train", shakespeare, "--out", tmp_path / "none", *common, "--export-formats", "none")
     assert r.returncode == 0, r.stderr

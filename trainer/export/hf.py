@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from trainer.checkpoint_snapshot import write_safetensors
 from trainer.config import ModelConfig
 from trainer.data.tokenizers import BPETokenizer, Tokenizer, bytes_to_unicode
 from trainer.export.common import ExportError, write_atomically
@@ -106,8 +107,6 @@ def write_hf(
             f"head dim {cfg.head_dim}): transformers' Llama rotates the whole head. Export as gguf or onnx, "
             "or train with rope_dims unset"
         )
-    from safetensors.torch import save_file
-
     torch_dtype = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[dtype]
     tensors = {
         k: v.to(getattr(torch, torch_dtype)).contiguous() for k, v in hf_state_dict(cfg, state).items()
@@ -131,7 +130,8 @@ def write_hf(
     }
 
     def write(tmp: Path) -> None:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        # not safetensors' save_file: it creates the file 0600, where every other file follows the umask
+        write_safetensors(tensors, tmp / "model.safetensors")
         _dump(tmp / "config.json", hf_config(cfg, tokenizer, torch_dtype))
         _dump(tmp / "generation_config.json", generation_config)
         (tmp / "tokenizer.json").write_text(hf_tokenizer_json(tokenizer))
