@@ -85,6 +85,8 @@ class JobEnding:
         assert final is not None and step is not None  # a run that ended as a model (JobRun._end)
 
         def mark_succeeded(session: Session, job: Job) -> None:
+            if result.model_note is not None:  # before the status: a job's last event is its end
+                add_event(session, self.job_id, f"{result.model_note}.", data=model_data(result))
             transition(
                 session,
                 job,
@@ -94,8 +96,6 @@ class JobEnding:
                 trained_tokens=result.tokens_seen,
             )
             write_result_file(session, self.store, job)  # the results CSV commits with the success
-            if result.model_note is not None:
-                add_event(session, self.job_id, f"{result.model_note}.", data=model_data(result))
 
         store_final_exports(self, snapshot, final)  # export_formats, stored before the job succeeds
         store_checkpoint(

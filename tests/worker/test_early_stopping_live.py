@@ -97,7 +97,7 @@ def test_an_early_stopped_jobs_model_is_its_best_checkpoint(
         "the model is the step-10 checkpoint. To train longer, raise early_stopping_patience (0 = off)."
     )
     messages = event_messages(session_factory, job_id)
-    assert note in messages
+    assert note in messages and messages[-1] == "Job status: succeeded"  # the end comes last
     # the checkpoint event tells best/'s snapshots (one per new best) from the step checkpoints
     new_bests = sum(
         losses[s] < min([losses[t] for t in losses if t < s], default=float("inf")) for s in losses
