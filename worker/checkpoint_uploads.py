@@ -97,10 +97,13 @@ def checkpoint_costs_event(
         "waited_seconds": round(trained.waited, 3),
         "reported_seconds": round(trained.reported, 3),
     }
+    stored = (
+        f"{uploads} uploaded in {upload_seconds:.1f} s while training went on"
+        if uploads
+        else "none uploaded while training went on (the model is stored at the end)"
+    )
     return (
         f"Checkpoints in the background: {trained.count} written ({trained.kinds()}) in "
-        f"{trained.write:.1f} s and "
-        f"{uploads} uploaded in {upload_seconds:.1f} s while training went on; training waited "
-        f"{trained.stall:.2f} s for them",
+        f"{trained.write:.1f} s, {stored}; training waited {trained.stall:.2f} s for them",
         data,
     )

@@ -83,3 +83,22 @@ def test_a_flush_is_also_the_stop_check(
     with session_factory() as session:
         job = session.get(Job, job_id)
         assert job is not None and job.step == 2  # and the flush did write
+
+
+def test_the_checkpoint_event_says_what_was_written_and_stored() -> None:
+    from trainer.run.checkpoint_writer import CheckpointTimes
+    from worker.checkpoint_uploads import checkpoint_costs_event
+
+    only_best = CheckpointTimes(count=10, write=1.2, bytes=4_000, weights_only=10)
+    message, data = checkpoint_costs_event(only_best, uploads=0, upload_seconds=0.0)
+    assert message.startswith(
+        "Checkpoints in the background: 10 written (0 step checkpoints, 10 best-model snapshots (best/)) "
+        "in 1.2 s, none uploaded while training went on (the model is stored at the end)"
+    )
+    assert (data["step_checkpoints"], data["best_snapshots"], data["uploads"]) == (0, 10, 0)
+    both = CheckpointTimes(count=5, write=0.5, weights_only=2)
+    message, data = checkpoint_costs_event(both, uploads=4, upload_seconds=2.25)
+    assert (
+        "5 written (3 step checkpoints, 2 best-model snapshots (best/)) in 0.5 s, 4 uploaded in 2.2 s"
+        in message
+    )
