@@ -212,6 +212,9 @@ def test_what_compiling_cost_and_gained_is_remembered_and_counted_on(tmp_path: P
     # remembered figures change the decision: 40 s at 2x pays back (1.2x) over 49 steps of 2 s, not 40
     assert compile_from_measurement("cpu", 2.0, 49, figures).value == "on"
     assert compile_from_measurement("cpu", 2.0, 40, figures).value == "off"
+    slower = compile_memory.CompileFigures(1.0, 0.97, "measured here on another shape")
+    off = compile_from_measurement("cpu", 2.0, 10**6, slower)  # no saving, not a negative one
+    assert off.value == "off" and "0.97x the eager speed" in off.reason and "~-" not in off.reason
 
 
 def test_steps_taken_in_turn_see_through_a_machine_slowing_down() -> None:

@@ -43,6 +43,12 @@ def compile_from_measurement(
     figures = figures or default_figures(device_type)
     if figures is None:
         return Choice("off", f"auto: no compile on {device_type}")
+    if figures.speedup <= 1:  # remembered from a run whose compiled steps were the slower ones
+        return Choice(
+            "off",
+            f"auto: compiled blocks ran {figures.speedup:.2f}x the eager speed ({figures.source}): "
+            "no faster, nothing to save",
+        )
     saves = steps_left * eager_step_s * (1 - 1 / figures.speedup)
     enough = saves > PAYBACK * figures.cost_s
     return Choice(
