@@ -33,6 +33,7 @@ class _FollowState:
         self.total: int | None = p.get("total_steps")
         self.train_loss: float | None = p.get("train_loss")
         self.val_loss: float | None = p.get("val_loss")
+        self.val_step: int | None = None  # the step val_loss was measured at, where a metric said
         self.tokens_per_s: float | None = p.get("tokens_per_s")
         # the server's smoothed rate (trainer.config.throughput) as of the last job read, so the ETA
         # counts down with the steps the stream brings in between
@@ -66,6 +67,8 @@ class _FollowState:
                 ("tokens_per_s", "tokens_per_s"),
             ):
                 if p.get(key) is not None:
+                    if key == "val_loss" and p[key] != self.val_loss:
+                        self.val_step = None  # the job's latest evaluation, at a step it does not say
                     setattr(self, attr, p[key])
             self._rate_from(p)
 
@@ -76,8 +79,8 @@ class _FollowState:
         if not isinstance(step, int):
             return
         val = m.get("val_loss", m.get("valid_loss"))
-        if val is not None:
-            self.val_loss = val
+        if val is not None and step >= (self.val_step or 0):
+            self.val_loss, self.val_step = val, step
         if step < self.step:
             return  # an older point (a catch-up poll overlapping the stream)
         self.step = step

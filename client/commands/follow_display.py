@@ -25,6 +25,7 @@ class Followed(Protocol):
     total: int | None
     train_loss: float | None
     val_loss: float | None
+    val_step: int | None
     tokens_per_s: float | None
 
     @property
@@ -33,8 +34,10 @@ class Followed(Protocol):
 
 def describe(state: Followed) -> str:
     eta = format_duration(state.eta) if state.eta is not None else "-"
+    # the last evaluation's loss: its step beside it until the step shown is the evaluated one
+    at = f" @{state.val_step}" if state.val_step is not None and state.val_step != state.step else ""
     return (
-        f"loss {format_number(state.train_loss)}  val {format_number(state.val_loss)}  "
+        f"loss {format_number(state.train_loss)}  val {format_number(state.val_loss)}{at}  "
         f"{format_number(state.tokens_per_s, ',.0f')} tok/s  ETA {eta}"
     )
 

@@ -14,7 +14,7 @@ import pytest
 
 from cli.main import SIGPIPE_EXIT
 from client.commands.follow import _FollowState
-from client.commands.follow_display import LineDisplay, summary_rows
+from client.commands.follow_display import LineDisplay, describe, summary_rows
 from client.commands.jobs import job_details, jobs_rows
 from client.commands.output import print_details, print_rows
 
@@ -164,3 +164,13 @@ def test_output_into_a_closed_pipe_ends_quietly(json_output: bool, tmp_path: Any
     finally:
         os.close(write_end)
     assert done.stderr == b"" and done.returncode == SIGPIPE_EXIT, done.stderr.decode()
+
+
+def test_follow_shows_the_step_of_a_validation_loss_from_an_earlier_step() -> None:
+    state = _FollowState(job(progress={"step": 10, "total_steps": 300, "val_loss": None}))
+    state.metric({"step": 20, "train_loss": 2.5, "val_loss": 2.6})
+    state.metric({"step": 30, "train_loss": 2.4})  # its evaluation not in yet
+    assert "val 2.6000 @20 " in describe(state)
+    state.metric({"step": 30, "train_loss": 2.4, "val_loss": 2.45})  # a catch-up poll fills it in
+    state.metric({"step": 20, "train_loss": 2.5, "val_loss": 2.6})  # an older point changes nothing
+    assert "val 2.4500 " in describe(state) and "@" not in describe(state)
