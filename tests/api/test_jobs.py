@@ -107,6 +107,7 @@ def test_method_supervised_and_multiplier(client: TestClient, tenant: Tenant, fi
     ("body_update", "param", "fragment"),
     [
         ({"hyperparameters": {"n_embd": 100, "n_head": 3}}, "n_embd", "divisible"),
+        ({"hyperparameters": {"n_head": 3}}, "n_head", "divisible"),  # the preset's n_embd: n_head is wrong
         ({"hyperparameters": {"learning_rate": -0.1}}, "learning_rate", "positive"),
         ({"hyperparameters": {"bogus_knob": 1}}, "bogus_knob", "Unknown hyperparameter"),
         ({"hyperparameters": {"max_step": 5}}, "max_step", "did you mean max_steps?"),

@@ -142,4 +142,11 @@ def model_config_from_preset(preset: str = DEFAULT_PRESET, **overrides: Any) -> 
         n_head, n_kv_head = values["n_head"], values["n_kv_head"]
         if isinstance(n_head, int) and isinstance(n_kv_head, int) and n_kv_head and n_head % n_kv_head:
             values["n_kv_head"] = None
-    return ModelConfig(**values)
+    try:
+        return ModelConfig(**values)
+    except ConfigError as e:
+        # the preset's n_embd has a problem only with the n_head given: it is that n_head's
+        only_heads = overrides.get("n_embd") is None and overrides.get("n_head") is not None
+        raise ConfigError(
+            [("n_head" if only_heads and f == "n_embd" else f, m) for f, m in e.problems]
+        ) from e
