@@ -11,7 +11,14 @@ from cli.server_settings import add_data_dir_option, load_settings, migrate_data
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    keys = subparsers.add_parser("keys", help="manage API keys")
+    keys = subparsers.add_parser(
+        "keys",
+        help="manage API keys",
+        description="API keys, written straight to the database the settings name "
+        "(FROMSCRATCH_DATABASE_URL, else the data dir's SQLite), so they work with or without a "
+        "running server. The keys of one owner see the same files, jobs and models; a new key gets "
+        "a new owner unless --owner names one.",
+    )
     keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION")
     create = keys_sub.add_parser("create", help="create a key; prints the secret alone on the last line")
     create.add_argument("--name", required=True, help="a label for the key")

@@ -10,7 +10,12 @@ from cli.server_settings import add_data_dir_option, load_settings, migrate_data
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
-        "migrate", help="apply database migrations (alembic upgrade head); create the S3 bucket if needed"
+        "migrate",
+        help="apply database migrations (alembic upgrade head); create the S3 bucket if needed",
+        description="Bring the database the settings name (FROMSCRATCH_DATABASE_URL, else the data "
+        "dir's SQLite) to the latest schema, and with the s3 blob backend create the bucket unless it "
+        "exists. `fromscratch serve` does this itself at start; run it before starting API servers "
+        "and workers on their own (docker compose runs it first).",
     )
     add_data_dir_option(p)
     p.set_defaults(func=run_migrate)

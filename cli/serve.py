@@ -24,19 +24,23 @@ if TYPE_CHECKING:
 
     from core.settings import Settings
 
-DESCRIPTION = """Server-side subcommands: `fromscratch serve`, `fromscratch migrate`, `fromscratch keys ...`.
+DESCRIPTION = """Run the whole service on this machine: the API and dashboard, and its workers.
 
-All of them read the same settings (`FROMSCRATCH_*`; `--data-dir` sets `FROMSCRATCH_DATA_DIR`), so
-`FROMSCRATCH_DATA_DIR=d fromscratch keys create --name x` works beside `fromscratch serve --data-dir d`.
+The embedded install: the SQLite database, kombu's `sqla+sqlite` broker and the blobs (uploads,
+checkpoints, exports: files under `blobs/`) live in the data dir, unless FROMSCRATCH_DATABASE_URL,
+FROMSCRATCH_BROKER_URL or FROMSCRATCH_BLOB_BACKEND say otherwise. At start it runs the migrations,
+creates the broker's tables and queues, and creates and prints an API key on the first start.
 
-`fromscratch serve` is the embedded install: SQLite database, kombu's `sqla+sqlite` broker and the
-blobs (uploads, checkpoints, exports: files under `blobs/`, none in the database) in the data dir
-(unless FROMSCRATCH_DATABASE_URL / FROMSCRATCH_BROKER_URL / FROMSCRATCH_BLOB_BACKEND say otherwise), migrations run and
-the broker's tables and queues created at start (before anything uses them), an API key created and printed on the first start, two `fromscratch worker` subprocesses
-supervised (restarted with backoff if they die): one training worker (queues cpu,gpu) and one
-inference worker (queue inference: completions and on-demand exports, models kept loaded), and
-the API (uvicorn, `api.main:create_app`, which never loads torch) in this process. Ctrl-C / SIGTERM stops the API, then asks the worker to stop (a running job checkpoints and
-goes back to the queue; it resumes on the next start) and waits for them.
+It supervises two `fromscratch worker` subprocesses, restarted with backoff if they die: a training
+worker (queues cpu,gpu) and an inference worker (queue inference: completions and on-demand
+exports, models kept loaded). The API (uvicorn) runs in this process and never loads torch.
+
+Ctrl-C or SIGTERM stops the API, then the workers: a running job checkpoints, goes back to the queue
+and resumes on the next start.
+
+`fromscratch keys` and `fromscratch migrate` read the same settings (`FROMSCRATCH_*`; `--data-dir`
+sets FROMSCRATCH_DATA_DIR), so `fromscratch keys create --name x --data-dir d` works beside
+`fromscratch serve --data-dir d`.
 """
 
 

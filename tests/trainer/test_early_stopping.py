@@ -181,7 +181,7 @@ def test_patience_needs_evaluations(tiny_train):
 
 def test_patience_without_validation_data_is_a_note(tmp_path, tiny_model, tiny_train, shakespeare):
     rec = Recorder()
-    cfg = tiny_train(max_steps=2, eval_every=1, val_fraction=0.0, early_stopping_patience=3)
+    cfg = tiny_train(max_steps=2, warmup_steps=0, eval_every=1, val_fraction=0.0, early_stopping_patience=3)
     result = train(tiny_model(), cfg, shakespeare, tmp_path, rec)
     assert result.stop_reason == "completed"
     assert rec.started is not None and len(rec.started["notes"]) == 1

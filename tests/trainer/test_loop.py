@@ -471,3 +471,17 @@ def test_cosine_restarts_like_llama_cpp():
     assert lr[20] == pytest.approx(0.1 + 0.9 * 0.5)
     assert lr[30] == pytest.approx(0.1)
     assert min(lr) >= 0.1 - 1e-12
+
+
+@pytest.mark.parametrize("warmup_steps, noted", [(4, True), (9, True), (3, False)])
+def test_a_warmup_as_long_as_the_run_is_a_note(
+    warmup_steps, noted, tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
+):
+    rec = Recorder()
+    cfg = tiny_train(max_steps=4, warmup_steps=warmup_steps, learning_rate=1e-3, eval_every=0)
+    train(tiny_model(), cfg, shakespeare_data, tmp_path, rec, tokenizer=byte_tokenizer)
+    assert rec.started is not None
+    notes = [n for n in rec.started["notes"] if n.startswith(f"warmup_steps {warmup_steps} ")]
+    assert len(notes) == noted
+    if noted:  # the last step's rate: 4 of the warmup's steps + 1
+        assert f"ends at {1e-3 * 4 / (warmup_steps + 1):.3g}, short of learning_rate 0.001" in notes[0]

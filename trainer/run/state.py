@@ -29,6 +29,7 @@ from trainer.config import ModelConfig, TrainConfig
 from trainer.config.estimate import tokens_per_step
 from trainer.model import cpu_kernels
 from trainer.model.llama import Llama
+from trainer.optim.optimizers import lr_at
 from trainer.run.checkpoint_writer import CheckpointWriter
 from trainer.run.cuda_graphs import capture_when_due
 from trainer.run.measured_compile import MeasuredCompile
@@ -179,13 +180,22 @@ class TrainRun:
 
     def notes(self) -> list[str]:
         """What start_info tells about settings this run cannot act on."""
+        notes = []
         patience = self.cfg.resolved_early_stopping_patience
         if patience > 0 and self.make_val_sampler is None:
-            return [
+            notes.append(
                 f"early_stopping_patience {patience} does nothing in this run: it has no validation "
                 "data. Set val_fraction above 0 or give a validation file to stop at the best."
-            ]
-        return []
+            )
+        warmup, total = self.cfg.warmup_steps, self.total_steps
+        if warmup is not None and warmup >= total > 0:
+            peak = lr_at(total - 1, self.cfg, total)
+            notes.append(
+                f"warmup_steps {warmup} is not below the run's {total:,} steps: the learning rate rises "
+                f"for the whole run and ends at {peak:.3g}, short of learning_rate {self.cfg.learning_rate:g}. "
+                "Use fewer warmup steps, or leave warmup_steps unset (auto: a tenth of the run, at most 100)."
+            )
+        return notes
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self, *, optimizer: bool, buffers: HostBuffers | None) -> CheckpointSnapshot | None:
