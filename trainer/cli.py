@@ -154,6 +154,8 @@ def _configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
         train_cfg = TrainConfig(**{**saved, **train_values})
     except ConfigError as err:
         _config_error(args._parser, err)
+    if args.resume and resume_from is None:
+        print(f"--resume: no checkpoint in {args.out} to continue from; starting a new run")
     if resume_from is not None:
         print(f"resuming from {resume_from}")
         if model_values:
@@ -296,6 +298,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
         parser.error(f"--top-k: must be positive, got {args.top_k}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         parser.error(f"--top-p: must be in (0, 1], got {args.top_p}")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device: cuda was asked for but no CUDA device is available; use cpu")
     from trainer.checkpoint import CheckpointError, load_model
     from trainer.sampling import generate
 

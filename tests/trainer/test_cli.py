@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from cli.main import main
 from tests.trainer.conftest import read_metrics
@@ -145,6 +146,19 @@ def test_refuses_existing_run_without_resume(tmp_path, shakespeare, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["train", str(shakespeare), "--out", str(out), *TINY, "--max-steps", "1"])
     assert exc.value.code == 2 and "--out:" in capsys.readouterr().err
+
+
+def test_resume_with_nothing_to_resume_says_so_and_sample_on_a_missing_gpu_is_a_usage_error(
+    tmp_path, shakespeare, capsys
+):
+    out = tmp_path / "new"
+    args = ["train", str(shakespeare), "--out", str(out), *TINY, "--max-steps", "1", "--samples", "0"]
+    assert main([*args, "--resume"]) == 0
+    assert f"--resume: no checkpoint in {out} to continue from; starting a new run" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as exc:
+            main(["sample", str(out), "--device", "cuda", "--max-new-tokens", "1"])
+        assert exc.value.code == 2 and "--device: cuda was asked for" in capsys.readouterr().err
 
 
 def test_help_documents_every_contract_option_with_default(capsys):
