@@ -204,7 +204,8 @@ def generate_into_row(
     prompt, stops = prompt_and_stops(params)
     prompt_ids = tokenizer.encode(prompt) if prompt else []
     max_tokens = int(params["max_tokens"])
-    text = TextStream(stops)
+    chat = params.get("messages") is not None
+    text = TextStream(stops, trailing="\n" if chat else "")  # a reply ends before the template's "\n"
     writer = RowWriter(session_factory, request_id)
     tokens = stream_ids(
         model,

@@ -9,7 +9,8 @@ Two things make the newest text not final yet:
 - the text could be the beginning of a stop sequence: the longest tail of it that is a prefix of
   one is held back until the next tokens tell. When a stop sequence appears, the text before it
   is the output and the stop sequence itself is not.
-What `push` and `finish` return is never taken back, so it can be published at once. A NUL
+`trailing` is text the end of generation drops (a chat reply's "\n": the template's separator
+before the next message, which EOS stands for). What `push` and `finish` return is never taken back, so it can be published at once. A NUL
 character becomes U+FFFD as well: no text of this service holds one (PostgreSQL text cannot).
 """
 
@@ -20,8 +21,9 @@ from collections.abc import Sequence
 
 
 class TextStream:
-    def __init__(self, stops: Sequence[str] = ()) -> None:
+    def __init__(self, stops: Sequence[str] = (), trailing: str = "") -> None:
         self.stops = [s for s in stops if s]
+        self.trailing = trailing
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # decoded, not yet published: a possible beginning of a stop sequence
         self.stopped = False  # a stop sequence was found: nothing more is published
@@ -45,6 +47,8 @@ class TextStream:
             self.stopped = True
             self._pending = ""
             return pending[:cut]
+        if final and self.trailing and pending.endswith(self.trailing):
+            pending = pending[: -len(self.trailing)]
         keep = 0 if final else held_tail(pending, self.stops)
         self._pending = pending[len(pending) - keep :] if keep else ""
         return pending[: len(pending) - keep]

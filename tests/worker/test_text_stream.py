@@ -60,6 +60,18 @@ def test_a_held_tail_is_published_when_generation_ends() -> None:
     assert not stopped and out == ["one", " ", "tw"]
 
 
+def test_a_chat_reply_that_ends_with_eos_drops_the_templates_newline() -> None:
+    """The template ends every message with "\n"; EOS after it ends the reply, which is the text
+    before it: the same text a reply cut at the next role marker ("\n<|") gives."""
+    eos = TextStream(["\n<|"], trailing="\n")
+    out = eos.push(b"Hello\n") + eos.push(b"there\n") + eos.push(b"") + eos.finish()
+    marker = TextStream(["\n<|"], trailing="\n")
+    cut = marker.push(b"Hello\n") + marker.push(b"there\n") + marker.push(b"<|user|>")
+    assert out == cut == "Hello\nthere"
+    plain = TextStream(["\n<|"])  # a completion keeps its text to the end
+    assert plain.push(b"Hello\n") + plain.finish() == "Hello\n"
+
+
 def test_a_stop_sequence_inside_a_multibyte_character_stream() -> None:
     text = "naïve café → résumé"
     data = text.encode()
