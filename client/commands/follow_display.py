@@ -131,8 +131,8 @@ def summary_rows(
         ("job", job.get("id")),
         ("status", job.get("status")),
         ("steps", f"{step}/{total}" if total else str(step)),
-        ("final train loss", format_number(train_loss)),
-        ("final val loss", format_number(val_loss)),
+        ("last train loss", format_number(train_loss)),  # the last step's: the model may be an earlier best
+        ("last val loss", format_number(val_loss)),
         (
             "trained tokens",
             f"{job['trained_tokens']:,}" if isinstance(job.get("trained_tokens"), int) else "-",

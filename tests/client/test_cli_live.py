@@ -78,7 +78,7 @@ def test_upload_create_follow_show_download(live_server: Any, worker_proc: Any, 
     followed = cli(live_server, "jobs", "follow", job_id)
     ok(followed)
     assert "succeeded" in followed.stdout  # the summary table
-    assert "final train loss" in followed.stdout and "40/40" in followed.stdout
+    assert "last train loss" in followed.stdout and "40/40" in followed.stdout
 
     job = json.loads(ok(cli(live_server, "jobs", "show", job_id, "--json")).stdout)
     assert job["status"] == "succeeded"
