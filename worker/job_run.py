@@ -154,7 +154,8 @@ class JobRun(JobEnding):
 
     def _mark_running(self, inputs: TrainingInputs) -> None:
         """Move the job to running; when resuming, first drop the metric rows after the checkpoint
-        (training logs them again) and record the resume as an event."""
+        (training logs them again) and record the resume as an event; a continued model's start
+        from its parent's weights is an event too."""
         resumed = inputs.resume_path is not None
         step = inputs.resume_step if resumed else 0
 
@@ -168,6 +169,9 @@ class JobRun(JobEnding):
                         message += f" ({deleted} metric rows after it will be logged again)"
                     log.info("job %s: %s", self.job_id, message)
                     add_event(session, self.job_id, message, data={"step": step})
+                elif inputs.init_from is not None:  # continued training: say from which model
+                    message = f"Starting from the weights of {job.base_model_id}"
+                    add_event(session, self.job_id, message, data={"base_model": job.base_model_id})
                 transition(session, job, JobStatus.RUNNING, step=step)
                 session.commit()
 

@@ -161,6 +161,9 @@ def test_continue_training_starts_from_the_parent_model(
     child = wait_for_status(session_factory, child_id, "succeeded", diagnostics=worker_proc.output)
 
     assert child.fine_tuned_model == final_model_id(child)
+    assert f"Starting from the weights of {parent.fine_tuned_model}" in event_messages(
+        session_factory, child_id
+    )
     assert (
         child.fine_tuned_model.startswith("ft:llama-tiny:")
         and child.fine_tuned_model != parent.fine_tuned_model
