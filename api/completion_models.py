@@ -127,7 +127,7 @@ class SamplingFields(BaseModel):
     top_k: int | None = Field(
         None, ge=1, le=INT64_MAX, description="our extension: sample from the k likeliest"
     )
-    n: int | None = Field(None, ge=1, le=128, description="only 1 is supported")
+    n: int | None = Field(None, description="only 1 is supported (any other is a 400 saying so)")
     seed: Seed = None
     stop: Stop = None
     stream: bool | None = Field(None, description="answer Server-Sent Events, each a chunk of the completion")

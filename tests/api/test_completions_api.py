@@ -36,6 +36,7 @@ def chat_body(model: str, **extra: Any) -> dict[str, Any]:
     [
         (COMPLETIONS, {"n": 2}, "n"),
         (CHAT, {"n": 3}, "n"),
+        (COMPLETIONS, {"n": 1000}, "n"),  # "only n=1", not "at most 128"
         (COMPLETIONS, {"max_tokens": 0}, "max_tokens"),
         (COMPLETIONS, {"max_tokens": 2049}, "max_tokens"),  # past max_completion_tokens (2048)
         (CHAT, {"max_completion_tokens": 5000}, "max_completion_tokens"),
@@ -79,6 +80,7 @@ def test_invalid_requests_are_400_naming_the_field(
     body = chat_body(model_id, **extra) if path == CHAT else {"model": model_id, "prompt": "x", **extra}
     err = assert_envelope(client.post(path, json=body, headers=tenant.headers), 400)
     assert err["param"] == param, err
+    assert param != "n" or "only n=1 is supported" in err["message"], err
     assert count(session_factory, InferenceRequest, InferenceRequest.owner_id == tenant.owner_id) == 0
 
 
