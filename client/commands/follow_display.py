@@ -36,9 +36,13 @@ def describe(state: Followed) -> str:
     eta = format_duration(state.eta) if state.eta is not None else "-"
     # the last evaluation's loss: its step beside it until the step shown is the evaluated one
     at = f" @{state.val_step}" if state.val_step is not None and state.val_step != state.step else ""
+    # a paused job ends only after a resume: say why following goes on
+    waiting = (
+        "  (paused: following until it is resumed and ends; Ctrl-C stops)" if state.status == "paused" else ""
+    )
     return (
         f"loss {format_number(state.train_loss)}  val {format_number(state.val_loss)}{at}  "
-        f"{format_number(state.tokens_per_s, ',.0f')} tok/s  ETA {eta}"
+        f"{format_number(state.tokens_per_s, ',.0f')} tok/s  ETA {eta}{waiting}"
     )
 
 

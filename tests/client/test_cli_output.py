@@ -174,3 +174,10 @@ def test_follow_shows_the_step_of_a_validation_loss_from_an_earlier_step() -> No
     state.metric({"step": 30, "train_loss": 2.4, "val_loss": 2.45})  # a catch-up poll fills it in
     state.metric({"step": 20, "train_loss": 2.5, "val_loss": 2.6})  # an older point changes nothing
     assert "val 2.4500 " in describe(state) and "@" not in describe(state)
+
+
+def test_follow_says_a_paused_job_is_followed_until_it_is_resumed() -> None:
+    state = _FollowState(job(status="paused"))
+    assert describe(state).endswith("(paused: following until it is resumed and ends; Ctrl-C stops)")
+    state.job_update(job(status="running"))
+    assert "paused" not in describe(state)
