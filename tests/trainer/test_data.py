@@ -74,7 +74,7 @@ def test_validate_samples() -> None:
         (b'{"text": "a\x01b"}\n', 1, "invalid JSON (Invalid control character at column 12)"),
         (b'{"messages": [{"role": "user", "content": null}]}\n', 1, "messages[0].content must be a string"),
         (b'{"messages": [{"role": "user"}, "hi"]}\n', 1, "messages[0].content"),
-        (b'{"messages": []}\n', 1, "non-empty list"),
+        (b'{"messages": []}\n', 1, 'non-empty list of {"role", "content"} objects, got an empty list'),
         (b'{"text": "a"}\n[1, 2]\n', 2, "expected a JSON object, got list"),
         (b'{"text": "a"}\n{"text": "\xc3"}\n', 2, "byte offset 24"),
     ],

@@ -89,7 +89,7 @@ def _chat_document(messages: Any, where: str, line: int | None) -> Document:
     if not isinstance(messages, list) or not messages:
         raise DataError(
             f'{where}"messages" must be a non-empty list of {{"role", "content"}} objects, '
-            f"got {type_name(messages)}",
+            f"got {'an empty list' if messages == [] else type_name(messages)}",
             line,
         )
     pieces: list[tuple[str, bool]] = []
