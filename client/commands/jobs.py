@@ -21,6 +21,8 @@ from client.commands.runner import EXIT_OK, UsageError, connect
 from client.hyperparameter_options import hyperparameters_from_args
 from core.status import TERMINAL
 
+DEFAULT_LIST_LIMIT = 20  # jobs a `jobs list` page shows
+
 
 def cmd_jobs_create(args: argparse.Namespace) -> int:
     """`jobs create`: start a job from the options given; print its id (then follow it)."""
@@ -63,7 +65,8 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
         return EXIT_OK
     print_rows(*jobs_rows(page.get("data", [])))
     if page.get("has_more") and page.get("data"):
-        print(f"more: fromscratch jobs list --after {page['data'][-1]['id']}", file=sys.stderr)
+        limit = f" --limit {args.limit}" if args.limit != DEFAULT_LIST_LIMIT else ""  # the same page size
+        print(f"more: fromscratch jobs list --after {page['data'][-1]['id']}{limit}", file=sys.stderr)
     return EXIT_OK
 
 

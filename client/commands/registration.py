@@ -8,6 +8,7 @@ from typing import TypeAlias
 
 from client.commands.files import cmd_files_list, cmd_files_upload
 from client.commands.jobs import (
+    DEFAULT_LIST_LIMIT,
     cmd_jobs_action,
     cmd_jobs_create,
     cmd_jobs_follow,
@@ -108,7 +109,7 @@ def _add_jobs(subparsers: Subparsers, leaf: _Leaves) -> None:
     add_hyperparameter_options(p)
     p = leaf(jobs_sub, "list", "list your jobs, newest first", cmd_jobs_list, json_flag=True)
     p.add_argument("--after", metavar="JOB_ID", help="the page after this job id")
-    p.add_argument("--limit", type=int, default=20, help="jobs per page")
+    p.add_argument("--limit", type=int, default=DEFAULT_LIST_LIMIT, help="jobs per page")
     p = leaf(jobs_sub, "show", "show one job", cmd_jobs_show, json_flag=True)
     p.add_argument("id", metavar="JOB_ID")
     p = leaf(

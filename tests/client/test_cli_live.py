@@ -90,6 +90,10 @@ def test_upload_create_follow_show_download(live_server: Any, worker_proc: Any, 
 
     human = ok(cli(live_server, "jobs", "list")).stdout
     assert job_id in human and "succeeded" in human
+    # a page of one: the hint for the next page keeps its size (the extra 1-step job just trains)
+    extra = ok(cli(live_server, "jobs", "create", "--file", file_id, "--max-steps", "1")).stdout.split()[-1]
+    paged = ok(cli(live_server, "jobs", "list", "--limit", "1"))
+    assert f"more: fromscratch jobs list --after {extra} --limit 1" in paged.stderr, paged.stderr
     models = json.loads(ok(cli(live_server, "models", "list", "--json")).stdout)
     assert model_id in [m["id"] for m in models["data"]]
 
