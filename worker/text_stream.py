@@ -10,7 +10,8 @@ Two things make the newest text not final yet:
   one is held back until the next tokens tell. When a stop sequence appears, the text before it
   is the output and the stop sequence itself is not.
 `trailing` is text the end of generation drops (a chat reply's "\n": the template's separator
-before the next message, which EOS stands for). What `push` and `finish` return is never taken back, so it can be published at once. A NUL
+before the next message, which EOS stands for). What `push` and `finish` return is never taken
+back, so it can be published at once. A NUL
 character becomes U+FFFD as well: no text of this service holds one (PostgreSQL text cannot).
 """
 

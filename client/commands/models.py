@@ -14,6 +14,7 @@ from client.commands.output import format_size, format_time, make_console, print
 from client.commands.runner import EXIT_OK, CommandError, connect
 from core.archives import extract_all
 from core.exports import DOWNLOADS
+from trainer.config.export_formats import ExportFormatSpec
 
 DEFAULT_WAIT = 600.0  # seconds `models download` waits for a worker to prepare an export
 
@@ -41,7 +42,7 @@ def cmd_models_download(args: argparse.Namespace) -> int:
 
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-    unpack = _is_folder(args.format) and not args.tar
+    unpack = _download(args.format).is_folder and not args.tar
     part = _PartFile(_tar_folder(args.output) if unpack else args.output)
     with (
         connect(args) as client,
@@ -70,7 +71,7 @@ def cmd_models_download(args: argparse.Namespace) -> int:
             if waited is not None:
                 bar.update(task, description=label)
                 bar.console.print(f"{args.format} export prepared after {waited:.0f}s")
-            part.open(filename or f"{args.id.replace(':', '_')}.{_default_ext(args.format)}")
+            part.open(filename or f"{args.id.replace(':', '_')}.{_download(args.format).extension}")
             bar.update(task, total=total)
 
         try:
@@ -135,10 +136,6 @@ def _tar_folder(output: str | None) -> str | None:
     return str(parent)
 
 
-def _is_folder(fmt: str) -> bool:
-    return next(d.is_folder for d in DOWNLOADS if d.name == fmt)
-
-
 class _PartFile:
     """Where a download goes: `--output` (a file, or a folder for the server's file name) or the
     server's file name here. Written as `.<name>.part-<pid>` beside it and renamed once whole, so
@@ -179,6 +176,6 @@ class _PartFile:
             self.tmp.unlink()
 
 
-def _default_ext(fmt: str) -> str:
-    """The file extension of a download format when the server names no file."""
-    return next(d.extension for d in DOWNLOADS if d.name == fmt)
+def _download(fmt: str) -> ExportFormatSpec:
+    """A download format's spec: its extension (when the server names no file), whether a folder."""
+    return next(d for d in DOWNLOADS if d.name == fmt)
