@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from pydantic_core import PydanticCustomError
 
 from api.request_models import INT64_MAX, INT64_MIN, MAX_PROMPT_CHARS
+from trainer.data.records import ChatRole
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256
@@ -210,7 +211,7 @@ class CompletionRequest(SamplingFields):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    role: Literal["system", "user", "assistant"]
+    role: ChatRole
     content: Annotated[
         str,
         BeforeValidator(_text_content),

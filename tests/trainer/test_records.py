@@ -133,6 +133,11 @@ def test_content_parts_are_joined() -> None:
         ({"role": "assistant", "content": "x", "weight": "1"}, "messages[0].weight must be 0 or 1, got str"),
         ({"role": None, "content": "x"}, "messages[0].role must be a string, got null"),
         ({"content": "x"}, "messages[0].role is missing"),
+        # the roles a chat prompt can have (/v1/chat/completions refuses others)
+        (
+            {"role": "tool", "content": "x"},
+            'messages[0].role must be one of "system", "user", "assistant", got \'tool\'',
+        ),
     ],
 )
 def test_bad_messages_are_refused_naming_line_and_field(tmp_path: Path, message: dict, needle: str) -> None:

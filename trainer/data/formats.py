@@ -21,7 +21,8 @@ Formats
   A message's `content` is a string or OpenAI's list of text parts ([{"type": "text", "text": str}],
   joined with nothing between them); null content (OpenAI's assistant-with-tool-calls) and other part
   types are refused: there are no tools or images here. An assistant message may carry OpenAI's
-  `weight` (0 or 1; 0 leaves that turn out of the loss); other roles may not.
+  `weight` (0 or 1; 0 leaves that turn out of the loss); other roles may not. A role is "system",
+  "user" or "assistant" (records.CHAT_ROLES): the roles a chat prompt can have at inference.
 
 Loss masking
 ------------

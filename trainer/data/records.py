@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from trainer.data.errors import DataError
 
@@ -16,6 +16,10 @@ SHAPES_HELP = (
     'each line must be a JSON object with "text" (string), or "prompt" and "completion" '
     '(strings), or "messages" (a list of {"role": string, "content": string})'
 )
+# The roles a chat record's messages may have: those /v1/chat/completions takes, so a model is
+# prompted with the roles it was trained on (a prompt of other roles is refused there too).
+ChatRole = Literal["system", "user", "assistant"]
+CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
 ASSISTANT = "assistant"
 
 
@@ -104,6 +108,9 @@ def _chat_document(messages: Any, where: str, line: int | None) -> Document:
         role = m["role"]
         if not isinstance(role, str):
             raise DataError(f"{where}messages[{i}].role must be a string, got {type_name(role)}", line)
+        if role not in CHAT_ROLES:
+            roles = ", ".join(f'"{r}"' for r in CHAT_ROLES)
+            raise DataError(f"{where}messages[{i}].role must be one of {roles}, got {_quote(role)}", line)
         content = message_content(m, f"{where}messages[{i}]", line)
         weight = _weight(m, role, f"{where}messages[{i}]", line)
         trained = role == ASSISTANT and weight
