@@ -17,7 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from pydantic_core import PydanticCustomError
 
 from api.request_models import INT64_MAX, INT64_MIN, MAX_PROMPT_CHARS
-from trainer.data.records import ChatRole
+from trainer.data.chat import ChatRole
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256

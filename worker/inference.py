@@ -8,7 +8,7 @@ The API inserts an `inference_requests` row (`queued`, its `params`) and sends i
    heartbeat that stops as a dead worker (api/inference_liveness.py);
 2. load the model (worker/model_cache.py: an LRU shared by the pool's threads) and render the prompt:
    `params.prompt` as it is, or `params.messages` in the chat template the trainer renders chat
-   JSONL with (trainer.data.records.chat_template) followed by the assistant's header `<|assistant|>\\n`;
+   JSONL with (trainer.data.chat.chat_prompt) followed by the assistant's header `<|assistant|>\\n`;
    the reply then ends where the model starts the next message (`CHAT_STOP`, "\\n<|");
 3. generate token by token (trainer.sampling.stream_ids, seeded when `params.seed` is given),
    turning the tokens into final text (worker/text_stream.py: whole UTF-8 characters only, the
@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.models import InferenceRequest, utcnow
 from core.row_heartbeat import RowHeartbeat
 from core.settings import Settings
-from trainer.data.formats import chat_template
+from trainer.data.chat import CHAT_STOP, chat_prompt
 from worker.text_stream import TextStream
 
 if TYPE_CHECKING:
@@ -52,15 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 0.1  # how often new text reaches the row (and a deleted row is noticed)
-CHAT_STOP = "\n<|"  # a chat reply ends where the next message's role marker begins
-ASSISTANT_HEADER = "<|assistant|>\n"
 SWEEP_EVERY_SECONDS = 60.0
 STALE_GRACE_SECONDS = 60.0
-
-
-def chat_prompt(messages: list[dict[str, str]]) -> str:
-    """The conversation as the trainer renders chat data, then the header of the reply to write."""
-    return chat_template(messages) + ASSISTANT_HEADER
 
 
 def prompt_and_stops(params: dict[str, Any]) -> tuple[str, list[str]]:

@@ -168,7 +168,7 @@ def test_a_checkpoint_is_a_model_and_generate_agrees(
 
 
 def test_chat_completions(sdk: openai.OpenAI, trained: Trained) -> None:
-    from trainer.data.formats import chat_template
+    from trainer.data.chat import chat_prompt
 
     messages: list[Any] = [
         {"role": "system", "content": "You are a player."},
@@ -181,7 +181,7 @@ def test_chat_completions(sdk: openai.OpenAI, trained: Trained) -> None:
     (choice,) = chat.choices
     assert choice.message.role == "assistant" and choice.message.content is not None
     assert "\n<|" not in choice.message.content  # the reply ends where a next message would begin
-    rendered = chat_template(messages) + "<|assistant|>\n"
+    rendered = chat_prompt(messages)
     assert rendered == "<|system|>\nYou are a player.\n<|user|>\nSpeak, Juliet.\n<|assistant|>\n"
     assert chat.usage is not None and chat.usage.prompt_tokens == len(trained.tokenizer.encode(rendered))
     assert 0 < chat.usage.completion_tokens <= 16

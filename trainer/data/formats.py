@@ -22,7 +22,7 @@ Formats
   joined with nothing between them); null content (OpenAI's assistant-with-tool-calls) and other part
   types are refused: there are no tools or images here. An assistant message may carry OpenAI's
   `weight` (0 or 1; 0 leaves that turn out of the loss); other roles may not. A role is "system",
-  "user" or "assistant" (records.CHAT_ROLES): the roles a chat prompt can have at inference.
+  "user" or "assistant" (chat.CHAT_ROLES): the roles a chat prompt can have at inference.
 
 Loss masking
 ------------
@@ -58,7 +58,7 @@ from typing import Literal
 # re-exported: the API and the worker import them from here
 from trainer.data.errors import DataError, JSONTooDeep
 from trainer.data.json_depth import MAX_JSON_DEPTH, TooDeep, loads_bounded
-from trainer.data.records import SHAPES_HELP, Document, chat_template, record_to_document
+from trainer.data.records import SHAPES_HELP, Document, record_to_document
 
 __all__ = [
     "DEFAULT_CHUNK_CHARS",
@@ -69,7 +69,6 @@ __all__ = [
     "Document",
     "FileSummary",
     "JSONTooDeep",
-    "chat_template",
     "detect_format",
     "iter_documents",
     "iter_jsonl_documents",

@@ -6,21 +6,16 @@ numpy-free: the API validates uploads with it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
+from trainer.data.chat import ASSISTANT, CHAT_ROLES, role_header
 from trainer.data.errors import DataError
 
 SHAPES_HELP = (
     'each line must be a JSON object with "text" (string), or "prompt" and "completion" '
     '(strings), or "messages" (a list of {"role": string, "content": string})'
 )
-# The roles a chat record's messages may have: those /v1/chat/completions takes, so a model is
-# prompted with the roles it was trained on (a prompt of other roles is refused there too).
-ChatRole = Literal["system", "user", "assistant"]
-CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
-ASSISTANT = "assistant"
 
 
 @dataclass(frozen=True)
@@ -34,11 +29,6 @@ class Document:
     @property
     def text(self) -> str:
         return "".join(text for text, _ in self.segments)
-
-
-def chat_template(messages: Iterable[Mapping[str, Any]]) -> str:
-    """Render chat messages (string contents) as plain text: "<|{role}|>\\n{content}\\n" per message."""
-    return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
 
 
 def type_name(value: object) -> str:
@@ -114,7 +104,7 @@ def _chat_document(messages: Any, where: str, line: int | None) -> Document:
         content = message_content(m, f"{where}messages[{i}]", line)
         weight = _weight(m, role, f"{where}messages[{i}]", line)
         trained = role == ASSISTANT and weight
-        pieces += [(f"<|{role}|>\n", False), (content + "\n", trained)]
+        pieces += [(role_header(role), False), (content + "\n", trained)]
     # the EOS closes the last message: trained when that message is a trained assistant turn
     return _document(pieces, eos_trained=trained)
 

@@ -26,11 +26,12 @@ import numpy as np
 import torch
 
 from trainer.config import ModelConfig
+from trainer.data.chat import JINJA_CHAT_TEMPLATE
 from trainer.data.tokenizers import BPETokenizer, Tokenizer, bytes_to_unicode
 from trainer.export.common import ExportError, write_atomically
 
 if TYPE_CHECKING:  # gguf is imported only when this export runs
-    from gguf import GGMLQuantizationType
+    from gguf import GGMLQuantizationType, GGUFWriter
 
 # Divisor for rotary pairs that must not rotate: angle = pos * freq / 1e30 is 0 for any real context.
 NO_ROTATION = 1e30
@@ -130,7 +131,6 @@ def write_gguf(
         "bf16": gguf.LlamaFileType.MOSTLY_BF16,
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     }
-    tokens, token_types, merges = gguf_vocab(tokenizer)
     tensors = gguf_tensors(cfg, state)
 
     def write(tmp: Path) -> None:
@@ -154,16 +154,7 @@ def write_gguf(
         w.add_rope_dimension_count(cfg.head_dim)
         w.add_rope_freq_base(cfg.rope_theta)
 
-        w.add_tokenizer_model("gpt2")
-        # Our BPE pre-tokenizes with GPT-2's regex (HF ByteLevel, no prefix space): llama.cpp's "gpt-2".
-        w.add_tokenizer_pre("gpt-2")
-        w.add_token_list(tokens)
-        w.add_token_types(token_types)
-        w.add_token_merges(merges)
-        w.add_bos_token_id(tokenizer.bos_id)
-        w.add_eos_token_id(tokenizer.eos_id)
-        w.add_add_bos_token(False)  # we never prepend BOS to a prompt
-        w.add_add_eos_token(False)
+        _add_tokenizer(w, tokenizer)
 
         for key, arr in tensors.items():
             qtype = _tensor_type(key, arr, dtype)
@@ -179,6 +170,21 @@ def write_gguf(
         w.close()
 
     return write_atomically(out, write)
+
+
+def _add_tokenizer(w: GGUFWriter, tokenizer: Tokenizer) -> None:
+    tokens, token_types, merges = gguf_vocab(tokenizer)
+    w.add_tokenizer_model("gpt2")
+    # Our BPE pre-tokenizes with GPT-2's regex (HF ByteLevel, no prefix space): llama.cpp's "gpt-2".
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(token_types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tokenizer.bos_id)
+    w.add_eos_token_id(tokenizer.eos_id)
+    w.add_add_bos_token(False)  # we never prepend BOS to a prompt
+    w.add_add_eos_token(False)
+    w.add_chat_template(JINJA_CHAT_TEMPLATE)  # the service's chat format (llama.cpp's --jinja)
 
 
 def _tensor_type(key: str, arr: np.ndarray, dtype: str) -> GGMLQuantizationType:

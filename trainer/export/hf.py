@@ -20,6 +20,7 @@ import torch
 
 from trainer.checkpoint_snapshot import write_safetensors
 from trainer.config import ModelConfig
+from trainer.data.chat import JINJA_CHAT_TEMPLATE
 from trainer.data.tokenizers import BPETokenizer, Tokenizer, bytes_to_unicode
 from trainer.export.common import ExportError, write_atomically
 
@@ -122,6 +123,7 @@ def write_hf(
         "clean_up_tokenization_spaces": False,
         # Literal "<s>" in text stays text, as in our tokenizer (it never yields BOS from text).
         "split_special_tokens": True,
+        "chat_template": JINJA_CHAT_TEMPLATE,  # the format /v1/chat/completions prompts with
     }
     generation_config = {
         "bos_token_id": tokenizer.bos_id,
