@@ -31,7 +31,7 @@ from trainer.config import (
     schema,
 )
 from trainer.config.errors import quote
-from trainer.config.estimate import held_out_tokens, max_file_tokens, max_train_tokens
+from trainer.config.estimate import held_out_tokens, max_train_tokens
 
 NOT_HYPERPARAMETERS = {"seed": "use the request's top-level `seed`"}
 TOKENIZER_FIELDS = ("tokenizer", "vocab_size")
@@ -166,21 +166,20 @@ def resolve(
 def check_context(
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
-    training_bytes: int,
+    training_tokens: int,
     has_validation_file: bool,
-    validation_bytes: int | None = None,
+    validation_tokens: int | None = None,
 ) -> None:
     """HyperparameterError (param `ctx`) when the data cannot fill one window of ctx+1 tokens.
 
     As in trainer.data.prepare: with a validation file the whole training file trains; otherwise the
     last val_fraction of the tokens is held out for validation (trainer.config.estimate.held_out_tokens),
     and when that split is not empty and evaluation is on, it too needs one window. The token count is
-    an upper bound (exact for the byte tokenizer on text), so a rejected job could never have run."""
+    an upper bound (core.models.File.token_bound; exact for the byte tokenizer), so a rejected job could
+    never have run."""
     need = model_cfg.ctx + 1
-    train_tokens = max_train_tokens(train_cfg, training_bytes, has_validation_file)
-    n_val = (
-        0 if has_validation_file else held_out_tokens(max_file_tokens(training_bytes), train_cfg.val_fraction)
-    )
+    train_tokens = max_train_tokens(train_cfg, training_tokens, has_validation_file)
+    n_val = 0 if has_validation_file else held_out_tokens(training_tokens, train_cfg.val_fraction)
     if train_tokens < need:
         split = (
             ""
@@ -194,7 +193,7 @@ def check_context(
             "ctx",
         )
     if train_cfg.eval_every != 0:  # auto (None) evaluates
-        val_tokens = max_file_tokens(validation_bytes or 0) if has_validation_file else n_val
+        val_tokens = (validation_tokens or 0) if has_validation_file else n_val
         if 0 < val_tokens < need or (has_validation_file and val_tokens < need):
             where = (
                 "the validation file"

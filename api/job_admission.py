@@ -79,9 +79,9 @@ def _resolve(
         check_context(
             resolved.model_config,
             resolved.train_config,
-            train_file.bytes,
+            train_file.token_bound,
             val_file is not None,
-            val_file.bytes if val_file is not None else None,
+            val_file.token_bound if val_file is not None else None,
         )
     except HyperparameterError as e:
         raise _bad(e.message, e.param, "invalid_hyperparameter") from e
@@ -111,7 +111,7 @@ def _check_limits(
             resolved.model_config,
             resolved.train_config,
             queue=queue,
-            training_bytes=train_file.bytes,
+            training_tokens=train_file.token_bound,
             has_validation_file=has_validation_file,
             given=set(body.requested_hyperparameters() or {}),
             continuing=continuing,

@@ -67,7 +67,7 @@ def estimate_job(session: Session, owner_id: str, body: JobCreate, settings: Set
     request = resolve_request(session, owner_id, body, settings)
     model_cfg, train_cfg = request.resolved.model_config, request.resolved.train_config
     size = job_size(
-        model_cfg, train_cfg, request.queue, request.train_file.bytes, request.val_file is not None
+        model_cfg, train_cfg, request.queue, request.train_file.token_bound, request.val_file is not None
     )
     problem = None
     try:

@@ -12,8 +12,9 @@ the largest worker of each queue), `max_job_steps`, `max_job_tokens` (steps x ba
 x devices x ctx) and `max_checkpoints_per_job`. Every number is trainer.config.estimate's (memory:
 weights, gradients, optimizer state, the activations of one micro-batch at the job's dtype,
 checkpointing taken into account); this module only compares and words. Where a count depends on the
-data (steps from n_epochs), it is an upper bound from the file's byte count
-(trainer.config.estimate.max_train_tokens), so a refused job could never have fitted.
+data (steps from n_epochs), it is an upper bound from the file's token bound, measured at upload
+(core.models.File.token_bound, trainer.config.estimate.max_train_tokens), so a refused job could
+never have fitted.
 
 Each refusal is a `JobTooLarge` (a HyperparameterError: message + param) naming the field to lower,
 the limit and the estimate in GiB or tokens; the route answers it as a 400 `job_too_large`.
@@ -65,7 +66,7 @@ def check_job_limits(
     train_cfg: TrainConfig,
     *,
     queue: str,
-    training_bytes: int,
+    training_tokens: int,
     has_validation_file: bool,
     given: set[str],
     continuing: bool,
@@ -76,7 +77,7 @@ def check_job_limits(
     continues a model, so its architecture cannot change."""
     _check_devices(train_cfg.devices, queue, settings)
     _check_checkpoints(train_cfg, settings.max_checkpoints_per_job)
-    size = job_size(model_cfg, train_cfg, queue, training_bytes, has_validation_file)
+    size = job_size(model_cfg, train_cfg, queue, training_tokens, has_validation_file)
     _check_steps(train_cfg, size.steps, size.windows, settings.max_job_steps)
     _check_tokens(model_cfg, train_cfg, size.steps, settings.max_job_tokens)
     limit = worker_memory_limit(queue, settings)
@@ -97,9 +98,13 @@ class JobSize:
 
 
 def job_size(
-    model_cfg: ModelConfig, train_cfg: TrainConfig, queue: str, training_bytes: int, has_validation_file: bool
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    queue: str,
+    training_tokens: int,
+    has_validation_file: bool,
 ) -> JobSize:
-    train_tokens = max_train_tokens(train_cfg, training_bytes, has_validation_file)
+    train_tokens = max_train_tokens(train_cfg, training_tokens, has_validation_file)
     windows = max_windows_per_epoch(train_tokens, model_cfg.ctx, train_cfg.samples_after_nl)
     steps = total_steps(train_cfg, windows)
     device: Device = "cuda" if queue == "gpu" else "cpu"

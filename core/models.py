@@ -123,6 +123,15 @@ class File(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     format: Mapped[str] = mapped_column(String(16))  # "text" | "jsonl" (uploads) | "csv" (results)
+    # at most this many tokens train (trainer.data.formats.FileSummary.max_tokens); None: a file
+    # stored before it was measured (migration 0011), whose bytes bound it instead
+    max_tokens: Mapped[int | None] = mapped_column(BigInteger, default=None)
+
+    @property
+    def token_bound(self) -> int:
+        """An upper bound of the tokens this file gives, what admission sizes a job by."""
+        return self.max_tokens if self.max_tokens is not None else self.bytes
+
     blob_id: Mapped[str | None] = mapped_column(ForeignKey("blobs.id"))  # None once deleted
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # A deleted file that finished jobs still name keeps its row (their training_file stays a valid

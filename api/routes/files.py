@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import anyio.from_thread
 from fastapi import APIRouter, Header, Query, Request
@@ -58,6 +58,9 @@ from core.models import Blob, File, Job, utcnow
 from core.quotas import stored_bytes
 from core.settings import Settings
 from core.status import TERMINAL
+
+if TYPE_CHECKING:
+    from trainer.data.formats import FileSummary
 
 router = APIRouter(prefix="/v1", tags=["files"])
 
@@ -160,6 +163,25 @@ def _stored_bytes(request: Request, owner_id: str) -> int:
         return stored_bytes(session, owner_id)
 
 
+def _validated(path: Path, filename: str, settings: Settings) -> FileSummary:
+    """The upload checked as training data; 400 `invalid_file` saying what is wrong and where."""
+    from trainer.data.formats import DataError, JSONTooDeep, validate_file
+
+    limit = settings.max_upload_bytes
+    if path.stat().st_size > limit:
+        raise too_large(limit)
+    try:
+        return validate_file(path, max_bytes=limit, name="the file", max_depth=settings.max_json_depth)
+    except DataError as e:
+        setting = " (setting FROMSCRATCH_MAX_JSON_DEPTH)" if isinstance(e, JSONTooDeep) else ""
+        raise APIError(
+            400,
+            f"Invalid training file {quote_input(filename)}: {e.message}{setting}",
+            param="file",
+            code="invalid_file",
+        ) from e
+
+
 def _validate_and_store(
     request: Request,
     owner: Owner,
@@ -169,21 +191,10 @@ def _validate_and_store(
     settings: Settings,
     store: BlobStore,
 ) -> FileObject:
-    from trainer.data.formats import DataError, JSONTooDeep, file_sha256, validate_file
+    from trainer.data.formats import file_sha256
 
     limit = settings.max_upload_bytes
-    if path.stat().st_size > limit:
-        raise too_large(limit)
-    try:
-        summary = validate_file(path, max_bytes=limit, name="the file", max_depth=settings.max_json_depth)
-    except DataError as e:
-        setting = " (setting FROMSCRATCH_MAX_JSON_DEPTH)" if isinstance(e, JSONTooDeep) else ""
-        raise APIError(
-            400,
-            f"Invalid training file {quote_input(filename)}: {e.message}{setting}",
-            param="file",
-            code="invalid_file",
-        ) from e
+    summary = _validated(path, filename, settings)
     session = request.app.state.session_factory()
     blob = None
     try:
@@ -202,6 +213,7 @@ def _validate_and_store(
             bytes=blob.size,
             sha256=blob.sha256,
             format=summary.format,
+            max_tokens=summary.max_tokens,
             blob_id=blob.id,
             idempotency_key=owner.idempotency_key or None,
         )

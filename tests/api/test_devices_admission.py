@@ -113,7 +113,7 @@ def check_devices(tmp_path: Path, devices: int, queue: str, **limits: Any) -> No
         # past the schema's bound on purpose: the admission check must hold on its own
         TrainConfig(device="cuda" if queue == "gpu" else "cpu").model_copy(update={"devices": devices}),
         queue=queue,
-        training_bytes=10**6,
+        training_tokens=10**6,
         has_validation_file=False,
         given=set(),
         continuing=False,

@@ -5,8 +5,10 @@ and the time is the request's compute over what this worker class achieved on fi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,9 @@ from core.settings import Settings
 from tests.api.conftest import SHAKESPEARE, Factory, Tenant, count, upload
 from tests.api.test_errors import assert_envelope
 from trainer.config import TrainConfig, model_config_from_preset
+from trainer.config.estimate import max_windows_per_epoch, total_steps
+from trainer.data.prepare import prepare_data
+from trainer.data.tokenizers import ByteTokenizer
 
 URL = "/v1/fine_tuning/jobs/estimate"
 
@@ -130,3 +135,35 @@ def test_the_time_comes_from_finished_jobs_of_the_worker_class(
     # a gpu job's class has its own rate (none measured here)
     gpu = {**body, "hyperparameters": {"max_steps": 300, "device": "cuda"}}
     assert client.post(URL, headers=tenant.headers, json=gpu).json()["seconds"] is None
+
+
+def test_a_chat_file_is_sized_by_its_text_not_its_json(
+    client: TestClient, tenant: Tenant, tmp_path: Path
+) -> None:
+    """A JSONL upload is sized by the tokens its records render to (measured at upload), so an
+    n_epochs job's steps are the trainer's own for the byte tokenizer, not twice as many from its
+    JSON's bytes."""
+    turns = [
+        {
+            "messages": [
+                {"role": "user", "content": f"Question {i}?"},
+                {"role": "assistant", "content": f"Answer {i}."},
+            ]
+        }
+        for i in range(300)
+    ]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in turns))
+    r = upload(client, tenant, path.read_bytes(), "chat.jsonl")
+    assert r.status_code == 200, r.text
+    hyperparameters = {"n_epochs": 1, "ctx": 64, "batch_size": 4, "device": "cpu"}
+    body = {"model": "llama-tiny", "training_file": r.json()["id"], "hyperparameters": hyperparameters}
+    got = client.post(URL, headers=tenant.headers, json=body).json()
+    train_cfg = TrainConfig(n_epochs=1, batch_size=4, device="cpu")
+    trained = len(prepare_data(path, ByteTokenizer(), val_fraction=train_cfg.val_fraction).train)
+    windows = max_windows_per_epoch(trained, 64, train_cfg.samples_after_nl)
+    assert got["steps"] == total_steps(train_cfg, windows) > 0
+    by_bytes = job_size(
+        model_config_from_preset("llama-tiny", ctx=64), train_cfg, "cpu", r.json()["bytes"], False
+    )
+    assert got["steps"] < 0.6 * by_bytes.steps

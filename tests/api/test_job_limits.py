@@ -134,14 +134,14 @@ def check(
     given: set[str] | None = None,
     continuing: bool = False,
     queue: str = "cpu",
-    training_bytes: int = 10**6,
+    training_tokens: int = 10**6,
     **limits: Any,
 ) -> None:
     check_job_limits(
         model_cfg,
         train_cfg,
         queue=queue,
-        training_bytes=training_bytes,
+        training_tokens=training_tokens,
         has_validation_file=False,
         given=given or set(),
         continuing=continuing,
@@ -159,7 +159,7 @@ def test_the_presets_fit_with_their_defaults(tmp_path: Path) -> None:
     # 1 GB of text: dropout auto is 0 for each (trainer.config.data_aware)
     for preset in ("llama-tiny", "llama-260k", "llama-15m", "llama-42m"):
         check(
-            model_config_from_preset(preset, vocab_size=4096), TrainConfig(), tmp_path, training_bytes=10**9
+            model_config_from_preset(preset, vocab_size=4096), TrainConfig(), tmp_path, training_tokens=10**9
         )
 
 

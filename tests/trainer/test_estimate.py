@@ -6,6 +6,7 @@ validation hold-out follow the trainer's own model and data."""
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +28,9 @@ from trainer.config.estimate import (
     total_steps,
     total_tokens,
 )
+from trainer.data.formats import validate_file
 from trainer.data.prepare import BatchSampler, prepare_data
-from trainer.data.tokenizers import ByteTokenizer
+from trainer.data.tokenizers import ByteTokenizer, train_tokenizer
 from trainer.model.llama import Llama
 from trainer.optim.optimizers import make_optimizer
 from trainer.run.setup import total_steps_for
@@ -132,6 +134,27 @@ def test_held_out_tokens_match_prepare_data(tmp_path: Path) -> None:
         cfg = TrainConfig(val_fraction=fraction)
         assert max_train_tokens(cfg, text.stat().st_size, has_validation_file=False) == len(data.train)
         assert max_train_tokens(cfg, text.stat().st_size, has_validation_file=True) == n
+
+
+def test_a_files_token_bound_is_its_byte_tokens_and_bounds_bpe(tmp_path: Path) -> None:
+    """validate_file's max_tokens (what admission sizes a job by): exact for byte tokens, an upper
+    bound for BPE, and for JSONL well under the bytes (JSON syntax and escapes are not text)."""
+    chat = [{"role": "system", "content": 'Be "brief".'}, {"role": "user", "content": "naïve café 🙂"}]
+    records = [
+        {"text": 'tab\there, a quote " and \\ é'},
+        {"prompt": "Q: what boils?\nA:", "completion": " Water.\n", "extra": "not text"},
+        {"messages": [*chat, {"role": "assistant", "content": [{"type": "text", "text": "Hi!"}]}]},
+    ]
+    jsonl = tmp_path / "mixed.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in records * 5) + "\n\n")
+    text = tmp_path / "plain.txt"
+    text.write_text("naïve café 🙂\nline two\n" * 9)
+    bpe = train_tokenizer("bpe", 300, [jsonl.read_text(), text.read_text()])
+    for path in (jsonl, text):
+        summary = validate_file(path)
+        assert summary.max_tokens == len(prepare_data(path, ByteTokenizer(), val_fraction=0.0).train)
+        assert len(prepare_data(path, bpe, val_fraction=0.0).train) <= summary.max_tokens
+    assert validate_file(jsonl).max_tokens < 0.6 * validate_file(jsonl).n_bytes
 
 
 def test_lbfgs_state_is_bounded() -> None:

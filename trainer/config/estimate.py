@@ -270,23 +270,19 @@ def with_checkpointing(cfg: TrainConfig) -> TrainConfig:
     return cfg.model_copy(update={"activation_checkpointing": True})
 
 
-def max_file_tokens(n_bytes: int) -> int:
-    """An upper bound on the tokens a file of `n_bytes` gives: every token (byte or BPE) covers at
-    least one byte of text, and a JSONL record's EOS is paid for by its JSON syntax (>= 12 bytes)."""
-    return n_bytes
-
-
 def held_out_tokens(n_tokens: int, val_fraction: float) -> int:
     """Tokens trainer.data.prepare.prepare_data holds out for validation when there is no validation
     file: the last int(n_tokens x val_fraction)."""
     return int(n_tokens * val_fraction)
 
 
-def max_train_tokens(cfg: TrainConfig, training_bytes: int, has_validation_file: bool) -> int:
-    """An upper bound of the training tokens of a file of `training_bytes` (all of them with a
-    validation file, else what is left after the hold-out)."""
-    total = max_file_tokens(training_bytes)
-    return total if has_validation_file else total - held_out_tokens(total, cfg.val_fraction)
+def max_train_tokens(cfg: TrainConfig, file_tokens: int, has_validation_file: bool) -> int:
+    """An upper bound of the training tokens of a file that gives at most `file_tokens` tokens
+    (trainer.data.formats.FileSummary.max_tokens): all of them with a validation file, else what is
+    left after the hold-out (which never shrinks as the file grows)."""
+    return (
+        file_tokens if has_validation_file else file_tokens - held_out_tokens(file_tokens, cfg.val_fraction)
+    )
 
 
 def max_windows_per_epoch(n_tokens: int, ctx: int, samples_after_nl: bool) -> int:

@@ -95,6 +95,10 @@ class FileSummary:
     format: Format
     n_records: int  # jsonl: records; text: lines
     n_bytes: int
+    # An upper bound of the tokens the file gives, exact for the byte tokenizer: every token (a byte
+    # or a BPE piece) covers at least one byte of the text a document renders to, plus a JSONL
+    # document's EOS. For JSONL, far below n_bytes: the JSON syntax and escapes are not text.
+    max_tokens: int
 
 
 def parse_jsonl_line(raw: str, line: int, max_depth: int = MAX_JSON_DEPTH) -> Document | None:
@@ -171,8 +175,11 @@ def validate_file(
     if max_bytes is not None and n_bytes > max_bytes:
         raise DataError(f"{name} is {n_bytes} bytes, over the limit of {max_bytes} bytes")
     fmt = detect_format(path)
-    n_records = _validate_jsonl(path, name, max_depth) if fmt == "jsonl" else _validate_text(path, name)
-    return FileSummary(fmt, n_records, n_bytes)
+    if fmt == "jsonl":
+        n_records, max_tokens = _validate_jsonl(path, name, max_depth)
+    else:
+        n_records, max_tokens = _validate_text(path, name), n_bytes
+    return FileSummary(fmt, n_records, n_bytes, max_tokens)
 
 
 def _not_utf8(offset: int, line: int, exc: UnicodeDecodeError) -> DataError:
@@ -222,8 +229,9 @@ def _validate_text(path: Path, name: str) -> int:
     return newlines + (0 if ends_with_newline else 1)
 
 
-def _validate_jsonl(path: Path, name: str, max_depth: int) -> int:
-    n_records = 0
+def _validate_jsonl(path: Path, name: str, max_depth: int) -> tuple[int, int]:
+    """(records, their text's UTF-8 bytes plus one EOS each)."""
+    n_records = max_tokens = 0
     offset = 0
     with open(path, "rb") as f:
         for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
@@ -237,12 +245,13 @@ def _validate_jsonl(path: Path, name: str, max_depth: int) -> int:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise _not_utf8(offset + e.start, n, e) from e
-            if parse_jsonl_line(text, n, max_depth) is not None:
+            if (document := parse_jsonl_line(text, n, max_depth)) is not None:
                 n_records += 1
+                max_tokens += sum(len(s.encode("utf-8")) for s, _ in document.segments) + 1
             offset += len(raw)
     if n_records == 0:
         raise DataError(f"{name} has no JSONL records (only blank lines); {SHAPES_HELP}")
-    return n_records
+    return n_records, max_tokens
 
 
 def split_point(buf: str) -> int:
