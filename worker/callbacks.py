@@ -115,6 +115,7 @@ class ServiceCallbacks(Callbacks):
         self.events: list[tuple[str, dict[str, Any]]] = []  # info events written with the next flush
         self.warnings: list[str] = []  # warn events (settings without effect), with the next flush
         self.latest_step = 0  # the step of the newest measurement (`latest`)
+        self.latest_eval_step: int | None = None  # the step of the newest evaluation in `latest`
         self.tokens_per_step = 0
         self.rate = StepRate()  # the job's tokens/s and ETA: smoothed over measured steps
         self.stored_steps: list[int] = []
@@ -162,6 +163,8 @@ class ServiceCallbacks(Callbacks):
         row = {name: _finite(value) for name, value in values(measured).items() if BY_NAME[name].stored}
         self.buffer.setdefault(measured.step, {}).update(row)
         self.latest.update(row)
+        if isinstance(measured, EvalMetrics):
+            self.latest_eval_step = measured.step
         progress = {PROGRESS_COLUMNS[name]: row[name] for name in row if name in PROGRESS_COLUMNS}
         if "tokens_per_s" in row:  # the job shows the smoothed rate; the step's row keeps its own
             progress[PROGRESS_COLUMNS["tokens_per_s"]] = self.rate.tokens_per_s(self.tokens_per_step)
@@ -286,10 +289,16 @@ class ServiceCallbacks(Callbacks):
     def checkpoint_metrics(self, step: int) -> dict[str, Any]:
         """A checkpoint's metrics, OpenAI's names: the newest value of each metric the registry puts
         in checkpoints (None when not measured yet), and for the final checkpoint (the step of the full
-        validation pass) the full validation metrics too. A step before the newest measurement (the
-        best evaluation's, when it is the model) has its stored metric row's values instead."""
+        validation pass) the full validation metrics too. An evaluation's are a checkpoint's only when
+        made at its step: a pause between evaluations has none, not an older step's. A step before the
+        newest measurement (the best evaluation's, when it is the model) has its stored metric row's."""
         final = self.full_valid if self.full_valid_step == step else {}
-        measured = {**(self.latest if step >= self.latest_step else self._stored(step)), **final}
+        if step >= self.latest_step:
+            evaluated = self.latest_eval_step == step
+            measured = {k: v for k, v in self.latest.items() if evaluated or BY_NAME[k].phase != "eval"}
+        else:
+            measured = self._stored(step)
+        measured.update(final)
         return {
             "step": step,
             **{

@@ -88,6 +88,7 @@ def checkpoint_costs_event(
         "checkpoints": trained.count,
         "step_checkpoints": trained.resumable,
         "best_snapshots": trained.weights_only,
+        "at_end": trained.at_end,
         "tensor_bytes": trained.bytes,
         "write_seconds": round(trained.write, 3),
         "uploads": uploads,
@@ -97,13 +98,15 @@ def checkpoint_costs_event(
         "waited_seconds": round(trained.waited, 3),
         "reported_seconds": round(trained.reported, 3),
     }
+    # the uploads count those of the step checkpoints written as training ended too
+    at_end = f", and {trained.at_end} step checkpoint as training ended" if trained.at_end else ""
     stored = (
-        f"{uploads} uploaded in {upload_seconds:.1f} s while training went on"
+        f"{uploads} uploaded in {upload_seconds:.1f} s"
         if uploads
-        else "none uploaded while training went on (the model is stored at the end)"
+        else "none uploaded (the model is stored at the end)"
     )
     return (
         f"Checkpoints in the background: {trained.count} written ({trained.kinds()}) in "
-        f"{trained.write:.1f} s, {stored}; training waited {trained.stall:.2f} s for them",
+        f"{trained.write:.1f} s{at_end}; {stored}; training waited {trained.stall:.2f} s for the background ones",
         data,
     )

@@ -145,3 +145,19 @@ def test_best_model_snapshots_are_counted_apart_from_the_step_checkpoints(
     assert summary is not None and summary.endswith(
         f"2 step checkpoints, {times.weights_only} best-model snapshots (best/)"
     )
+
+
+def test_a_pauses_checkpoint_is_counted_as_written_at_the_end(
+    tmp_path: Path, tiny_model: Any, tiny_train: Any, shakespeare_data: Any, byte_tokenizer: Any
+) -> None:
+    """The pause's step checkpoint is written on the training thread as the run ends: `at_end`, apart
+    from the background ones (the worker's event counts both, as its uploads hold both)."""
+    from tests.trainer.test_resume import StopAfter
+
+    cfg = tiny_train(max_steps=20, checkpoint_every=2, eval_every=0)
+    result = train(
+        tiny_model(), cfg, shakespeare_data, tmp_path, callbacks=StopAfter(5), tokenizer=byte_tokenizer
+    )
+    times = result.checkpoint_times
+    assert result.step == 5 and (tmp_path / "checkpoints" / "step-00000005").is_dir()
+    assert (times.count, times.at_end) == (2, 1)  # steps 2 and 4 in the background, 5 at the pause

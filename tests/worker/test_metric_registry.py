@@ -94,13 +94,14 @@ def test_a_run_summary_holds_the_last_value_or_the_highest_of_a_max_metric() -> 
     assert summary == {"train_loss": 1.25, "peak_memory_bytes": 5e8}
 
 
-def _report(settings: Settings, session_factory: sessionmaker[Session], job_id: str, tmp_path: Path) -> Any:
-    """One step, evaluation and full pass through the service's callbacks; returns
-    (the checkpoint metrics of that step, the recording tracker)."""
-    tracker = Recording()
-    trackers = Trackers([tracker], lambda t, reason: None)
-    trackers.start(RunInfo(job_id, "llama-tiny", "ft:x", {}, {}, 0, tmp_path))
-    cb = TrackedCallbacks(
+def _callbacks(
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    tmp_path: Path,
+    trackers: Trackers,
+) -> TrackedCallbacks:
+    return TrackedCallbacks(
         session_factory,
         blobstore_from_settings(settings, session_factory),
         job_id=job_id,
@@ -112,6 +113,15 @@ def _report(settings: Settings, session_factory: sessionmaker[Session], job_id: 
         db_retry_seconds=5.0,
         trackers=trackers,
     )
+
+
+def _report(settings: Settings, session_factory: sessionmaker[Session], job_id: str, tmp_path: Path) -> Any:
+    """One step, evaluation and full pass through the service's callbacks; returns
+    (the checkpoint metrics of that step, the recording tracker)."""
+    tracker = Recording()
+    trackers = Trackers([tracker], lambda t, reason: None)
+    trackers.start(RunInfo(job_id, "llama-tiny", "ft:x", {}, {}, 0, tmp_path))
+    cb = _callbacks(settings, session_factory, job_id, tmp_path, trackers)
     cb.on_step(measured(StepMetrics))
     cb.on_eval(measured(EvalMetrics))
     cb.on_full_eval(measured(FullEvalMetrics))
@@ -183,3 +193,26 @@ def test_each_metric_reaches_every_table_under_its_registry_name(
             frames = r.read().decode().split("\n\n")
     sent = [json.loads(f.split("data: ", 1)[1]) for f in frames if f.startswith("event: metrics")]
     assert [{name: p[name] for name in stored} for p in sent] == [stored]
+
+
+def test_a_checkpoint_between_evaluations_has_no_validation_metrics(
+    settings: Settings, session_factory: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """A pause's checkpoint 5 steps after the last evaluation: its train loss is its step's, and it has
+    no valid_loss rather than the older evaluation's; the evaluated step's own checkpoint keeps it."""
+    job_id = make_job(settings, session_factory, enqueue=False, status="queued")
+    with session_factory() as s:
+        assert claim_job(s, job_id, WORKER, lease_seconds=600) is not None
+        s.commit()
+    cb = _callbacks(settings, session_factory, job_id, tmp_path, Trackers([], lambda t, reason: None))
+    cb.on_step(measured(StepMetrics))
+    cb.on_eval(measured(EvalMetrics))
+    assert cb.checkpoint_metrics(STEP)["valid_loss"] == VALUE["val_loss"]
+    later = dataclasses.replace(measured(StepMetrics, STEP + 5), train_loss=1.5)
+    cb.on_step(later)
+    cb.flush(wait=True)
+    paused = cb.checkpoint_metrics(STEP + 5)
+    assert paused["train_loss"] == 1.5
+    assert paused["valid_loss"] is None and paused["valid_mean_token_accuracy"] is None
+    evaluated = cb.checkpoint_metrics(STEP)  # from its stored row now
+    assert evaluated["valid_loss"] == VALUE["val_loss"] and evaluated["train_loss"] == VALUE["train_loss"]

@@ -93,12 +93,21 @@ def test_the_checkpoint_event_says_what_was_written_and_stored() -> None:
     message, data = checkpoint_costs_event(only_best, uploads=0, upload_seconds=0.0)
     assert message.startswith(
         "Checkpoints in the background: 10 written (0 step checkpoints, 10 best-model snapshots (best/)) "
-        "in 1.2 s, none uploaded while training went on (the model is stored at the end)"
+        "in 1.2 s; none uploaded (the model is stored at the end)"
     )
     assert (data["step_checkpoints"], data["best_snapshots"], data["uploads"]) == (0, 10, 0)
     both = CheckpointTimes(count=5, write=0.5, weights_only=2)
     message, data = checkpoint_costs_event(both, uploads=4, upload_seconds=2.25)
     assert (
-        "5 written (3 step checkpoints, 2 best-model snapshots (best/)) in 0.5 s, 4 uploaded in 2.2 s"
+        "5 written (3 step checkpoints, 2 best-model snapshots (best/)) in 0.5 s; 4 uploaded in 2.2 s"
         in message
+    )
+    # a pause's checkpoint, written as training ended, is uploaded with the rest: said apart
+    paused = CheckpointTimes(count=3, write=0.5, at_end=1)
+    message, data = checkpoint_costs_event(paused, uploads=4, upload_seconds=1.0)
+    assert (
+        "3 written (3 step checkpoints, 0 best-model snapshots (best/)) in 0.5 s, and 1 step checkpoint as "
+        "training ended; 4 uploaded in 1.0 s"
+        in message
+        and data["at_end"] == 1
     )

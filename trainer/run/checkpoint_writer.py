@@ -29,7 +29,9 @@ class CheckpointTimes:
     snapshots, waiting for a write still in flight, and reporting finished ones to the callbacks
     (which hand them to the worker's uploads); `stall` is their sum. On the writer's thread: `write`.
     `count` holds every folder written; `weights_only` of them are best/'s snapshots (no optimizer
-    state: the lowest validation loss so far, not a point to resume from)."""
+    state: the lowest validation loss so far, not a point to resume from). `at_end`: step
+    checkpoints written on the training thread as the run ended (a stop's or a pause's, or the last
+    step kept beside an earlier best model), not among `count`."""
 
     count: int = 0
     snapshot: float = 0.0
@@ -38,6 +40,7 @@ class CheckpointTimes:
     write: float = 0.0
     bytes: int = 0
     weights_only: int = 0
+    at_end: int = 0
 
     @property
     def resumable(self) -> int:
@@ -69,6 +72,7 @@ class CheckpointWriter:
         self._background = OneAtATime("checkpoint-writer", nice=BACKGROUND_NICE)
         self._count, self._bytes, self._snapshot_seconds = 0, 0, 0.0
         self._weights_only = 0
+        self.at_end = 0  # step checkpoints written on the training thread (CheckpointTimes.at_end)
 
     def wait(self) -> None:
         """Until no write is in flight, then the follow-ups of finished ones (their errors raise)."""
@@ -120,6 +124,7 @@ class CheckpointWriter:
             bg.busy_seconds,
             self._bytes,
             self._weights_only,
+            self.at_end,
         )
 
     def close(self) -> None:

@@ -325,6 +325,7 @@ class TrainRun:
         else:
             self.writer.wait()
             self.save(path)
+            self.writer.at_end += 1
             if self.is_main:
                 rotate()
                 report()
