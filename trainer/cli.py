@@ -1,4 +1,5 @@
-"""`fromscratch train | sample | export`: thin adapters over trainer.run.loop/sampling/export.
+"""`fromscratch train | sample | export`: thin adapters over trainer.run.loop/sampling/export (sample:
+trainer/sample_cli.py).
 
 The model and training options are generated from trainer.config's declarations by trainer.config.schema
 (`x_y` -> `--x-y`), so the CLI and the API share names, defaults and bounds by construction. Options
@@ -26,6 +27,7 @@ from trainer.config import (
 )
 from trainer.config.export_formats import DEFAULT_DTYPE, DTYPE_NAMES, FORMATS, dtypes_by_format
 from trainer.config.train import TRAIN_GROUPS
+from trainer.sample_cli import CKPT_HELP, add_sample_parser, model_folder_of
 
 if TYPE_CHECKING:
     from trainer.run.loop import TrainResult
@@ -240,96 +242,13 @@ def _write_exports(ckpt: Path, formats: typing.Sequence[str], out_dir: Path) -> 
             print(f"warning: no {fmt} export: {written}", file=sys.stderr)
 
 
-_CKPT_HELP = "checkpoint folder (e.g. OUT/final), or a run folder OUT (its model, OUT/final)"
-
-
-def _model_folder(args: argparse.Namespace) -> Path:
-    """CKPT, or the model of the run folder it names (said on stderr)."""
-    from trainer.checkpoint import model_folder
-
-    folder = model_folder(args.ckpt)
-    if folder != args.ckpt:
-        print(f"using {folder}", file=sys.stderr)
-    return folder
-
-
-def _add_sample_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser(
-        "sample",
-        help="generate text from a checkpoint",
-        description="Print the prompt followed by a generated continuation.",
-    )
-    p.add_argument("ckpt", metavar="CKPT", type=Path, help=_CKPT_HELP)
-    p.add_argument(
-        "--prompt", default="", metavar="TEXT", help="prompt text (default: empty = start from BOS)"
-    )
-    p.add_argument(
-        "--max-new-tokens", type=int, default=200, metavar="N", help="tokens to generate (default: 200)"
-    )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        default=0.8,
-        metavar="T",
-        help="sampling temperature; 0 = greedy (default: 0.8)",
-    )
-    p.add_argument(
-        "--top-k",
-        type=int,
-        default=None,
-        metavar="K",
-        help="sample from the K likeliest tokens (default: off)",
-    )
-    p.add_argument(
-        "--top-p", type=float, default=None, metavar="P", help="nucleus sampling mass (default: off)"
-    )
-    p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed (default: random)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="(default: cpu)")
-    p.set_defaults(func=cmd_sample, _parser=p)
-
-
-def cmd_sample(args: argparse.Namespace) -> int:
-    parser: argparse.ArgumentParser = args._parser
-    if args.max_new_tokens < 0:
-        parser.error(f"--max-new-tokens: must be >= 0, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        parser.error(f"--temperature: must be >= 0, got {args.temperature}")
-    if args.top_k is not None and args.top_k <= 0:
-        parser.error(f"--top-k: must be positive, got {args.top_k}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        parser.error(f"--top-p: must be in (0, 1], got {args.top_p}")
-    import torch
-
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device: cuda was asked for but no CUDA device is available; use cpu")
-    from trainer.checkpoint import CheckpointError, load_model
-    from trainer.sampling import generate
-
-    try:
-        model, tokenizer = load_model(_model_folder(args), device=args.device)
-    except (CheckpointError, FileNotFoundError) as err:
-        parser.error(f"CKPT: {err}")
-    text = generate(
-        model,
-        tokenizer,
-        args.prompt,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-    )
-    print(args.prompt + text)
-    return 0
-
-
 def _add_export_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "export",
         help=f"export a checkpoint as {', '.join(f.title for f in FORMATS)}",
         description="Export a checkpoint folder: " + "; ".join(f"{f.name}: {f.description}" for f in FORMATS),
     )
-    p.add_argument("ckpt", metavar="CKPT", type=Path, help=_CKPT_HELP)
+    p.add_argument("ckpt", metavar="CKPT", type=Path, help=CKPT_HELP)
     p.add_argument("--format", required=True, choices=[f.name for f in FORMATS], help="output format")
     folders = [f.name for f in FORMATS if f.is_folder]
     p.add_argument(
@@ -354,7 +273,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from trainer.export import export
 
     try:
-        ckpt = _model_folder(args)
+        ckpt = model_folder_of(args.ckpt)
         read_state(ckpt)
     except CheckpointError as err:
         parser.error(f"CKPT: {err}")
@@ -368,5 +287,5 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_train_parser(subparsers)
-    _add_sample_parser(subparsers)
+    add_sample_parser(subparsers)
     _add_export_parser(subparsers)

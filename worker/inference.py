@@ -11,7 +11,7 @@ The API inserts an `inference_requests` row (`queued`, its `params`) and sends i
    JSONL with (trainer.data.chat.chat_prompt) followed by the assistant's header `<|assistant|>\\n`;
    the reply then ends where the model starts the next message (`CHAT_STOP`, "\\n<|");
 3. generate token by token (trainer.sampling.stream_ids, seeded when `params.seed` is given),
-   turning the tokens into final text (worker/text_stream.py: whole UTF-8 characters only, the
+   turning the tokens into final text (trainer/text_stream.py: whole UTF-8 characters only, the
    possible beginning of a stop sequence held back, the stop sequence itself left out) and
    appending it to the row's `output` every FLUSH_SECONDS. An UPDATE that matches no row means
    the API deleted it (its client went away): generation stops there;
@@ -42,7 +42,7 @@ from core.models import InferenceRequest, utcnow
 from core.row_heartbeat import RowHeartbeat
 from core.settings import Settings
 from trainer.data.chat import CHAT_STOP, chat_prompt
-from worker.text_stream import TextStream
+from trainer.text_stream import TextStream
 
 if TYPE_CHECKING:
     from trainer.data.tokenizers import Tokenizer

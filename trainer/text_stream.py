@@ -1,6 +1,6 @@
 """Generated token bytes -> text that is final, for a completion streamed as it is generated.
 
-Pure (no torch, no database), so it is tested on its own (tests/worker/test_text_stream.py).
+Pure (no torch, no database), so it is tested on its own (tests/trainer/test_text_stream.py).
 
 Two things make the newest text not final yet:
 - a byte-level token can end inside a UTF-8 character (a BPE token, or one byte of ByteTokenizer):

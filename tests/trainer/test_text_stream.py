@@ -1,4 +1,4 @@
-"""worker/text_stream.py: what an inference worker publishes as it generates is final — whole UTF-8
+"""trainer/text_stream.py: what an inference worker publishes as it generates is final — whole UTF-8
 characters only, the possible start of a stop sequence held back, the stop sequence left out — and
 all of it together is exactly the decoded text cut at the first stop sequence."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from worker.text_stream import TextStream, first_stop, held_tail
+from trainer.text_stream import TextStream, first_stop, held_tail
 
 
 def run(chunks: list[bytes], stops: list[str]) -> tuple[list[str], bool]:
