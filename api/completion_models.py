@@ -4,13 +4,15 @@ shapes (so the `openai` SDK sends and parses them unchanged).
 Requests refuse unknown fields (400 "Unrecognized request argument", naming it). OpenAI's fields
 this service does not implement are accepted at their default values only; any other value is a
 400 naming the field (`unsupported()`, code `unsupported_parameter`): logprobs, echo, best_of > 1,
-suffix, logit_bias, presence/frequency_penalty != 0, and for chat tools and response formats
-other than text. `n` must be 1. `user` and `metadata` are accepted and ignored. `top_k` is our
+suffix, and for chat tools and response formats other than text. `n` must be 1. presence_penalty,
+frequency_penalty and logit_bias work as OpenAI's (trainer.sampling.Penalties; logit_bias's token ids
+are checked against the model's vocabulary when the request is queued). `user` and `metadata` are accepted and ignored. `top_k` is our
 extension (OpenAI has none).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
@@ -22,6 +24,7 @@ from trainer.data.chat import ChatRole
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
+MAX_LOGIT_BIAS = 300  # entries, OpenAI's own limit
 FinishReason = Literal["stop", "length"]
 
 
@@ -102,6 +105,27 @@ Stop = Annotated[
     ),
     Field(description="up to 4 sequences where generation stops; the text returned does not contain them"),
 ]
+TOKEN_ID = re.compile(r"[0-9]{1,9}")
+
+
+def _token_ids(value: Any) -> Any:
+    """logit_bias's keys are token ids as decimal strings (JSON keys), said so when one is not."""
+    if isinstance(value, dict):
+        for key in value:
+            if not (isinstance(key, str) and TOKEN_ID.fullmatch(key)):
+                raise PydanticCustomError(
+                    "token_id",
+                    'keys must be token ids as decimal strings, such as "42"; got {key}',
+                    {"key": key[:40]},
+                )
+    return value
+
+
+# OpenAI's logit_bias: token id -> a bias in [-100, 100] added to its logit
+LogitBias = Annotated[
+    dict[Annotated[str, Field(pattern=TOKEN_ID.pattern)], Annotated[float, Field(ge=-100.0, le=100.0)]],
+    BeforeValidator(_token_ids),
+]
 Seed = Annotated[
     int | None, Field(ge=INT64_MIN, le=2**64 - 1, description="the same seed gives the same text")
 ]
@@ -133,9 +157,20 @@ class SamplingFields(BaseModel):
     stop: Stop = None
     stream: bool | None = Field(None, description="answer Server-Sent Events, each a chunk of the completion")
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="only 0 is supported")
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="only 0 is supported")
-    logit_bias: dict[str, float] | None = Field(None, description="not supported: leave out or {}")
+    presence_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="subtracted from a token's logit once it was generated (default 0)"
+    )
+    frequency_penalty: float | None = Field(
+        None,
+        ge=-2.0,
+        le=2.0,
+        description="subtracted from a token's logit per time it was generated (default 0)",
+    )
+    logit_bias: LogitBias | None = Field(
+        None,
+        max_length=MAX_LOGIT_BIAS,
+        description="token id (a string) -> a bias from -100 to 100 added to its logit",
+    )
     user: str | None = Field(None, max_length=256, description="accepted and ignored")
 
     @field_validator("n")
@@ -147,18 +182,13 @@ class SamplingFields(BaseModel):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) of the first OpenAI feature asked for that this service lacks."""
-        for field in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, field) not in (None, 0):
-                return field, f"{field} is not supported: leave it out or 0"
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported: leave it out or {}"
         if self.stream_options is not None and not self.stream:
             return "stream_options", "stream_options is only allowed when stream is true"
         return None
 
     def sampling_params(self) -> dict[str, Any]:
-        """temperature, top_p, top_k, seed, stop as the inference worker reads them (OpenAI's
-        defaults filled in; a top_p of 0 keeps only the likeliest token: greedy)."""
+        """temperature, top_p, top_k, seed, stop and the penalties as the inference worker reads them
+        (OpenAI's defaults filled in; a top_p of 0 keeps only the likeliest token: greedy)."""
         temperature = 1.0 if self.temperature is None else self.temperature
         top_p = None if self.top_p in (None, 1.0) else self.top_p
         if top_p == 0:
@@ -169,6 +199,9 @@ class SamplingFields(BaseModel):
             "top_k": self.top_k,
             "seed": self.seed,
             "stop": [s for s in self.stop or [] if s],
+            "frequency_penalty": self.frequency_penalty or 0.0,
+            "presence_penalty": self.presence_penalty or 0.0,
+            "logit_bias": {str(int(k)): v for k, v in (self.logit_bias or {}).items()},
         }
 
     @property

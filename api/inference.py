@@ -242,12 +242,25 @@ def _insert(factory: sessionmaker[Session], owner_id: str, model_id: str, params
                 param="model",
                 code="model_not_found",
             )
+        _check_token_ids(params, int(ref.job.model_config.get("vocab_size", 0)))
         row = InferenceRequest(
             owner_id=owner_id, model_id=ref.id, blob_id=ref.checkpoint.blob_id, params=params
         )
         session.add(row)
         session.commit()
         return row.id
+
+
+def _check_token_ids(params: dict[str, Any], vocab_size: int) -> None:
+    """logit_bias names tokens of this model's vocabulary: 400 before a worker loads the model."""
+    outside = sorted(int(token) for token in params.get("logit_bias") or {} if int(token) >= vocab_size)
+    if outside:
+        raise APIError(
+            400,
+            f"logit_bias: token id {outside[0]} is not in this model's vocabulary (ids 0 to {vocab_size - 1})",
+            param="logit_bias",
+            code="invalid_value",
+        )
 
 
 def _send(app: FastAPI, row_id: str) -> None:

@@ -99,6 +99,14 @@ def add_sample_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "--top-p", type=float, default=None, metavar="P", help="nucleus sampling mass (default: off)"
     )
     p.add_argument("--seed", type=int, default=None, metavar="S", help="random seed (default: random)")
+    for name, what in (("frequency", "per time it was generated"), ("presence", "once it was generated")):
+        p.add_argument(
+            f"--{name}-penalty",
+            type=float,
+            default=0.0,
+            metavar="X",
+            help=f"subtract X from a token's logit {what}, as OpenAI's {name}_penalty (default: 0)",
+        )
     p.add_argument(
         "--stop",
         action="append",
@@ -125,8 +133,14 @@ def cmd_sample(args: argparse.Namespace) -> int:
         model, tokenizer = load_model(model_folder_of(args.ckpt), device=args.device)
     except (CheckpointError, FileNotFoundError) as err:
         parser.error(f"CKPT: {err}")
+    from trainer.sampling import Penalties
+
     sampling = dict(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        penalties=Penalties(frequency=args.frequency_penalty, presence=args.presence_penalty),
     )
     try:
         if args.chat:

@@ -7,7 +7,8 @@ decoding continues; this costs one prefill per ctx/2 new tokens instead of one p
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -71,6 +72,41 @@ def sample_token(
     return torch.multinomial(probs, 1, generator=generator)
 
 
+@dataclass(frozen=True)
+class Penalties:
+    """OpenAI's frequency_penalty, presence_penalty and logit_bias: before each token is picked,
+    logits[j] += logit_bias[j] - frequency * count[j] - presence * (count[j] > 0), where count[j] is
+    how often token j was generated so far (the prompt's tokens are not counted)."""
+
+    frequency: float = 0.0
+    presence: float = 0.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.frequency or self.presence or self.logit_bias)
+
+    def picker(
+        self, pick: Callable[[torch.Tensor], torch.Tensor], vocab_size: int, device: torch.device
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`pick` on the adjusted logits, counting what it picks (on the device: nothing waited for)."""
+        if any(not 0 <= token < vocab_size for token in self.logit_bias):
+            raise ValueError(f"logit_bias: token ids must be in 0..{vocab_size - 1}")
+        counts = torch.zeros(vocab_size, device=device)
+        bias = torch.zeros(vocab_size, device=device)
+        if self.logit_bias:
+            ids, values = zip(*self.logit_bias.items(), strict=True)
+            bias[list(ids)] = torch.tensor(values, device=device)
+        one = torch.ones(1, device=device)
+
+        def penalized(logits: torch.Tensor) -> torch.Tensor:
+            adjusted = logits.float() + bias - self.frequency * counts - self.presence * (counts > 0).float()
+            token = pick(adjusted)
+            counts.index_add_(0, token.view(1), one)
+            return token
+
+        return penalized
+
+
 def stream_ids(
     model: Llama,
     ids: Sequence[int],
@@ -80,12 +116,13 @@ def stream_ids(
     top_p: float | None = None,
     seed: int | None = None,
     eos_id: int | None = None,
+    penalties: Penalties | None = None,
 ) -> Generator[int, None, None]:
     """Yield up to max_new_tokens new ids continuing `ids`, one at a time as each is sampled,
-    stopping before `eos_id` (which is not yielded). `ids` must not be empty (start from BOS for no
-    prompt). The one decoding loop: generate_ids and complete collect it; the inference worker
-    streams it. The model must not be training meanwhile (several threads may share it in eval
-    mode); closing the generator early stops the decoding."""
+    stopping before `eos_id` (which is not yielded), the logits adjusted by `penalties`. `ids` must
+    not be empty (start from BOS for no prompt). The one decoding loop: generate_ids and complete
+    collect it; the inference worker streams it. The model must not be training meanwhile (several
+    threads may share it in eval mode); closing the generator early stops the decoding."""
     if not ids:
         raise ValueError("stream_ids needs at least one token of context (use the BOS id)")
     if max_new_tokens <= 0:
@@ -97,8 +134,10 @@ def stream_ids(
         # torch.Generator() starts from a fixed seed; draw a fresh one when none is asked for.
         generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
 
-    def pick(logits: torch.Tensor) -> torch.Tensor:
+    def sample(logits: torch.Tensor) -> torch.Tensor:
         return sample_token(logits, temperature, top_k, top_p, generator)
+
+    pick = penalties.picker(sample, model.cfg.vocab_size, device) if penalties else sample
 
     # the pool's decoder goes back when this generator ends or is closed
     with decoder_for(model) as decoder:

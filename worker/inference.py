@@ -192,7 +192,7 @@ def generate_into_row(
     deadline: float,
 ) -> str:
     """Generate the completion into the row; returns a line for the log."""
-    from trainer.sampling import stream_ids
+    from trainer.sampling import Penalties, stream_ids
 
     prompt, stops = prompt_and_stops(params)
     prompt_ids = tokenizer.encode(prompt) if prompt else []
@@ -209,6 +209,11 @@ def generate_into_row(
         top_p=params.get("top_p"),
         seed=params.get("seed"),
         eos_id=tokenizer.eos_id,
+        penalties=Penalties(
+            frequency=float(params.get("frequency_penalty") or 0.0),
+            presence=float(params.get("presence_penalty") or 0.0),
+            logit_bias={int(k): float(v) for k, v in (params.get("logit_bias") or {}).items()},
+        ),
     )
     n = 0
     finish_reason = "stop"  # EOS, unless the loop says otherwise

@@ -240,3 +240,33 @@ def test_the_stream_is_server_sent_events_ending_with_done(e2e_server: LiveServe
         "total_tokens",
     }
     assert all(c["usage"] is None for c in chunks[:-1])
+
+
+def test_penalties_and_logit_bias_reach_the_sampler(sdk: openai.OpenAI, trained: Trained) -> None:
+    """OpenAI's presence_penalty, frequency_penalty and logit_bias through the SDK: a +100 bias makes
+    every token the biased one, the largest penalties change the greedy text, and a token id past
+    the model's vocabulary is a 400 naming logit_bias."""
+    token = trained.tokenizer.encode(" the")[0]
+    biased = sdk.completions.create(
+        model=trained.model,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0.8,
+        seed=1,
+        logit_bias={str(token): 100},
+    )
+    assert biased.choices[0].text == trained.tokenizer.decode([token] * 6)
+    plain = sdk.completions.create(model=trained.model, prompt=PROMPT, max_tokens=24, temperature=0)
+    again = sdk.completions.create(
+        model=trained.model,
+        prompt=PROMPT,
+        max_tokens=24,
+        temperature=0,
+        presence_penalty=2,
+        frequency_penalty=2,
+    )
+    assert again.choices[0].text != plain.choices[0].text
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.completions.create(model=trained.model, prompt="x", logit_bias={"320": 1})  # vocab_size 320
+    assert bad.value.param == "logit_bias"  # type: ignore[attr-defined]
+    assert "not in this model's vocabulary" in str(bad.value)

@@ -13,14 +13,16 @@ import torch
 
 from cli.main import main
 from tests.trainer.test_cli import TINY
+from trainer.checkpoint import load_model
 from trainer.config import ModelConfig
 from trainer.data.chat import CHAT_STOP, chat_prompt
 from trainer.data.tokenizers import ByteTokenizer
 from trainer.model.llama import Llama
 from trainer.sample_cli import chat, stream_text
-from trainer.sampling import generate
+from trainer.sampling import Penalties, generate, stream_ids
 
 GREEDY = dict(max_new_tokens=24, temperature=0.0)
+GREEDY_12 = dict(max_new_tokens=12, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +70,14 @@ def test_the_sample_command_chats_and_refuses_options_that_do_not_go_together(
     assert main(["sample", str(out), "--chat", *greedy]) == 0
     two = capsys.readouterr().out
     assert two.startswith(one) and len(two) > len(one)  # the same first reply, then a second
+    # the penalties reach the sampler: the model's own penalized text, not its plain one
+    assert main(["sample", str(out), "--prompt", "ROMEO:", *greedy, "--presence-penalty", "1000"]) == 0
+    written = capsys.readouterr().out
+    model, tok = load_model(out / "final")
+    prompt = tok.encode("ROMEO:")
+    penalized = list(stream_ids(model, prompt, **GREEDY_12, penalties=Penalties(presence=1000.0)))
+    assert written == "ROMEO:" + tok.decode(penalized) + "\n"
+    assert len(set(penalized)) == len(penalized) != len(set(stream_ids(model, prompt, **GREEDY_12)))
     for bad, needle in [
         (["--system", "x"], "--system: only with --chat"),
         (["--stop", ""], "--stop: must not"),

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trainer.model.llama import Llama
-from trainer.sampling import complete, generate, generate_ids, sample_next, stream_ids
+from trainer.sampling import Penalties, complete, generate, generate_ids, sample_next, stream_ids
 
 
 @pytest.fixture
@@ -139,3 +139,49 @@ def test_stream_ids_yields_the_tokens_of_generate_ids_one_by_one(model):
     taken = [next(stream) for _ in range(3)]
     stream.close()
     assert list(stream) == [] and len(taken) == 3
+
+
+def penalized_argmax_loop(model: Llama, ids: list[int], n: int, penalties: Penalties) -> list[int]:
+    """Reference for OpenAI's penalties: the uncached argmax loop, each token's logits adjusted by
+    the counts of the tokens generated before it."""
+    seq, counts = list(ids), torch.zeros(model.cfg.vocab_size)
+    for _ in range(n):
+        logits, _ = model(torch.tensor([seq]))
+        adjusted = logits[0, -1] - penalties.frequency * counts - penalties.presence * (counts > 0).float()
+        for token, bias in penalties.logit_bias.items():
+            adjusted[token] += bias
+        seq.append(int(adjusted.argmax()))
+        counts[seq[-1]] += 1
+    return seq[len(ids) :]
+
+
+@pytest.mark.parametrize(
+    "penalties",
+    [
+        Penalties(frequency=1.5),
+        Penalties(presence=2.0),
+        Penalties(frequency=0.5, presence=0.5, logit_bias={7: 3.0}),
+    ],
+)
+def test_penalties_adjust_each_tokens_logits_by_what_was_generated(model, penalties):
+    prompt = [5, 17, 99, 3]
+    plain = generate_ids(model, prompt, max_new_tokens=12, temperature=0)
+    got = list(stream_ids(model, prompt, 12, temperature=0, penalties=penalties))
+    assert got == penalized_argmax_loop(model, prompt, 12, penalties) != plain
+
+
+def test_logit_bias_forces_or_bans_a_token_and_presence_forbids_repeats(model):
+    prompt = [5, 17, 99, 3]
+    plain = generate_ids(model, prompt, max_new_tokens=12, temperature=0)
+    forced = stream_ids(
+        model, prompt, 12, temperature=0.9, seed=1, penalties=Penalties(logit_bias={42: 100.0})
+    )
+    assert set(forced) == {42}
+    banned = list(
+        stream_ids(model, prompt, 12, temperature=0, penalties=Penalties(logit_bias={plain[0]: -100.0}))
+    )
+    assert plain[0] not in banned
+    distinct = list(stream_ids(model, prompt, 40, temperature=0, penalties=Penalties(presence=1e4)))
+    assert len(set(distinct)) == len(distinct) == 40
+    with pytest.raises(ValueError, match="logit_bias"):
+        next(stream_ids(model, prompt, 4, penalties=Penalties(logit_bias={model.cfg.vocab_size: 1.0})))
