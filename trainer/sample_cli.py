@@ -74,6 +74,25 @@ def add_sample_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         metavar="TEXT",
         help="prompt text (default: empty = start from BOS); with --chat, the one user message",
     )
+    _add_sampling_options(p)
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="SEQ",
+        help="end the text where SEQ begins (SEQ left out); may be given several times",
+    )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="chat: each line on stdin (or --prompt) is a user message, each reply is printed",
+    )
+    p.add_argument("--system", default=None, metavar="TEXT", help="with --chat: a system message first")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="(default: cpu)")
+    p.set_defaults(func=cmd_sample, _parser=p)
+
+
+def _add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-new-tokens",
         type=int,
@@ -107,21 +126,6 @@ def add_sample_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
             metavar="X",
             help=f"subtract X from a token's logit {what}, as OpenAI's {name}_penalty (default: 0)",
         )
-    p.add_argument(
-        "--stop",
-        action="append",
-        default=[],
-        metavar="SEQ",
-        help="end the text where SEQ begins (SEQ left out); may be given several times",
-    )
-    p.add_argument(
-        "--chat",
-        action="store_true",
-        help="chat: each line on stdin (or --prompt) is a user message, each reply is printed",
-    )
-    p.add_argument("--system", default=None, metavar="TEXT", help="with --chat: a system message first")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="(default: cpu)")
-    p.set_defaults(func=cmd_sample, _parser=p)
 
 
 def cmd_sample(args: argparse.Namespace) -> int:

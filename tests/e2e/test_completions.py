@@ -256,16 +256,10 @@ def test_penalties_and_logit_bias_reach_the_sampler(sdk: openai.OpenAI, trained:
         logit_bias={str(token): 100},
     )
     assert biased.choices[0].text == trained.tokenizer.decode([token] * 6)
-    plain = sdk.completions.create(model=trained.model, prompt=PROMPT, max_tokens=24, temperature=0)
-    again = sdk.completions.create(
-        model=trained.model,
-        prompt=PROMPT,
-        max_tokens=24,
-        temperature=0,
-        presence_penalty=2,
-        frequency_penalty=2,
-    )
-    assert again.choices[0].text != plain.choices[0].text
+    greedy = {"model": trained.model, "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
+    plain = sdk.completions.create(**greedy)
+    penalized = sdk.completions.create(**greedy, presence_penalty=2, frequency_penalty=2)
+    assert penalized.choices[0].text != plain.choices[0].text
     with pytest.raises(openai.BadRequestError) as bad:
         sdk.completions.create(model=trained.model, prompt="x", logit_bias={"320": 1})  # vocab_size 320
     assert bad.value.param == "logit_bias"  # type: ignore[attr-defined]
