@@ -128,6 +128,7 @@ def test_completion_continues_the_prompt(new_page: Any, static_url: str, events:
     assert page.get_by_label("System prompt").is_hidden()
     page.get_by_label("Prompt", exact=True).fill("ROMEO:")
     page.get_by_label("Top-p").fill("0.9")
+    page.get_by_label("Frequency penalty").fill("0.5")
     page.get_by_label("Stop sequences").fill("\\n\\n\nJULIET")
     page.get_by_role("button", name="Generate").click()
     output = page.get_by_role("region", name="Output")
@@ -142,6 +143,7 @@ def test_completion_continues_the_prompt(new_page: Any, static_url: str, events:
     sent = api.sent[-1]
     assert sent["prompt"] == "ROMEO:" and sent["model"] == CHECKPOINT and sent["stream"] is True
     assert sent["top_p"] == 0.9 and sent["stop"] == ["\n\n", "JULIET"]
+    assert sent["frequency_penalty"] == 0.5 and "presence_penalty" not in sent  # an empty box is left out
 
     page.get_by_role("button", name="Continue from here").click()
     assert page.get_by_label("Prompt", exact=True).input_value() == "ROMEO: What light"

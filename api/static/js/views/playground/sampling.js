@@ -1,4 +1,5 @@
-// The sampling controls: max_tokens, temperature, top_p, seed and stop sequences, as the request
+// The sampling controls: max_tokens, temperature, top_p, seed, the frequency and presence penalties
+// and stop sequences, as the request
 // fields OpenAI's completions take. An empty box is left out (the server's default applies); a
 // field the API names in an error is marked and focused. The job page's generate card uses them too
 // (idPrefix "gen", inside its own form: no card of their own).
@@ -8,6 +9,9 @@ import { el } from "../../util.js";
 // the request field's name as the tooltip: these are the API's own parameters
 const field = (id, label, control, help) => el("div", { class: "field", title: control.name },
   el("label", { for: id }, label), control, help ? el("p", { class: "help", id: `${id}-help` }, help) : null);
+
+// OpenAI's bounds; empty (the placeholder's 0) leaves the field out
+const PENALTY = { min: -2, max: 2, placeholder: "0" };
 
 const number = (id, name, attrs) => el("input", { id, name, type: "number", step: "any", ...attrs });
 
@@ -25,6 +29,8 @@ export function samplingFields({ idPrefix = "pg", card = true } = {}) {
     temperature: number(id("temperature"), "temperature", { min: 0, max: 2, value: 0.8 }),
     top_p: number(id("top-p"), "top_p", { min: 0, max: 1, value: 1 }),
     seed: number(id("seed"), "seed", { step: 1, placeholder: "random" }),
+    frequency_penalty: number(id("frequency-penalty"), "frequency_penalty", PENALTY),
+    presence_penalty: number(id("presence-penalty"), "presence_penalty", PENALTY),
     stop: el("textarea", { id: id("stop"), name: "stop", rows: 2, placeholder: "none",
       "aria-describedby": `${id("stop")}-help` }),
   };
@@ -34,6 +40,9 @@ export function samplingFields({ idPrefix = "pg", card = true } = {}) {
       field(id("temperature"), "Temperature", inputs.temperature),
       field(id("top-p"), "Top-p", inputs.top_p),
       field(id("seed"), "Seed", inputs.seed)),
+    el("div", { class: "grid grid-4" },
+      field(id("frequency-penalty"), "Frequency penalty", inputs.frequency_penalty),
+      field(id("presence-penalty"), "Presence penalty", inputs.presence_penalty)),
     field(id("stop"), "Stop sequences", inputs.stop, "One per line, up to 4; \\n is a newline.")];
   const node = card
     ? el("section", { class: "card pg-sampling", "aria-labelledby": id("sampling-h") },
@@ -45,7 +54,8 @@ export function samplingFields({ idPrefix = "pg", card = true } = {}) {
     /** The request fields: numbers as typed, stop as a list; empty boxes are left out. */
     values() {
       const out = {};
-      for (const name of ["max_tokens", "temperature", "top_p", "seed"]) {
+      for (const name of Object.keys(inputs)) {
+        if (name === "stop") continue;
         const text = inputs[name].value.trim();
         if (text !== "") out[name] = Number(text);
       }
