@@ -31,11 +31,10 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import APIError, error_response, quote_input
-from trainer.data.json_depth import TooDeep, loads_bounded
+from trainer.data.json_depth import JSONPath, NumberTooLong, TooDeep, first_string_where, loads_bounded
 
 MAX_JSON_BODY_BYTES = 1 << 20  # the largest valid body (a job with every hyperparameter) is ~2 KiB
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-Path = tuple[str | int, ...]
 
 
 def is_storable(s: str) -> bool:
@@ -60,23 +59,10 @@ def invalid_text(param: str | None, text: str) -> APIError:
 
 
 # -------------------------------------------------------------------------------------- JSON bodies
-def first_unstorable_string(document: object) -> tuple[Path, str] | None:
+def first_unstorable_string(document: object) -> tuple[JSONPath, str] | None:
     """(path, the bad string) of the first string in `document` (keys included) that is not
     storable text, in document order; the path of a bad key is that of the object holding it."""
-    stack: list[tuple[Path, object]] = [((), document)]
-    while stack:  # iterative: a deeply nested document must not exhaust the stack
-        path, value = stack.pop()
-        if isinstance(value, str):
-            if not is_storable(value):
-                return path, value
-        elif isinstance(value, dict):
-            for key in value:
-                if not is_storable(key):
-                    return path, key
-            stack.extend((path + (key,), item) for key, item in reversed(value.items()))
-        elif isinstance(value, list):
-            stack.extend((path + (i,), item) for i, item in reversed(list(enumerate(value))))
-    return None
+    return first_string_where(document, lambda s: not is_storable(s))
 
 
 def _is_json(content_type: str | None) -> bool:
@@ -100,6 +86,10 @@ async def check_json_body(request: Request) -> None:
             f"The request body is JSON nested more than {limit} levels deep (setting "
             "FROMSCRATCH_MAX_JSON_DEPTH).",
             code="json_too_deep",
+        ) from e
+    except NumberTooLong as e:
+        raise APIError(
+            400, f"The request body's JSON holds {e}, more than any field takes.", code="invalid_json"
         ) from e
     except ValueError:  # malformed JSON: FastAPI's parse reports it (json_invalid)
         return

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from core.models import File
@@ -70,6 +71,29 @@ def test_broken_jsonl_names_the_line_and_stores_nothing(
     err = _rejected(client, tenant, session_factory, body, "bad.jsonl")
     assert err["param"] == "file"
     assert "line 3" in err["message"]
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        (b'{"text":"ok \\ud800"}', "line 2: text holds the lone surrogate U+D800"),
+        (
+            b'{"messages":[{"role":"user","content":"\\ud83d"},{"role":"assistant","content":"x"}]}',
+            "line 2: messages[0].content holds the lone surrogate U+D83D",
+        ),
+        (
+            b'{"text":"a","n":' + b"9" * 5000 + b"}",
+            "line 2: the record holds an integer of more than 4300 digits",
+        ),
+    ],
+)
+def test_json_no_text_can_hold_is_refused_naming_the_line(
+    client: TestClient, tenant: Tenant, session_factory: Any, line: bytes, needle: str
+) -> None:
+    """Half an emoji (a lone surrogate escape) and an integer past Python's digit limit parse into
+    what cannot be encoded or converted: each was a 500 that reset the connection."""
+    err = _rejected(client, tenant, session_factory, b'{"text": "fine"}\n' + line + b"\n", "bad.jsonl")
+    assert (err["param"], err["code"]) == ("file", "invalid_file") and needle in err["message"], err
 
 
 def test_unknown_record_shape_rejected(client: TestClient, tenant: Tenant, session_factory: Any) -> None:

@@ -52,6 +52,12 @@ def test_lone_surrogate_in_a_job_is_400_naming_the_field(
     assert "surrogate" in err["message"] or param is None
 
 
+def test_an_integer_past_pythons_digit_limit_is_400_saying_so(client: TestClient, tenant: Tenant) -> None:
+    body = '{"model":"llama-tiny","training_file":"file-x","seed":' + "9" * 5000 + "}"
+    err = assert_envelope(post_json(client, JOBS, body, tenant), 400)
+    assert err["code"] == "invalid_json" and "an integer of more than 4300 digits" in err["message"]
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -57,7 +57,16 @@ from typing import Literal
 
 # re-exported: the API and the worker import them from here
 from trainer.data.errors import DataError, JSONTooDeep
-from trainer.data.json_depth import MAX_JSON_DEPTH, TooDeep, loads_bounded
+from trainer.data.json_depth import (
+    LONE_SURROGATE,
+    MAX_JSON_DEPTH,
+    JSONPath,
+    NumberTooLong,
+    TooDeep,
+    first_string_where,
+    has_lone_surrogate,
+    loads_bounded,
+)
 from trainer.data.records import SHAPES_HELP, Document, record_to_document
 
 __all__ = [
@@ -112,13 +121,29 @@ def parse_jsonl_line(raw: str, line: int, max_depth: int = MAX_JSON_DEPTH) -> Do
         record = loads_bounded(raw, max_depth)
     except TooDeep:
         raise JSONTooDeep(line, max_depth) from None
+    except NumberTooLong as e:
+        raise DataError(f"line {line}: the record holds {e}; {SHAPES_HELP}", line) from None
     except json.JSONDecodeError as e:
         raise DataError(
             # json's messages end in "at" ("Invalid control character at"), ours adds the place
             f"line {line}: invalid JSON ({e.msg.removesuffix(' at')} at column {e.colno}); {SHAPES_HELP}",
             line,
         ) from e
+    if (found := first_string_where(record, has_lone_surrogate)) is not None:
+        raise _lone_surrogate(line, *found)
     return record_to_document(record, line)
+
+
+def _lone_surrogate(line: int, path: JSONPath, text: str) -> DataError:
+    """A string with half of a surrogate pair (`"\\ud83d"`, e.g. an emoji cut in two): not text."""
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "a key"
+    char = LONE_SURROGATE.search(text)
+    assert char is not None
+    return DataError(
+        f"line {line}: {where} holds the lone surrogate U+{ord(char.group()):04X}, which is not text "
+        "(half of a character outside the Basic Multilingual Plane, such as an emoji cut in two)",
+        line,
+    )
 
 
 def iter_jsonl_documents(lines: Iterable[str]) -> Iterator[Document]:
