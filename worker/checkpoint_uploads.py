@@ -99,7 +99,7 @@ def checkpoint_costs_event(
         "reported_seconds": round(trained.reported, 3),
     }
     # the uploads count those of the step checkpoints written as training ended too
-    at_end = f", and {trained.at_end} step checkpoint as training ended" if trained.at_end else ""
+    at_end = trained.at_end_note()
     stored = (
         f"{uploads} uploaded in {upload_seconds:.1f} s"
         if uploads

@@ -161,3 +161,7 @@ def test_a_pauses_checkpoint_is_counted_as_written_at_the_end(
     times = result.checkpoint_times
     assert result.step == 5 and (tmp_path / "checkpoints" / "step-00000005").is_dir()
     assert (times.count, times.at_end) == (2, 1)  # steps 2 and 4 in the background, 5 at the pause
+    summary = times.summary()
+    assert summary is not None and summary.endswith(
+        "0 best-model snapshots (best/), and 1 step checkpoint as training ended"
+    )

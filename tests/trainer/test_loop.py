@@ -226,6 +226,19 @@ def test_should_stop_writes_checkpoint_and_returns(
     assert not (tmp_path / "final").exists()
 
 
+@pytest.mark.parametrize("request_", ["stop", "pause"])
+def test_a_stop_asked_during_an_evaluation_drops_it(
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer, request_
+):
+    """An evaluation of 10,000 batches asks before each whether the run is being stopped: the stop
+    asked at step 2 ends it there without its evaluation, not after an hour of batches."""
+    rec = Recorder(stop_at=2, request=request_)
+    cfg = tiny_train(max_steps=50, eval_every=2, eval_batches=10_000)
+    result = train(tiny_model(), cfg, shakespeare_data, tmp_path, rec, tokenizer=byte_tokenizer)
+    assert result.stop_reason == request_ and result.step == 2 and rec.evals == []
+    assert not any("val_loss" in m for m in read_metrics(tmp_path))
+
+
 def test_time_limit_stops_with_checkpoint(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer):
     result = train(
         tiny_model(),

@@ -59,11 +59,15 @@ class CheckpointTimes:
             f"{self.count} checkpoints ({self.bytes / 1e6:,.0f} MB of tensors) written in the background "
             f"in {self.write:.2f} s; training waited {self.stall:.2f} s for them (snapshots "
             f"{self.snapshot:.2f} s, a write in flight {self.waited:.2f} s, reporting {self.reported:.2f} s); "
-            f"{self.kinds()}"
+            f"{self.kinds()}{self.at_end_note()}"
         )
 
     def kinds(self) -> str:
         return f"{self.resumable} step checkpoints, {self.weights_only} best-model snapshots (best/)"
+
+    def at_end_note(self) -> str:
+        """The step checkpoint written as the run ended, when there was one (not in the background)."""
+        return f", and {self.at_end} step checkpoint as training ended" if self.at_end else ""
 
 
 class CheckpointWriter:

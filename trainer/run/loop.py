@@ -210,9 +210,17 @@ def evaluate_and_keep_best(run: TrainRun, report: Report) -> None:
     """Validation loss and accuracy of this step (eval_batches batches); a new best loss (by more
     than early_stopping_min_delta) is saved to best/, other losses count toward early stopping."""
     assert run.make_val_sampler is not None
-    val_loss, val_accuracy = evaluate(
-        _eval_fwd(run), run.make_val_sampler, run.cfg.eval_batches, run.device, run.autocast
+    measured = evaluate(
+        _eval_fwd(run),
+        run.make_val_sampler,
+        run.cfg.eval_batches,
+        run.device,
+        run.autocast,
+        report.interrupted,
     )
+    if measured is None:  # the run is being stopped: the evaluation is dropped, not waited for
+        return
+    val_loss, val_accuracy = measured
     run.last_val_loss, run.last_val_accuracy = val_loss, val_accuracy
     report.evaluation(EvalMetrics(step=run.step, val_loss=val_loss, val_accuracy=val_accuracy))
     if run.record_evaluation(val_loss):  # best/ keeps the weights (a model), not the optimizer
@@ -229,7 +237,9 @@ def full_evaluation(run: TrainRun, report: Report, step: int) -> None:
     which are step `step`'s, reported before final/ is written so the service stores it with it."""
     if run.make_full_pass is None:
         return
-    result = evaluate_batches(_eval_fwd(run), run.make_full_pass(), run.device, run.autocast)
+    result = evaluate_batches(
+        _eval_fwd(run), run.make_full_pass(), run.device, run.autocast, report.interrupted
+    )
     if result is None:
         return
     run.full_valid = result

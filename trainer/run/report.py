@@ -188,6 +188,11 @@ class Report:
             return "time_limit"
         return None
 
+    def interrupted(self) -> bool:
+        """Asked during an evaluation: a stop or pause the owner asked for abandons it (one process;
+        several carry on, their stop agreed at the next step, as an evaluation is rank 0's alone)."""
+        return self.run.world == 1 and self.callbacks.should_stop() is not None
+
     def agree_early_stop(self) -> None:
         """Several processes, after an evaluation (rank 0's, or every rank's when sharded): rank 0's
         early-stopping decision, for every rank at once (a broadcast), not at the next logged step."""

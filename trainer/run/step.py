@@ -223,9 +223,11 @@ def evaluate_batches(
     batches: Iterable[Batch],
     device: torch.device,
     autocast: Callable[[], contextlib.AbstractContextManager[None]],
+    interrupted: Callable[[], bool] = lambda: False,
 ) -> tuple[float, float] | None:
     """(loss, token accuracy) over the covered targets of all the batches together (each target
-    weighs the same, whichever batch it is in); None when they hold no covered target."""
+    weighs the same, whichever batch it is in); None when they hold no covered target, or when
+    `interrupted()` (asked before each batch) says the run is being stopped."""
     was_training = model.training
     model.eval()
     total = torch.zeros((), device=device, dtype=torch.float64)
@@ -233,6 +235,8 @@ def evaluate_batches(
     count = 0
     try:
         for x, y in batches:
+            if interrupted():
+                return None
             count += count_targets(y)
             yd = to_device(y, device)
             with autocast():
@@ -252,10 +256,11 @@ def evaluate(
     n_batches: int,
     device: torch.device,
     autocast: Callable[[], contextlib.AbstractContextManager[None]],
-) -> tuple[float, float]:
+    interrupted: Callable[[], bool] = lambda: False,
+) -> tuple[float, float] | None:
     """(loss, token accuracy) over the first n_batches of a freshly seeded sampler (the same batches
-    every call; the sampler draws only windows with a covered target, so there is always one)."""
+    every call; the sampler draws only windows with a covered target, so there is always one); None
+    when interrupted."""
     sampler = make_sampler()
-    result = evaluate_batches(model, (sampler.next_batch() for _ in range(n_batches)), device, autocast)
-    assert result is not None  # every sampled window has a covered target
-    return result
+    batches = (sampler.next_batch() for _ in range(n_batches))
+    return evaluate_batches(model, batches, device, autocast, interrupted)
