@@ -4,7 +4,7 @@
 would be judged by, and the limits' verdict comes with them (`problem`: the 400 a create would get).
 
 Time on the chosen worker class: the job's training compute (about 6 x parameters FLOPs per token,
-the weight matmuls; attention's share is left out) over the rate recent jobs of the same worker class
+the weight matmuls; attention's share is left out; a validation token, a forward pass, a third of that) over the rate recent jobs of the same worker class
 (its broker queue: `gpu`, `cpu.2`, ...) achieved, wall-clock from start to finish, evaluations and
 checkpoints included: parameters x tokens / seconds, the median of up to RATE_JOBS jobs. None until a
 job of that class has succeeded. Only that aggregate leaves the table, never another owner's job.
@@ -89,7 +89,8 @@ def estimate_job(session: Session, owner_id: str, body: JobCreate, settings: Set
         "steps": size.steps,
         "tokens_per_step": tokens_per_step(train_cfg, model_cfg.ctx),
         "tokens": size.tokens,
-        "seconds": round(params * size.tokens / rate, 1) if rate else None,
+        "eval_tokens": size.eval_tokens,
+        "seconds": round(params * (size.tokens + size.eval_tokens / 3) / rate, 1) if rate else None,
         "rate_jobs": measured_on,
         "problem": problem,
     }

@@ -34,6 +34,8 @@ from trainer.config.estimate import (
     Device,
     MemoryEstimate,
     estimate_memory,
+    eval_tokens,
+    evaluations,
     global_batch,
     largest_fitting_batch_size,
     max_train_tokens,
@@ -79,7 +81,7 @@ def check_job_limits(
     _check_checkpoints(train_cfg, settings.max_checkpoints_per_job)
     size = job_size(model_cfg, train_cfg, queue, training_tokens, has_validation_file)
     _check_steps(train_cfg, size.steps, size.windows, settings.max_job_steps)
-    _check_tokens(model_cfg, train_cfg, size.steps, settings.max_job_tokens)
+    _check_tokens(model_cfg, train_cfg, size, settings.max_job_tokens)
     limit = worker_memory_limit(queue, settings)
     _check_memory(model_cfg, size.train_cfg, size.device, queue, limit, given, continuing)
 
@@ -94,6 +96,7 @@ class JobSize:
     windows: int  # training windows per epoch, at most
     steps: int
     tokens: int
+    eval_tokens: int  # read by its evaluations (0 without validation data)
     memory: MemoryEstimate
 
 
@@ -111,7 +114,11 @@ def job_size(
     dropout = admission_dropout(train_cfg, train_tokens, model_cfg.num_params())
     sized = train_cfg.model_copy(update={"dropout": dropout})
     memory = estimate_memory(model_cfg, sized, device)
-    return JobSize(sized, device, windows, steps, total_tokens(train_cfg, model_cfg.ctx, steps), memory)
+    evaluated = has_validation_file or train_cfg.val_fraction > 0
+    validation = eval_tokens(train_cfg, model_cfg.ctx, steps) if evaluated else 0
+    return JobSize(
+        sized, device, windows, steps, total_tokens(train_cfg, model_cfg.ctx, steps), validation, memory
+    )
 
 
 def worker_memory_limit(queue: str, settings: Settings) -> int:
@@ -181,10 +188,20 @@ def _check_steps(train_cfg: TrainConfig, steps: int, windows: int, limit: int) -
     _too_many_steps(steps, how, fix, limit, _length_param(train_cfg))
 
 
-def _check_tokens(model_cfg: ModelConfig, train_cfg: TrainConfig, steps: int, limit: int) -> None:
-    tokens = total_tokens(train_cfg, model_cfg.ctx, steps)
-    if tokens <= limit:
+def _check_tokens(model_cfg: ModelConfig, train_cfg: TrainConfig, size: JobSize, limit: int) -> None:
+    """Training and evaluation tokens together within max_job_tokens; the refusal names what to
+    lower: the evaluations when they are the larger part, else the training."""
+    steps, tokens, validation = size.steps, size.tokens, size.eval_tokens
+    if tokens + validation <= limit:
         return
+    if validation > tokens:
+        raise JobTooLarge(
+            f"The job's evaluations would read up to {validation:,} validation tokens ({evaluations(train_cfg, steps):,} "
+            f"evaluations x eval_batches {train_cfg.eval_batches} x batch_size {train_cfg.batch_size} x ctx "
+            f"{model_cfg.ctx}) beside {tokens:,} training tokens, more than the {limit:,} tokens a job may "
+            "process (FROMSCRATCH_MAX_JOB_TOKENS). Lower eval_batches, or evaluate less often (a larger eval_every).",
+            "eval_batches",
+        )
     per_step = tokens_per_step(train_cfg, model_cfg.ctx)
     given_length = train_cfg.max_steps is not None or train_cfg.n_epochs is not None
     param = _length_param(train_cfg) if given_length else "batch_size"
@@ -195,10 +212,12 @@ def _check_tokens(model_cfg: ModelConfig, train_cfg: TrainConfig, steps: int, li
         if param == "n_epochs"
         else "Lower batch_size, grad_accum or ctx, or set a smaller max_steps."
     )
+    also = f", and {validation:,} validation tokens its evaluations read" if validation else ""
     raise JobTooLarge(
-        f"The job would process up to {tokens:,} tokens ({steps:,} steps x batch_size {train_cfg.batch_size} "
-        f"x grad_accum {train_cfg.grad_accum} x devices {train_cfg.devices} x ctx {model_cfg.ctx}), more "
-        f"than the {limit:,} tokens a job may process (FROMSCRATCH_MAX_JOB_TOKENS). {fix}",
+        f"The job would process up to {tokens:,} training tokens ({steps:,} steps x batch_size "
+        f"{train_cfg.batch_size} x grad_accum {train_cfg.grad_accum} x devices {train_cfg.devices} x ctx "
+        f"{model_cfg.ctx}){also}, more than the {limit:,} tokens a job may process "
+        f"(FROMSCRATCH_MAX_JOB_TOKENS). {fix}",
         param,
     )
 

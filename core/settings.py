@@ -77,7 +77,9 @@ class Settings(BaseSettings):
     gpu_worker_memory_bytes: int = Field(default=80 * GiB, gt=0)
     max_job_steps: int = Field(default=1_000_000, gt=0, description="optimizer steps one job may run")
     max_job_tokens: int = Field(
-        default=20_000_000_000, gt=0, description="tokens one job may process (steps x batch x ctx)"
+        default=20_000_000_000,
+        gt=0,
+        description="tokens one job may process: training (steps x batch x ctx) and what its evaluations read",
     )
     max_checkpoints_per_job: int = Field(default=20, ge=1, description="step checkpoints kept per job")
 

@@ -74,6 +74,8 @@ def test_the_estimate_is_admissions_arithmetic(
     size = job_size(model_cfg, train_cfg, "cpu", f["bytes"], False)
     assert got["object"] == "fine_tuning.job.estimate" and got["queue"] == "cpu" and got["device"] == "cpu"
     assert got["steps"] == 300 == size.steps
+    # auto eval_every: 20 evaluations of 300 steps (every 15th), eval_batches 20 x batch_size x ctx each
+    assert got["eval_tokens"] == size.eval_tokens == 20 * 20 * train_cfg.batch_size * model_cfg.ctx
     assert got["tokens"] == size.tokens == 300 * got["tokens_per_step"]
     assert got["memory_bytes"] == size.memory.total > 0
     assert got["memory_limit_bytes"] == settings.cpu_worker_memory_bytes
@@ -129,9 +131,9 @@ def test_the_time_comes_from_finished_jobs_of_the_worker_class(
         "hyperparameters": {"max_steps": 300, "device": "cpu"},
     }
     got = client.post(URL, headers=tenant.headers, json=body).json()
-    # the same model: its tokens at the measured 10,000 tokens/s
-    assert got["rate_jobs"] == RATE_JOBS
-    assert got["seconds"] == round(got["tokens"] / 10_000, 1)
+    # the same model: its tokens at the measured 10,000 tokens/s, a validation token a third of one
+    assert got["rate_jobs"] == RATE_JOBS and got["eval_tokens"] > 0
+    assert got["seconds"] == round((got["tokens"] + got["eval_tokens"] / 3) / 10_000, 1)
     # a gpu job's class has its own rate (none measured here)
     gpu = {**body, "hyperparameters": {"max_steps": 300, "device": "cuda"}}
     assert client.post(URL, headers=tenant.headers, json=gpu).json()["seconds"] is None

@@ -73,6 +73,12 @@ def test_numbers_beyond_the_schema_are_400_naming_the_field(
         ({"max_steps": 2_000_000}, "max_steps", ["1,000,000 steps", "FROMSCRATCH_MAX_JOB_STEPS"]),
         ({"n_epochs": 10_000, "batch_size": 1}, "n_epochs", ["optimizer steps", "Lower n_epochs"]),
         ({"max_steps": 1_000_000, "batch_size": 256}, "max_steps", ["tokens", "FROMSCRATCH_MAX_JOB_TOKENS"]),
+        # an evaluation of 10,000 batches after every step: the evaluations are what to lower
+        (
+            {"max_steps": 1_000_000, "eval_every": 1, "eval_batches": 10_000},
+            "eval_batches",
+            ["validation tokens", "FROMSCRATCH_MAX_JOB_TOKENS", "a larger eval_every"],
+        ),
         ({"checkpoint_every": 1, "keep_checkpoints": 1000}, "keep_checkpoints", ["keep_checkpoints <= 20"]),
     ],
 )
@@ -212,12 +218,14 @@ def test_limits_come_from_settings(tmp_path: Path) -> None:
     assert refusal(tiny, TrainConfig(), tmp_path, max_job_steps=999).param == "max_steps"  # the default 1000
     err = refusal(tiny, TrainConfig(keep_checkpoints=6), tmp_path, max_checkpoints_per_job=5)
     assert err.param == "keep_checkpoints"
-    tokens = 1000 * 16 * 128  # default steps x batch_size x ctx
+    # default steps x batch_size x ctx, and 20 evaluations (auto: every 50th step) x eval_batches 20
+    # x batch_size x ctx on the held-out split
+    tokens = 1000 * 16 * 128 + 20 * 20 * 16 * 128
     check(tiny, TrainConfig(), tmp_path, max_job_tokens=tokens)
     assert refusal(tiny, TrainConfig(), tmp_path, max_job_tokens=tokens - 1).param == "batch_size"
-    two = TrainConfig(devices=2)  # batch_size is per device: twice the tokens
-    check(tiny, two, tmp_path, max_job_tokens=2 * tokens, cpu_worker_devices=2)
-    err = refusal(tiny, two, tmp_path, max_job_tokens=2 * tokens - 1, cpu_worker_devices=2)
+    two = TrainConfig(devices=2, eval_every=0)  # batch_size is per device: twice the training tokens
+    check(tiny, two, tmp_path, max_job_tokens=2 * 1000 * 16 * 128, cpu_worker_devices=2)
+    err = refusal(tiny, two, tmp_path, max_job_tokens=2 * 1000 * 16 * 128 - 1, cpu_worker_devices=2)
     assert err.param == "batch_size" and "x devices 2" in err.message
     err = refusal(tiny, TrainConfig(), tmp_path, cpu_worker_memory_bytes=GiB // 2)
     assert err.param == "n_embd" and "(512 MiB, FROMSCRATCH_CPU_WORKER_MEMORY_BYTES)" in err.message

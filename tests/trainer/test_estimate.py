@@ -16,9 +16,12 @@ import numpy as np
 import pytest
 import torch
 
+from tests.trainer.conftest import read_metrics
 from trainer.config import ModelConfig, TrainConfig
 from trainer.config.estimate import (
     estimate_memory,
+    eval_tokens,
+    evaluations,
     held_out_tokens,
     largest_fitting_batch_size,
     max_train_tokens,
@@ -33,6 +36,7 @@ from trainer.data.prepare import BatchSampler, prepare_data
 from trainer.data.tokenizers import ByteTokenizer, train_tokenizer
 from trainer.model.llama import Llama
 from trainer.optim.optimizers import make_optimizer
+from trainer.run.loop import train
 from trainer.run.setup import total_steps_for
 
 # small, but each exercising a different term: GQA, tied embeddings, partial RoPE, an explicit FFN
@@ -121,6 +125,25 @@ def test_parameter_breakdown_matches_the_model(name: str) -> None:
     assert {k: getattr(parts, k) for k in real} == real
     assert parts.parameters == model_cfg.num_params() == sum(real.values())
     assert parts.rope_buffers == sum(b.numel() for b in model.buffers())
+
+
+@pytest.mark.parametrize(("eval_every", "steps"), [(3, 10), (None, 25), (0, 5)])
+def test_evaluations_are_the_trainers(
+    tmp_path: Path,
+    tiny_model: Any,
+    tiny_train: Any,
+    shakespeare_data: Any,
+    byte_tokenizer: Any,
+    eval_every,
+    steps,
+) -> None:
+    """What admission counts (evaluations, and eval_tokens from them) is what a run does: every
+    eval_every-th step and the last; auto decided from the steps."""
+    cfg = tiny_train(max_steps=steps, eval_every=eval_every)
+    train(tiny_model(), cfg, shakespeare_data, tmp_path, tokenizer=byte_tokenizer)
+    done = sum("val_loss" in m for m in read_metrics(tmp_path))
+    assert evaluations(cfg, steps) == done == {3: 4, None: 3, 0: 0}[eval_every]
+    assert eval_tokens(cfg, 32, steps) == done * cfg.eval_batches * cfg.batch_size * 32
 
 
 def test_held_out_tokens_match_prepare_data(tmp_path: Path) -> None:

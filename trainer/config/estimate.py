@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from trainer.config import ModelConfig, TrainConfig
+from trainer.config.data_aware import auto_eval_every
 from trainer.config.fused_loss import chunk_rows, fused_cross_entropy_on
 
 Device = Literal["cpu", "cuda"]
@@ -319,6 +320,19 @@ def tokens_per_step(cfg: TrainConfig, ctx: int) -> int:
 def total_tokens(cfg: TrainConfig, ctx: int, steps: int) -> int:
     """Training tokens a run of `steps` steps processes."""
     return steps * tokens_per_step(cfg, ctx)
+
+
+def evaluations(cfg: TrainConfig, steps: int) -> int:
+    """Evaluations a run of `steps` steps makes when it has validation data: one every eval_every
+    steps and at the last (auto: as trainer.config.data_aware decides it from the steps; 0: none)."""
+    every = cfg.eval_every if cfg.eval_every is not None else int(auto_eval_every(steps).value)
+    return -(-steps // every) if every > 0 and steps > 0 else 0
+
+
+def eval_tokens(cfg: TrainConfig, ctx: int, steps: int) -> int:
+    """Validation tokens those evaluations read: eval_batches x batch_size x ctx each (rank 0 alone
+    evaluates). The final full pass over the validation data is bounded by the data, not counted."""
+    return evaluations(cfg, steps) * cfg.eval_batches * cfg.batch_size * ctx
 
 
 @dataclass(frozen=True)

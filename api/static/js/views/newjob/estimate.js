@@ -17,7 +17,8 @@ function render(list, note, e) {
     item("parameters", "Parameters", fmtInt(e.parameters)),
     item("memory", "Memory", `${fmtBytes(e.memory_bytes)} of ${fmtBytes(e.memory_limit_bytes)} (${e.device} worker)`),
     item("steps", "Steps", `up to ${fmtInt(e.steps)}`),
-    item("tokens", "Tokens", `up to ${fmtInt(e.tokens)} (${fmtInt(e.tokens_per_step)} per step)`),
+    item("tokens", "Tokens", `up to ${fmtInt(e.tokens)} (${fmtInt(e.tokens_per_step)} per step)`
+      + (e.eval_tokens ? `, and ${fmtInt(e.eval_tokens)} read by evaluations` : "")),
     item("time", "Time", time),
   ].flat());
   note.hidden = !e.problem;
