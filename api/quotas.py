@@ -62,6 +62,14 @@ def storage_exceeded(limit: int, used: int, adding: int | None, what: str, param
     )
 
 
+def check_room_to_store(session: Session, owner_id: str, limit: int, what: str) -> None:
+    """429 when the owner's stored bytes already reach `max_stored_bytes_per_key` (`limit`), so that
+    `what` (of a size not known yet) could store nothing within it."""
+    used = stored_bytes(session, owner_id)
+    if used >= limit:
+        raise storage_exceeded(limit, used, None, what, None)
+
+
 def check_storage(
     session: Session, owner_id: str, limit: int, adding: int, what: str, param: str | None = None
 ) -> None:

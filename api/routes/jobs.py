@@ -35,7 +35,7 @@ from api.job_admission import admit_job
 from api.job_insert import earlier_job, enqueue, insert_job, undo_create, undo_resume
 from api.metadata_filter import MAX_VALUE_CHARS, metadata_conditions, parse_metadata_filter
 from api.queries import AfterId, bad_cursor, newest_first_after, owned_job
-from api.quotas import check_active_jobs
+from api.quotas import check_active_jobs, check_room_to_store
 from api.request_models import JobCreate
 from api.request_text import json_router
 from api.schemas import FineTuningJob, ListEnvelope, to_job
@@ -60,6 +60,10 @@ def create_job(
     if (earlier := earlier_job(session, key.owner_id, idempotency_key, fingerprint)) is not None:
         return to_job(earlier)
     job = admit_job(session, key.owner_id, body, settings)
+    # a key past its storage quota could keep no checkpoint or model of the job
+    check_room_to_store(
+        session, key.owner_id, settings.max_stored_bytes_per_key, "a new job's model and checkpoints"
+    )
     job, created = insert_job(session, job, idempotency_key, fingerprint, settings.max_active_jobs_per_key)
     if created:
         enqueue(request, session, job, undo_create)

@@ -224,6 +224,12 @@ def test_checkpoints_and_exports_count_toward_storage(
     assert (
         c.get(f"/v1/models/{model_id}/content?format=checkpoint", headers=tenant.headers).status_code == 200
     )
+    # a new job could store neither checkpoints nor its model: refused before it is queued
+    jobs = count(session_factory, Job, Job.owner_id == tenant.owner_id)
+    file_id = c.get("/v1/files", headers=tenant.headers).json()["data"][0]["id"]
+    err = assert_quota(create(c, tenant, file_id), "max_stored_bytes_per_key")
+    assert "a new job's model and checkpoints" in err["message"], err
+    assert count(session_factory, Job, Job.owner_id == tenant.owner_id) == jobs
 
 
 # ------------------------------------------------------------------------------- rate limit
