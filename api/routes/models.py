@@ -20,18 +20,18 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response, Streamin
 from sqlalchemy import select
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
-from api.errors import ErrorResponse
+from api.errors import APIError, ErrorResponse
 from api.exports import RETRY_AFTER_SECONDS, ExportPreparing, delete_exports, find_download
 from api.queries import ModelRef, is_deleted, owned_model
 from api.ranges import download_response
 from api.request_text import json_router
 from api.routes.files import content_disposition
 from api.schemas import Deleted, ListEnvelope, Model, unix
-from core.exports import DEFAULT_DOWNLOAD, DOWNLOADS, DownloadFormat
+from core.exports import CHECKPOINT, DEFAULT_DOWNLOAD, DOWNLOADS, DownloadFormat
 from core.models import Checkpoint, DeletedModel, Job
 from core.naming import root_preset
 from core.status import JobStatus
-from trainer.config.export_formats import DEFAULT_DTYPE, ExportDtype
+from trainer.config.export_formats import DEFAULT_DTYPE, ExportDtype, dtype_problem
 
 router = json_router(prefix="/v1", tags=["models"])
 
@@ -120,11 +120,20 @@ def model_content(
     store: BlobStoreDep,
     settings: SettingsDep,
     format: Annotated[DownloadFormat, Query(description="the file to download")] = DEFAULT_DOWNLOAD,
-    dtype: Annotated[ExportDtype, Query(description="weights precision of an export")] = DEFAULT_DTYPE,
+    dtype: Annotated[
+        ExportDtype | None, Query(description=f"weights precision of an export (default {DEFAULT_DTYPE})")
+    ] = None,
 ) -> Response:
     ref = owned_model(session, key.owner_id, model_id)
+    check_dtype(format, dtype)
     found = find_download(
-        session, ref, format, dtype, store=store, celery=request.app.state.celery, settings=settings
+        session,
+        ref,
+        format,
+        dtype or DEFAULT_DTYPE,
+        store=store,
+        celery=request.app.state.celery,
+        settings=settings,
     )
     session.commit()  # no transaction held open while the file streams
     if isinstance(found, ExportPreparing):
@@ -139,6 +148,18 @@ def model_content(
     return download_response(
         request, store, found.blob_id, found.media_type, {"Content-Disposition": disposition}
     )
+
+
+def check_dtype(fmt: str, dtype: str | None) -> None:
+    """400 naming dtype for a precision the format is not made in, before any worker is asked."""
+    if dtype is None:
+        return
+    if fmt == CHECKPOINT.name:
+        problem = None if dtype == DEFAULT_DTYPE else f"the checkpoint is the trained {DEFAULT_DTYPE} weights"
+    else:
+        problem = dtype_problem(fmt, dtype)
+    if problem is not None:
+        raise APIError(400, f"dtype={dtype}: {problem}", param="dtype", code="invalid_value")
 
 
 @router.get("/models/{model_id:path}", response_model=Model, summary="Get a model")

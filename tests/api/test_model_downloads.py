@@ -27,7 +27,7 @@ from core.models import Blob, Export, utcnow
 from core.settings import Settings
 from tests.api.conftest import Factory, Tenant, blob_count, count
 from tests.api.test_errors import assert_envelope
-from tests.api.test_models import tiny_checkpoint_tar  # noqa: F401 - the fixture
+from tests.api.test_models import checkpoint_tar, tiny_checkpoint_tar  # noqa: F401 - the fixture
 from tests.fixtures.service import ServiceProcess, env_from_settings, fromscratch_cmd
 from tests.trainer.test_cli_exports import onnx_logits_match_checkpoint
 
@@ -177,25 +177,32 @@ def test_concurrent_first_requests_share_one_export(
     assert count(client.app.state.session_factory, Export, Export.model_id == model_id) == 1
 
 
+@pytest.fixture(scope="module")
+def partial_rope_tar(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A model the Hugging Face export cannot express (rope_dims 4 of head dim 8): its export fails
+    in the worker."""
+    return checkpoint_tar(tmp_path_factory.mktemp("partial"), rope_dims=4)
+
+
 def test_a_failed_export_answers_once_then_is_tried_again(
     client: TestClient,
     tenant: Tenant,
     factory: Factory,
-    tiny_checkpoint_tar: bytes,  # noqa: F811
+    partial_rope_tar: bytes,
     session_factory: Any,
     inference_worker: ServiceProcess,
 ) -> None:
-    _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)
-    first = assert_preparing(content(client, tenant, model_id, "onnx", "f16"), model_id, "onnx", "f16")
-    failed = poll(lambda: content(client, tenant, model_id, "onnx", "f16"), inference_worker)
+    _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=partial_rope_tar)
+    first = assert_preparing(content(client, tenant, model_id, "hf"), model_id, "hf")
+    failed = poll(lambda: content(client, tenant, model_id, "hf"), inference_worker)
     err = assert_envelope(failed, 400)
     assert err["code"] == "export_failed" and err["param"] == "format", err
-    assert "f32 only" in err["message"] and model_id in err["message"], err
+    assert "partial rotary embeddings" in err["message"] and model_id in err["message"], err
     assert count(session_factory, Export, Export.model_id == model_id) == 0  # answered once, then gone
     # the next request sends it to a worker again (a new row)
-    retried = assert_preparing(content(client, tenant, model_id, "onnx", "f16"), model_id, "onnx", "f16")
+    retried = assert_preparing(content(client, tenant, model_id, "hf"), model_id, "hf")
     assert retried["id"] != first["id"]
-    assert assert_envelope(poll(lambda: content(client, tenant, model_id, "onnx", "f16")), 400)
+    assert assert_envelope(poll(lambda: content(client, tenant, model_id, "hf")), 400)
 
 
 def test_a_stale_preparing_export_is_sent_again(
@@ -310,3 +317,30 @@ def test_export_formats_is_validated_naming_the_field(
     job = client.post("/v1/fine_tuning/jobs", headers=tenant.headers, json=body)
     assert job.status_code == 200, job.text
     assert job.json()["config"]["train"]["export_formats"] == []
+
+
+def test_a_dtype_the_format_is_not_made_in_is_400_before_any_worker(
+    client: TestClient,
+    tenant: Tenant,
+    factory: Factory,
+    tiny_checkpoint_tar: bytes,  # noqa: F811
+    session_factory: Any,
+) -> None:
+    _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)
+    for fmt, dtype, words in [
+        ("hf", "q8_0", "supports dtype f32 or f16 or bf16 only"),
+        ("onnx", "bf16", "supports dtype f32 only"),
+        ("checkpoint", "f16", "the checkpoint is the trained f32 weights"),
+    ]:
+        r = client.get(
+            f"/v1/models/{model_id}/content", params={"format": fmt, "dtype": dtype}, headers=tenant.headers
+        )
+        err = assert_envelope(r, 400)
+        assert (err["param"], err["code"]) == ("dtype", "invalid_value") and words in err["message"], err
+    assert count(session_factory, Export, Export.model_id == model_id) == 0  # nothing sent to a worker
+    ok = client.get(
+        f"/v1/models/{model_id}/content",
+        params={"format": "checkpoint", "dtype": "f32"},
+        headers=tenant.headers,
+    )
+    assert ok.content == tiny_checkpoint_tar

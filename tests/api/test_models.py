@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import tarfile
+from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,9 +15,9 @@ from tests.api.conftest import Factory, Tenant
 from tests.api.test_errors import assert_envelope
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint_tar(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """A real (untrained) trainer checkpoint folder as the worker stores it: a tar, folder at root."""
+def checkpoint_tar(parent: Path, **model: Any) -> bytes:
+    """A real (untrained) trainer checkpoint folder as the worker stores it: a tar, folder at root;
+    `model` changes the tiny architecture."""
     import torch
 
     from trainer.checkpoint import save_checkpoint
@@ -24,9 +26,9 @@ def tiny_checkpoint_tar(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     from trainer.model.llama import Llama
 
     torch.manual_seed(0)
-    cfg = ModelConfig(n_layer=1, n_head=2, n_embd=16, ctx=32, vocab_size=258)
+    cfg = ModelConfig(**{**dict(n_layer=1, n_head=2, n_embd=16, ctx=32, vocab_size=258), **model})
     folder = save_checkpoint(
-        tmp_path_factory.mktemp("ckpt") / "step-00000050",
+        parent / "step-00000050",
         model=Llama(cfg),
         model_config=cfg,
         train_config=TrainConfig(),
@@ -37,6 +39,11 @@ def tiny_checkpoint_tar(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     with tarfile.open(fileobj=buf, mode="w") as tf:
         tf.add(folder, arcname=folder.name)
     return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint_tar(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    return checkpoint_tar(tmp_path_factory.mktemp("ckpt"))
 
 
 def test_list_get_delete(client: TestClient, tenant: Tenant, factory: Factory) -> None:
