@@ -319,14 +319,19 @@ def test_export_formats_is_validated_naming_the_field(
     assert job.json()["config"]["train"]["export_formats"] == []
 
 
+@pytest.fixture
+def tiny_model_id(tenant: Tenant, factory: Factory, tiny_checkpoint_tar: bytes) -> str:  # noqa: F811
+    return factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)[1]
+
+
 def test_a_dtype_the_format_is_not_made_in_is_400_before_any_worker(
     client: TestClient,
     tenant: Tenant,
-    factory: Factory,
-    tiny_checkpoint_tar: bytes,  # noqa: F811
+    tiny_model_id: str,
     session_factory: Any,
+    tiny_checkpoint_tar: bytes,  # noqa: F811
 ) -> None:
-    _, model_id = factory.finished_model(tenant.owner_id, tar_bytes=tiny_checkpoint_tar)
+    model_id = tiny_model_id
     for fmt, dtype, words in [
         ("hf", "q8_0", "supports dtype f32 or f16 or bf16 only"),
         ("onnx", "bf16", "supports dtype f32 only"),
