@@ -156,11 +156,14 @@ class FileUploadFields(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    """POST /v1/models/{id}/generate."""
+    """POST /v1/models/{id}/generate: the fields and bounds of /v1/completions' (unknown fields are
+    refused; max_tokens is bounded by the setting max_completion_tokens)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: str = Field("", max_length=MAX_PROMPT_CHARS)
-    max_tokens: int = Field(100, ge=1, le=4096)
-    temperature: float = Field(0.8, ge=0.0, le=10.0, description="0 is greedy decoding")
+    max_tokens: int = Field(100, ge=1, le=INT64_MAX)
+    temperature: float = Field(0.8, ge=0.0, le=2.0, description="0 is greedy decoding")
     top_k: int | None = Field(None, ge=1, le=INT64_MAX)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     # torch's generator takes any seed in [-2**63, 2**64)

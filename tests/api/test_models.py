@@ -114,5 +114,8 @@ def test_generate_refuses_bad_bodies_before_queueing(
         ({"prompt": "x", "max_tokens": 2049}, "max_tokens"),  # past max_completion_tokens
         ({"seed": 2**64}, "seed"),
         ({"seed": -(2**63) - 1}, "seed"),
+        ({"prompt": "x", "temperature": 5}, "temperature"),  # /v1/completions' bound, 2
+        ({"prompt": "x", "stream": True}, "stream"),  # unknown here: refused, not ignored
+        ({"prompt": "x", "max_tokens": "3"}, "max_tokens"),  # strict, as /v1/completions
     ):
         assert assert_envelope(client.post(url, headers=tenant.headers, json=body), 400)["param"] == param
