@@ -9,6 +9,7 @@ import os
 import sys
 
 from cli.parser import Parser
+from trainer.sample_cli import INTERRUPTED
 
 # subcommand -> module providing register(subparsers) for it (several may share a module)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -45,11 +46,15 @@ SIGPIPE_EXIT = 141  # what a shell reports for a command a closed pipe stopped (
 
 def main(argv: list[str] | None = None) -> int:
     """Run a subcommand. Output piped into a reader that stops early (`| head`) ends the command
-    quietly, as it would a C tool killed by SIGPIPE, not with a traceback."""
+    quietly, as it would a C tool killed by SIGPIPE, not with a traceback; so does Ctrl-C where a
+    command has nothing of its own to do about it (train stops with a checkpoint first)."""
     try:
         code = _run(sys.argv[1:] if argv is None else argv)
         sys.stdout.flush()  # here, where a closed pipe can still be caught, not at the interpreter's exit
         return code
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return INTERRUPTED
     except BrokenPipeError:
         # stdout is gone: point it at /dev/null so the interpreter's final flush cannot fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

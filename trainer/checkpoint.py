@@ -16,17 +16,20 @@ half-written checkpoint under a real name.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from trainer.checkpoint_snapshot import (
@@ -109,7 +112,8 @@ def load_optimizer_state(
         raise CheckpointError(
             f"{ckpt_path}: optimizer is {meta.get('type')}, this run uses {type(optimizer).__name__}"
         )
-    tensors = load_file(str(Path(ckpt_path) / OPTIMIZER_FILE))
+    with _reading(Path(ckpt_path), OPTIMIZER_FILE):
+        tensors = load_file(str(Path(ckpt_path) / OPTIMIZER_FILE))
     names = param_names(model)
     sd = optimizer.state_dict()
     index = 0
@@ -199,10 +203,25 @@ def checkpoint_of_step(path: Path, step: int | None) -> Path | None:
 
 def read_state(path: Path) -> dict[str, Any]:
     path = Path(path)
+    if not (path / "state.json").is_file():
+        raise CheckpointError(f"{path} is not a checkpoint folder (no state.json)")
+    with _reading(path, "state.json"):
+        state = json.loads((path / "state.json").read_text())
+        if not isinstance(state, dict):
+            raise ValueError("not a JSON object")
+        return state
+
+
+@contextlib.contextmanager
+def _reading(path: Path, name: str) -> Iterator[None]:
+    """A file of the checkpoint folder `path` that is missing or cannot be read: a CheckpointError
+    naming it (an incomplete copy, a truncated download), not the reader's own exception."""
     try:
-        return json.loads((path / "state.json").read_text())
+        yield
     except FileNotFoundError:
-        raise CheckpointError(f"{path} is not a checkpoint folder (no state.json)") from None
+        raise CheckpointError(f"{path}: {name} is missing (an incomplete checkpoint folder)") from None
+    except (ValueError, KeyError, TypeError, OSError, SafetensorError) as e:
+        raise CheckpointError(f"{path}: {name} is unreadable or corrupt ({e})") from None
 
 
 def model_folder(path: Path) -> Path:
@@ -234,11 +253,14 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise CheckpointError(
             f"{path}: checkpoint format {state['format_version']} is newer than this trainer"
         )
-    configs = json.loads((path / "config.json").read_text())
-    model_config = ModelConfig.from_dict(configs["model"])
-    train_config = TrainConfig.from_dict(configs["train"])
-    tokenizer = tokenizer_from_json(json.loads((path / "tokenizer.json").read_text()))
-    model_state = load_file(str(path / "model.safetensors"))
+    with _reading(path, "config.json"):
+        configs = json.loads((path / "config.json").read_text())
+        model_config = ModelConfig.from_dict(configs["model"])
+        train_config = TrainConfig.from_dict(configs["train"])
+    with _reading(path, "tokenizer.json"):
+        tokenizer = tokenizer_from_json(json.loads((path / "tokenizer.json").read_text()))
+    with _reading(path, "model.safetensors"):
+        model_state = load_file(str(path / "model.safetensors"))
     if model_config.tie_embeddings and "output.weight" not in model_state:
         model_state["output.weight"] = model_state["tok_embeddings.weight"]
     return Checkpoint(model_config, train_config, tokenizer, model_state, state, path)

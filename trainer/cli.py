@@ -27,7 +27,7 @@ from trainer.config import (
 )
 from trainer.config.export_formats import DEFAULT_DTYPE, DTYPE_NAMES, FORMATS, dtypes_by_format
 from trainer.config.train import TRAIN_GROUPS
-from trainer.sample_cli import CKPT_HELP, add_sample_parser, model_folder_of
+from trainer.sample_cli import CKPT_HELP, INTERRUPTED, add_sample_parser, model_folder_of
 
 if TYPE_CHECKING:
     from trainer.run.loop import TrainResult
@@ -120,6 +120,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         parser.error(f"DATA: {args.data} is not a file")
     if args.validation_file is not None and not args.validation_file.is_file():
         parser.error(f"--validation-file: {args.validation_file} is not a file")
+    _check_paths(parser, args)
     result = _train_reporting_errors(args, model_cfg, train_cfg)
     if result is None:
         return 1
@@ -132,12 +133,37 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"{result.model_note}.")
     if (checkpoints := result.checkpoint_times.summary()) is not None:
         print(f"{checkpoints}.")
+    if result.stop_reason in ("stop", "pause"):  # Ctrl-C (ProgressCallbacks): stopped short, resumable
+        print(f"continue it with: fromscratch train {args.data} --out {args.out} --resume", file=sys.stderr)
+        return INTERRUPTED
     if result.final_checkpoint is None or result.model_step is None:
         return 0
     _write_exports(result.final_checkpoint, train_cfg.export_formats, args.out / "exports")
     if result.stop_reason != "time_limit" and args.samples > 0:
         _print_samples(result.final_checkpoint, args.data, args.samples, train_cfg.seed)
     return 0
+
+
+def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--out, --init-from and --resume, checked before anything is read or written."""
+    from trainer.checkpoint import CheckpointError, read_state
+
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out: {args.out} is a file, not a folder")
+    if args.init_from is None:
+        return
+    if args.resume:
+        parser.error(
+            "--init-from: a resumed run continues from its own checkpoint; give --resume or --init-from"
+        )
+    try:
+        read_state(args.init_from)
+    except CheckpointError as err:
+        parser.error(f"--init-from: {err}")
+
+
+# the option that sets each field of the data order a resumed run must keep (batches.ResumeMismatch)
+_RESUME_FIELDS = {"seed": "--seed", "samples_after_nl": "--samples-after-nl", "masked": "--train-on-inputs"}
 
 
 def _configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
@@ -170,6 +196,8 @@ def _train_reporting_errors(
 ) -> TrainResult | None:
     """_train, with a bad input reported as a usage error naming the option; None when the run
     diverged (said on stderr)."""
+    from trainer.checkpoint import CheckpointError
+    from trainer.data.batches import ResumeMismatch
     from trainer.data.formats import DataError
     from trainer.run.report import TrainingDiverged
 
@@ -179,15 +207,35 @@ def _train_reporting_errors(
     except ConfigError as err:
         _config_error(parser, err)
     except DataError as err:
-        where = "DATA"
-        if "validation" in str(err):
-            where = "--validation-file" if args.validation_file else "--val-fraction"
-        parser.error(f"{where}: {err}")
+        parser.error(f"{_data_option(args, err)}: {err}")
+    except ResumeMismatch as err:
+        option = next((_RESUME_FIELDS[f] for f in err.fields if f in _RESUME_FIELDS), "DATA")
+        parser.error(f"{option}: a resumed run keeps the data and the order it was drawn in: {err}")
+    except CheckpointError as err:
+        parser.error(f"{'--resume' if args.resume else '--init-from'}: {err}")
     except FileExistsError as err:
         parser.error(f"--out: {err}")
+    except OSError as err:  # --out cannot be made or written (a file in its path, no permission)
+        if err.filename is None or not str(err.filename).startswith(str(args.out)):
+            raise
+        parser.error(f"--out: cannot write {err.filename}: {err.strerror}")
     except TrainingDiverged as err:
         print(f"error: {err}", file=sys.stderr)
         return None
+
+
+def _data_option(args: argparse.Namespace, err: Exception) -> str:
+    """Which input a DataError is about: the validation file when it names it, else DATA."""
+    named = str(err)
+    if (
+        args.validation_file is not None
+        and args.validation_file.name in named
+        and args.data.name not in named
+    ):
+        return "--validation-file"
+    if "validation" in named:
+        return "--validation-file" if args.validation_file else "--val-fraction"
+    return "DATA"
 
 
 def _train(args: argparse.Namespace, model_cfg: ModelConfig, train_cfg: TrainConfig) -> TrainResult:
@@ -279,8 +327,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         parser.error(f"CKPT: {err}")
     try:
         out = export(ckpt, args.format, args.out, dtype=args.dtype)
+    except CheckpointError as err:  # a file of the folder missing or corrupt
+        parser.error(f"CKPT: {err}")
     except ValueError as err:  # e.g. a dtype the format does not support
         parser.error(str(err))
+    except OSError as err:  # the output cannot be written there (a file in its path, no permission)
+        parser.error(f"--out: cannot write {args.out}: {err.strerror or err}")
     print(out)
     return 0
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from trainer.model.llama import Llama
 
 CKPT_HELP = "checkpoint folder (e.g. OUT/final), or a run folder OUT (its model, OUT/final)"
-INTERRUPTED = 130  # what a shell reports for a command Ctrl-C stopped (128 + SIGINT)
+INTERRUPTED = 130  # the exit status of a command Ctrl-C stopped (128 + SIGINT), as a shell reports it
 
 
 def model_folder_of(ckpt: Path) -> Path:
@@ -146,19 +146,13 @@ def cmd_sample(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         penalties=Penalties(frequency=args.frequency_penalty, presence=args.presence_penalty),
     )
-    try:
-        if args.chat:
-            chat(model, tokenizer, _user_lines(args.prompt), args.stop, args.system, args.seed, **sampling)
-        else:
-            print(args.prompt, end="", flush=True)
-            for piece in stream_text(
-                model, tokenizer, args.prompt, args.stop, "", seed=args.seed, **sampling
-            ):
-                print(piece, end="", flush=True)
-            print()
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return INTERRUPTED
+    if args.chat:  # Ctrl-C ends either (cli.main: "interrupted", INTERRUPTED)
+        chat(model, tokenizer, _user_lines(args.prompt), args.stop, args.system, args.seed, **sampling)
+    else:
+        print(args.prompt, end="", flush=True)
+        for piece in stream_text(model, tokenizer, args.prompt, args.stop, "", seed=args.seed, **sampling):
+            print(piece, end="", flush=True)
+        print()
     return 0
 
 

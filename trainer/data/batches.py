@@ -88,6 +88,15 @@ def full_pass(
         yield gather(tokens, starts[i : i + batch_size], ctx, spans)
 
 
+class ResumeMismatch(ValueError):
+    """A resumed run whose data or data settings differ from the checkpoint's: `fields` of the
+    sampler's state that differ (n_tokens: the data, or its validation split)."""
+
+    def __init__(self, message: str, fields: list[str]) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
 class BatchSampler:
     """(x, y) batches of windows from a token array; see the module docstring for the modes."""
 
@@ -244,16 +253,17 @@ class BatchSampler:
     def load_state_dict(self, d: dict[str, Any]) -> None:
         mine = self.state_dict()
         saved = {**d, "masked": d.get("masked", False)}  # states saved before loss masking: unmasked
-        wrong = [
-            f"{k}: saved {saved.get(k)!r}, now {mine[k]!r}"
+        fields = [
+            k
             for k in ("mode", "n_tokens", "ctx", "seed", "samples_after_nl", "masked")
             if saved.get(k) != mine[k]
         ]
-        if wrong:
-            raise ValueError(
-                "sampler state does not match this data/config ("
-                + "; ".join(wrong)
-                + "); resume with the same data, tokenizer, ctx and train_on_inputs"
+        if fields:
+            wrong = "; ".join(f"{k}: saved {saved.get(k)!r}, now {mine[k]!r}" for k in fields)
+            raise ResumeMismatch(
+                f"sampler state does not match this data/config ({wrong}); resume with the same data, "
+                "tokenizer, ctx, seed, val_fraction, samples_after_nl and train_on_inputs",
+                fields,
             )
         self._rng.bit_generator.state = d["rng"]
         self._epoch = int(d["epoch"])

@@ -196,7 +196,7 @@ def validate_file(
     name = name or path.name
     n_bytes = path.stat().st_size
     if n_bytes == 0:
-        raise DataError(f"{name} is empty; upload plain UTF-8 text or JSONL records")
+        raise DataError(f"{name} is empty; training data is plain UTF-8 text or JSONL records")
     if max_bytes is not None and n_bytes > max_bytes:
         raise DataError(f"{name} is {n_bytes} bytes, over the limit of {max_bytes} bytes")
     fmt = detect_format(path)
@@ -238,7 +238,7 @@ def _validate_text(path: Path, name: str) -> int:
                 offset = consumed - len(pending) + len(text[:nul].encode("utf-8"))
                 line = newlines + 1 + text[:nul].count("\n")
                 raise DataError(
-                    f"binary data: NUL byte at byte offset {offset} (line {line}); upload plain UTF-8 text",
+                    f"binary data: NUL byte at byte offset {offset} (line {line}); training data is plain UTF-8 text",
                     line,
                     offset=offset,
                 )
