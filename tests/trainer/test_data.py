@@ -68,6 +68,8 @@ def test_validate_samples() -> None:
         (b"fine line\nsecond \xff\xfe line\n", 2, "byte offset 17"),
         (b"abc\x00def", 1, "NUL byte at byte offset 3"),
         (b'{"text": "a"}\n{"text": "b"}\n{"text": "c"\n', 3, "line 3: invalid JSON"),
+        # an object left open: placed at the line's end, not at column 1 of a line after it
+        (b'{"text": "hi"\n', 1, "invalid JSON (Expecting ',' delimiter at column 14)"),
         (b'{"text": "a"}\n\n{"txt": "b"}\n', 3, "it has: txt"),
         (b'{"text": 5}\n', 1, '"text" must be a string'),
         (b'{"prompt": "p"}\n', 1, '"completion" is missing (prompt/completion records need both)'),

@@ -59,6 +59,18 @@ def test_set_values_are_kept_and_only_unset_ones_decided() -> None:
     assert (decided.dropout, decided.eval_every, decided.early_stopping_patience) == (0.3, 7, 4)
 
 
+def test_without_validation_data_auto_evaluates_never_and_says_why() -> None:
+    """val_fraction 0 and no validation file: eval_every auto is off (it said "1 evaluation over
+    5 steps" next to early stopping's "the run has no evaluations")."""
+    decided, choices = resolve_auto(
+        TrainConfig(), train_tokens=1000, val_tokens=0, params=10**6, total_steps=5, tokens_per_step=100
+    )
+    assert (decided.eval_every, decided.early_stopping_patience) == (0, 0)
+    assert [c.reason for c in choices if c.field == "eval_every"] == [
+        "auto: off, the run has no validation data"
+    ]
+
+
 def test_auto_is_unset_until_a_run_decides_it() -> None:
     with pytest.raises(ValueError, match="dropout auto is decided when the run starts"):
         _ = TrainConfig().resolved_dropout

@@ -111,7 +111,8 @@ def resolve_auto(
         choices.append(auto_dropout(train_tokens, params))
     eval_every = cfg.eval_every
     if eval_every is None:
-        choices.append(auto_eval_every(total_steps))
+        no_data = AutoChoice("eval_every", 0, "auto: off, the run has no validation data")
+        choices.append(auto_eval_every(total_steps) if val_tokens > 0 else no_data)
         eval_every = int(choices[-1].value)
     if cfg.early_stopping_patience is None:
         evaluates = val_tokens > 0 and eval_every > 0

@@ -117,6 +117,7 @@ def parse_jsonl_line(raw: str, line: int, max_depth: int = MAX_JSON_DEPTH) -> Do
         raw = raw.removeprefix(_BOM)
     if not raw.strip():
         return None
+    raw = raw.rstrip("\r\n")  # else an error at the line's end is placed at column 1 of the next
     try:
         record = loads_bounded(raw, max_depth)
     except TooDeep:
