@@ -101,11 +101,21 @@ def _config_error(parser: argparse.ArgumentParser, err: ConfigError) -> typing.N
     parser.error("; ".join(f"{_option(name)}: {msg}" for name, msg in err.problems))
 
 
-def _first_prompt(path: Path) -> str:
-    """A short prompt for the post-training samples: the start of the first document."""
-    try:
-        from trainer.data.formats import iter_documents
+PROMPT_CHARS = 400  # the most of a record's prompt the samples start from (its end)
 
+
+def _first_prompt(path: Path) -> str:
+    """A prompt for the post-training samples: the first record's prompt when it has one (a
+    prompt/completion's prompt, a chat up to the assistant's header), else the start of the text."""
+    try:
+        from trainer.data.formats import detect_format, iter_documents, iter_jsonl_documents
+
+        if detect_format(path) == "jsonl":
+            with open(path, encoding="utf-8") as lines:
+                first = next(iter(iter_jsonl_documents(lines)))
+            text, trained = first.segments[0]
+            if not trained:  # the part the model is prompted with
+                return text[-PROMPT_CHARS:]
         doc = next(iter(iter_documents(path)), "")
     except Exception:  # samples are a courtesy; never fail the command over them
         return ""

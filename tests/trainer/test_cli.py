@@ -275,3 +275,15 @@ def test_progress_display(rich_bar):
     assert "dropout 0.1: auto: 900 training tokens for 1,234 parameters" in text
     assert "4/4" in text and "2.1000" in text
     assert progress.should_stop() is None
+
+
+def test_the_samples_after_training_start_from_the_first_records_prompt() -> None:
+    """A chat or prompt/completion file's samples are prompted as the model was trained: the chat up
+    to the assistant's header, the prompt whole (not their first line, "<|system|>" or "Q: ...")."""
+    from trainer.cli import _first_prompt
+
+    data = REPO / "tests" / "data"
+    chat = _first_prompt(data / "sample_chat.jsonl")
+    assert chat.startswith("<|system|>\n") and chat.endswith("\n<|assistant|>\n") and "<|user|>\n" in chat
+    assert _first_prompt(data / "sample_prompt_completion.jsonl") == "Q: Tell me about water.\nA:"
+    assert _first_prompt(data / "tiny_shakespeare_100k.txt") == "First Citizen:"
