@@ -372,6 +372,9 @@ def test_export_errors_name_the_problem(tmp_path: Path) -> None:
         export_model(cfg, state, tok, "hf", tmp_path / "x", "q8_0")
     with pytest.raises(ExportError, match="f32 only"):
         export_model(cfg, state, tok, "onnx", tmp_path / "x.onnx", "f16")
+    narrow = ModelConfig(n_layer=1, n_head=3, n_embd=48, ffn_dim=100, ctx=16, vocab_size=tok.vocab_size)
+    with pytest.raises(ExportError, match="no matrix of this model has rows a multiple of 32"):  # all f16
+        export_model(narrow, Llama(narrow).state_dict(), tok, "gguf", tmp_path / "x.gguf", "q8_0")
     bad = dict(state)
     bad["layers.1.attention.wk.weight"] = torch.zeros(3, 3)
     del bad["norm.weight"]

@@ -132,6 +132,14 @@ def write_gguf(
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     }
     tensors = gguf_tensors(cfg, state)
+    if dtype == "q8_0" and not any(
+        _tensor_type(k, a, dtype) == gguf.GGMLQuantizationType.Q8_0 for k, a in tensors.items()
+    ):
+        # every matrix would fall back to f16: a "q8_0" file that is an f16 one
+        raise ExportError(
+            f"q8_0 quantizes rows in blocks of 32 values, and no matrix of this model has rows a multiple of 32 "
+            f"(n_embd {cfg.n_embd}, ffn {cfg.hidden_dim}): export as f16, which is what q8_0 would write"
+        )
 
     def write(tmp: Path) -> None:
         w = gguf.GGUFWriter(tmp, "llama")
