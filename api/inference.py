@@ -40,6 +40,7 @@ from starlette.concurrency import run_in_threadpool
 from api.errors import APIError, quote_input
 from api.inference_liveness import HeartbeatWatch, busy, workers_alive
 from api.queries import owned_model
+from api.quotas import check_completions
 from core.models import InferenceRequest
 from core.settings import Settings
 
@@ -232,7 +233,9 @@ class InferenceRun:
             session.commit()
 
 
-def _insert(factory: sessionmaker[Session], owner_id: str, model_id: str, params: dict[str, Any]) -> str:
+def _insert(
+    factory: sessionmaker[Session], owner_id: str, model_id: str, params: dict[str, Any], settings: Settings
+) -> str:
     with factory() as session:
         ref = owned_model(session, owner_id, model_id)
         if ref.checkpoint is None:
@@ -243,6 +246,7 @@ def _insert(factory: sessionmaker[Session], owner_id: str, model_id: str, params
                 code="model_not_found",
             )
         _check_token_ids(params, int(ref.job.model_config.get("vocab_size", 0)))
+        check_completions(session, owner_id, settings.max_completions_per_key)
         row = InferenceRequest(
             owner_id=owner_id, model_id=ref.id, blob_id=ref.checkpoint.blob_id, params=params
         )
@@ -271,7 +275,9 @@ def _send(app: FastAPI, row_id: str) -> None:
 
 async def start_inference(app: FastAPI, owner_id: str, model_id: str, params: dict[str, Any]) -> InferenceRun:
     """Insert the request, send it and wait until a worker took it (see the module docstring)."""
-    row_id = await run_in_threadpool(_insert, app.state.session_factory, owner_id, model_id, params)
+    row_id = await run_in_threadpool(
+        _insert, app.state.session_factory, owner_id, model_id, params, app.state.settings
+    )
     run = InferenceRun(app, row_id)
     try:
         try:

@@ -5,20 +5,25 @@ the quota (its setting, its value, what is in use). Nothing is written when a qu
   job). `check_active_jobs` takes the owner's quota lock first (core.quotas.lock_owner), so the
   count and the caller's insert are one step for concurrent requests: call it inside the
   transaction that adds the job, before any other write of it, and commit afterwards.
-- `max_stored_bytes_per_key`: files + checkpoints + exports (uploads and new exports).
+- `max_stored_bytes_per_key`: files + checkpoints + exports (uploads, new exports, and a new job
+  when the key is already at it).
+- `max_completions_per_key`: completions queued or running (`check_completions`, locked as the jobs').
 """
 
 from __future__ import annotations
 
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.errors import APIError
+from core.models import InferenceRequest
 from core.quotas import active_jobs, lock_owner, stored_bytes
 
 # Retry-After of a quota answer: jobs finish and free their slot within minutes at most; stored
 # bytes are freed only by deleting something (the header is there for clients that back off).
 JOBS_RETRY_AFTER_SECONDS = 30
 STORAGE_RETRY_AFTER_SECONDS = 60
+COMPLETIONS_RETRY_AFTER_SECONDS = 2  # a completion takes seconds
 
 
 def quota_exceeded(
@@ -45,6 +50,26 @@ def check_active_jobs(session: Session, owner_id: str, limit: int) -> None:
             f"this key already has {active} jobs validating, queued or running, the most it may have. "
             "Wait until some finish (or cancel some), then try again",
             JOBS_RETRY_AFTER_SECONDS,
+        )
+
+
+def check_completions(session: Session, owner_id: str, limit: int) -> None:
+    """429 when one more queued-or-running completion would pass `max_completions_per_key`
+    (`limit`), so one key cannot hold every inference slot. Holds the owner's quota lock until the
+    caller's transaction ends (the count and the insert are one step)."""
+    lock_owner(session, owner_id)
+    running = session.scalar(
+        select(func.count())
+        .select_from(InferenceRequest)
+        .where(InferenceRequest.owner_id == owner_id, InferenceRequest.status.in_(("queued", "running")))
+    )
+    if (running or 0) >= limit:
+        raise quota_exceeded(
+            "max_completions_per_key",
+            limit,
+            f"this key already has {running} completions queued or running, the most it may have at once. "
+            "Wait until one finishes, then try again",
+            COMPLETIONS_RETRY_AFTER_SECONDS,
         )
 
 

@@ -137,3 +137,23 @@ def test_other_methods_are_405(client: TestClient, tenant: Tenant) -> None:
         r = client.get(path, headers=tenant.headers)
         assert assert_envelope(r, 405)["code"] == "method_not_allowed"
         assert r.headers["allow"] == "POST"
+
+
+def test_a_key_with_as_many_completions_as_it_may_have_is_429_and_others_are_not(
+    settings: Settings, tenant: Tenant, other: Tenant, factory: Factory, session_factory: Any, model_id: str
+) -> None:
+    """max_completions_per_key: one key cannot hold every inference slot. Its queued completion (a
+    row as the API inserts it) uses its one; another key's request goes on (to 503: no worker here)."""
+    with session_factory() as s:
+        s.add(InferenceRequest(owner_id=tenant.owner_id, model_id=model_id, blob_id="b", params={}))
+        s.commit()
+    limited = settings.model_copy(update={"max_completions_per_key": 1, "inference_wait_seconds": 0.5})
+    with TestClient(create_app(limited)) as client:
+        r = client.post(COMPLETIONS, json={"model": model_id, "prompt": "x"}, headers=tenant.headers)
+        err = assert_envelope(r, 429)
+        assert err["code"] == "quota_exceeded" and "FROMSCRATCH_MAX_COMPLETIONS_PER_KEY" in err["message"], err
+        assert "1 completions queued or running" in err["message"] and r.headers["retry-after"] == "2"
+        _, theirs = factory.finished_model(other.owner_id)
+        r = client.post(COMPLETIONS, json={"model": theirs, "prompt": "x"}, headers=other.headers)
+        assert assert_envelope(r, 503)["code"] == "no_inference_worker"
+    assert count(session_factory, InferenceRequest, InferenceRequest.owner_id == tenant.owner_id) == 1
