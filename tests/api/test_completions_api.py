@@ -151,7 +151,9 @@ def test_a_key_with_as_many_completions_as_it_may_have_is_429_and_others_are_not
     with TestClient(create_app(limited)) as client:
         r = client.post(COMPLETIONS, json={"model": model_id, "prompt": "x"}, headers=tenant.headers)
         err = assert_envelope(r, 429)
-        assert err["code"] == "quota_exceeded" and "FROMSCRATCH_MAX_COMPLETIONS_PER_KEY" in err["message"], err
+        assert err["code"] == "quota_exceeded" and "FROMSCRATCH_MAX_COMPLETIONS_PER_KEY" in err["message"], (
+            err
+        )
         assert "1 completions queued or running" in err["message"] and r.headers["retry-after"] == "2"
         _, theirs = factory.finished_model(other.owner_id)
         r = client.post(COMPLETIONS, json={"model": theirs, "prompt": "x"}, headers=other.headers)

@@ -87,11 +87,13 @@ def test_completions_are_generated_by_the_inference_worker(
     owner = owner_of(live_server, session_factory)
     _, model_id = factory.finished_model(owner, tar_bytes=tiny_checkpoint_tar)
     # what a dead API process would leave: an old row (swept by the worker's first request) and a
-    # recent one (left alone)
+    # recent one (left alone); another key's, as they would count toward this key's
+    # max_completions_per_key (4, all used below)
+    gone = f"{owner}-gone"
     with session_factory() as session:
-        old = InferenceRequest(owner_id=owner, model_id=model_id, blob_id="x", params={}, status="running")
+        old = InferenceRequest(owner_id=gone, model_id=model_id, blob_id="x", params={}, status="running")
         old.created_at = utcnow() - timedelta(days=1)
-        recent = InferenceRequest(owner_id=owner, model_id=model_id, blob_id="x", params={})
+        recent = InferenceRequest(owner_id=gone, model_id=model_id, blob_id="x", params={})
         session.add_all([old, recent])
         session.commit()
         recent_id = recent.id
@@ -121,7 +123,8 @@ def test_completions_are_generated_by_the_inference_worker(
     assert generate.status_code == 200, f"{generate.text}\n{logs()}"
     greedy = generate.json()["text"]
     assert generate.json()["usage"]["prompt_tokens"] == 2  # two bytes
-    assert [r.id for r in rows(session_factory, owner)] == [recent_id]  # swept, and their own deleted
+    assert [r.id for r in rows(session_factory, gone)] == [recent_id]  # the old one swept
+    assert rows(session_factory, owner) == []  # the completions' own rows deleted
     for model in (model_id, f"{model_id}:ckpt-step-50"):
         c = sdk.completions.create(model=model, prompt="ab", max_tokens=12, temperature=0)
         assert c.choices[0].text == greedy and c.model == model
@@ -167,7 +170,7 @@ def test_completions_are_generated_by_the_inference_worker(
     assert [p.name for p in models_dir.iterdir() if (p / ".complete").exists()] == [
         r.blob_id for r in _checkpoints(session_factory, model_id)
     ]
-    assert [r.id for r in rows(session_factory, owner)] == [recent_id]
+    assert rows(session_factory, owner) == [] and [r.id for r in rows(session_factory, gone)] == [recent_id]
     with session_factory() as session:
         session.execute(delete(InferenceRequest).where(InferenceRequest.id == recent_id))
         session.commit()
