@@ -291,7 +291,8 @@ def test_cli_trains_with_two_processes(tmp_path: Path) -> None:
 
 def test_ctrl_c_stops_a_cli_run_with_a_checkpoint(tmp_path: Path) -> None:
     """SIGINT to the terminal's process group: the launcher and rank 1 ignore it, rank 0's progress
-    callbacks stop the run, every rank agrees, and the CLI reports the stop and its checkpoint."""
+    callbacks stop the run, every rank agrees, and the CLI reports the stop and its checkpoint and
+    exits 130 saying how to continue."""
     out = tmp_path / "interrupted"
     tiny = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--ctx", "32", "--batch-size", "2"]
     proc = subprocess.Popen(
@@ -314,7 +315,7 @@ def test_ctrl_c_stops_a_cli_run_with_a_checkpoint(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, stderr
+    assert proc.returncode == 130 and f"--out {out} --resume" in stderr, stderr  # stopped short: resumable
     steps = [m["step"] for m in read_metrics(out) if "train_loss" in m]
     assert steps == list(range(1, len(steps) + 1))
     assert f"stop at step {steps[-1]}" in stdout
