@@ -23,7 +23,7 @@ from api.placement import gpu_queue_without_cuda, training_queue
 from api.queries import ModelRef, find_model, live_files
 from api.request_models import MAX_SEED, JobCreate
 from core.device_queues import job_queue
-from core.models import File, Job
+from core.models import UPLOAD_PURPOSE, File, Job
 from core.settings import Settings
 from core.status import JobStatus
 from trainer.config import PRESETS
@@ -39,7 +39,7 @@ def _owned_training_file(session: Session, owner_id: str, file_id: str, param: s
         raise _bad(
             f"{param}: no such file {file_id!r} (upload it with POST /v1/files)", param, "file_not_found"
         )
-    if f.purpose != "fine-tune":
+    if f.purpose != UPLOAD_PURPOSE:
         raise _bad(f"{param}: file {file_id} has purpose {f.purpose!r}, not 'fine-tune'", param)
     return f
 

@@ -7,6 +7,7 @@ the quota (its setting, its value, what is in use). Nothing is written when a qu
   transaction that adds the job, before any other write of it, and commit afterwards.
 - `max_stored_bytes_per_key`: files + checkpoints + exports (uploads, new exports, and a new job
   when the key is already at it).
+- `max_files_per_key`: uploads kept (`check_files`, locked as the jobs').
 - `max_completions_per_key`: completions queued or running (`check_completions`, locked as the jobs').
 """
 
@@ -16,7 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.errors import APIError
-from core.models import InferenceRequest
+from core.models import UPLOAD_PURPOSE, File, InferenceRequest
 from core.quotas import active_jobs, lock_owner, stored_bytes
 
 # Retry-After of a quota answer: jobs finish and free their slot within minutes at most; stored
@@ -50,6 +51,25 @@ def check_active_jobs(session: Session, owner_id: str, limit: int) -> None:
             f"this key already has {active} jobs validating, queued or running, the most it may have. "
             "Wait until some finish (or cancel some), then try again",
             JOBS_RETRY_AFTER_SECONDS,
+        )
+
+
+def check_files(session: Session, owner_id: str, limit: int) -> None:
+    """429 when one more upload would pass `max_files_per_key` (`limit`): the owner's uploads not
+    deleted (a job's results file is not one). Holds the owner's quota lock, as the jobs' check."""
+    lock_owner(session, owner_id)
+    kept = session.scalar(
+        select(func.count())
+        .select_from(File)
+        .where(File.owner_id == owner_id, File.deleted_at.is_(None), File.purpose == UPLOAD_PURPOSE)
+    )
+    if (kept or 0) >= limit:
+        raise quota_exceeded(
+            "max_files_per_key",
+            limit,
+            f"this key keeps {kept} uploaded files, the most it may. Delete some (DELETE /v1/files/ID) first",
+            STORAGE_RETRY_AFTER_SECONDS,
+            "file",
         )
 
 

@@ -112,6 +112,9 @@ class BlobChunk(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+UPLOAD_PURPOSE = "fine-tune"  # the purpose of a user's upload (OpenAI's name for training data)
+
+
 class File(Base):
     __tablename__ = "files"
     # an upload's Idempotency-Key, unique per owner: a retried upload gets the first file back
@@ -119,7 +122,7 @@ class File(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("file"))
     owner_id: Mapped[str] = mapped_column(String(64), index=True)
     filename: Mapped[str] = mapped_column(String(500))
-    purpose: Mapped[str] = mapped_column(String(32))
+    purpose: Mapped[str] = mapped_column(String(32))  # UPLOAD_PURPOSE, or a job's results file's
     bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
     format: Mapped[str] = mapped_column(String(16))  # "text" | "jsonl" (uploads) | "csv" (results)

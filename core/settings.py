@@ -103,6 +103,9 @@ class Settings(BaseSettings):
     # -- quotas per API key (429 with Retry-After when exceeded) --
     max_active_jobs_per_key: int = Field(default=32, ge=1, description="queued + running + validating")
     max_running_jobs_per_key: int = Field(default=4, ge=1)
+    max_files_per_key: int = Field(
+        default=10_000, ge=1, description="uploaded files one key keeps (429 past it; deleting frees one)"
+    )
     max_completions_per_key: int = Field(
         default=4, ge=1, description="completions one key has queued or running at once (429 past it)"
     )

@@ -71,7 +71,8 @@ def max_tokens_of(field: str, value: int | None, settings: Settings) -> int:
     if value > limit:
         raise APIError(
             400,
-            f"{field}: at most {limit} tokens can be generated per request (max_completion_tokens); got {value}",
+            f"{field}: at most {limit} tokens can be generated per request (setting "
+            f"FROMSCRATCH_MAX_COMPLETION_TOKENS); got {value}",
             param=field,
             code="invalid_value",
         )

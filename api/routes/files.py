@@ -48,7 +48,7 @@ from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
 from api.errors import APIError, ErrorResponse, not_found, quote_input
 from api.file_uploads import IDEMPOTENCY_KEY_CHARS, check_client, earlier_file
 from api.queries import AfterId, bad_cursor, live_files, newest_first_after, owned_file
-from api.quotas import check_storage, storage_exceeded
+from api.quotas import check_files, check_storage, storage_exceeded
 from api.ranges import download_response
 from api.request_models import FileUploadFields
 from api.schemas import Deleted, FileObject, ListEnvelope, to_file
@@ -206,6 +206,7 @@ def _validate_and_store(
         # (fs: 8 MiB), with no re-cutting copy
         blob = store.put_file(path, session, max_bytes=limit)
         check_storage(session, owner.id, settings.max_stored_bytes_per_key, blob.size, "this upload", "file")
+        check_files(session, owner.id, settings.max_files_per_key)
         row = File(
             owner_id=owner.id,
             filename=filename,

@@ -182,6 +182,21 @@ def test_upload_over_the_storage_quota(
     assert upload(c, tenant, SMALL).status_code == 200
 
 
+def test_uploads_past_the_file_count_are_429_and_a_delete_frees_one(
+    client_with: Callable[..., TestClient], tenant: Tenant, session_factory: Any, settings: Settings
+) -> None:
+    c = client_with(max_files_per_key=2)
+    first = upload(c, tenant, b"one\n").json()["id"]
+    assert upload(c, tenant, b"two\n").status_code == 200
+    blobs = blob_count(session_factory)
+    err = assert_quota(upload(c, tenant, b"three\n"), "FROMSCRATCH_MAX_FILES_PER_KEY")
+    assert err["param"] == "file" and "keeps 2 uploaded files" in err["message"], err
+    assert count(session_factory, File, File.owner_id == tenant.owner_id) == 2
+    assert blob_count(session_factory) == blobs and _leftovers(settings) == []  # its bytes removed
+    assert c.delete(f"/v1/files/{first}", headers=tenant.headers).status_code == 200
+    assert upload(c, tenant, b"three\n").status_code == 200
+
+
 def test_concurrent_uploads_are_checked_again_before_commit(
     client_with: Callable[..., TestClient],
     tenant: Tenant,
