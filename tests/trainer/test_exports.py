@@ -322,6 +322,7 @@ def test_hf_refuses_partial_rope(tmp_path: Path) -> None:
 @pytest.mark.parametrize("variant", ["byte", "bpe_partial_rope"])
 def test_onnx_in_onnxruntime(variant: str, tmp_path: Path) -> None:
     import onnxruntime
+    from tokenizers import Tokenizer as HFTokenizer
 
     cfg, state, tok = trained(variant)
     path = export_model(cfg, state, tok, "onnx", tmp_path / "model.onnx", "f32")
@@ -333,6 +334,12 @@ def test_onnx_in_onnxruntime(variant: str, tmp_path: Path) -> None:
         (theirs,) = session.run(["logits"], {"input_ids": np.array(ids, dtype=np.int64)})
         assert theirs.shape == (batch, seq, cfg.vocab_size)
         assert np.abs(theirs - our_logits(variant, ids)).max() <= 1e-4
+    # self-contained: the tokenizer (HF JSON), its special ids and the context length ride along
+    meta = session.get_modelmeta().custom_metadata_map
+    assert HFTokenizer.from_str(meta["tokenizer.json"]).encode(PROMPT + " 🙂\n").ids == tok.encode(
+        PROMPT + " 🙂\n"
+    )
+    assert (meta["eos_token_id"], meta["context_length"]) == (str(tok.eos_id), str(cfg.ctx))
 
 
 # ------------------------------------------------------------------ dispatcher and errors

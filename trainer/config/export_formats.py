@@ -62,7 +62,8 @@ FORMATS: tuple[ExportFormatSpec, ...] = (
     ExportFormatSpec(
         "onnx",
         "ONNX",
-        "one file for onnxruntime: token ids in, logits out (weights up to 2 GiB)",
+        "one file for onnxruntime: token ids in, logits out; the tokenizer and context length in its metadata "
+        "(weights up to 2 GiB)",
         "model.onnx",
         is_folder=False,
         dtypes=("f32",),

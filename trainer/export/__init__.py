@@ -67,7 +67,7 @@ def export_model(
         return write_hf(model_cfg, state, tokenizer, out, dtype)
     from trainer.export.onnx import write_onnx
 
-    return write_onnx(model_cfg, state, out, dtype)
+    return write_onnx(model_cfg, state, tokenizer, out, dtype)
 
 
 def _check_choice(fmt: str, dtype: str) -> None:

@@ -3,6 +3,12 @@
 Made with torch's dynamo-based exporter (`torch.onnx.export(..., dynamo=True)`, torch >= 2.5), with
 batch and sequence length dynamic (seq up to ctx). No KV cache: each call runs the whole sequence,
 which is what a simple onnxruntime consumer wants.
+
+The file is self-contained: its metadata (`metadata_props`) holds what a consumer needs besides the
+graph: `tokenizer.json` (the Hugging Face `tokenizers` JSON of the model's tokenizer, as the hf
+export writes it: `tokenizers.Tokenizer.from_str`), `bos_token_id`, `eos_token_id`,
+`context_length` (inputs longer than it are refused by the graph) and `chat_template` (the
+service's chat format, trainer.data.chat).
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from pathlib import Path
 import torch
 
 from trainer.config import ModelConfig
+from trainer.data.chat import JINJA_CHAT_TEMPLATE
+from trainer.data.tokenizers import Tokenizer
 from trainer.export.common import ExportError, write_atomically
 
 # A single protobuf file cannot exceed 2 GiB; larger models would need external data files.
@@ -31,7 +39,22 @@ class _LogitsOnly(torch.nn.Module):
         return self.model(input_ids)[0]
 
 
-def write_onnx(cfg: ModelConfig, state: dict[str, torch.Tensor], out: Path, dtype: str) -> Path:
+def metadata(cfg: ModelConfig, tokenizer: Tokenizer) -> dict[str, str]:
+    """The file's metadata_props (see the module docstring)."""
+    from trainer.export.hf import hf_tokenizer_json
+
+    return {
+        "tokenizer.json": hf_tokenizer_json(tokenizer),
+        "bos_token_id": str(tokenizer.bos_id),
+        "eos_token_id": str(tokenizer.eos_id),
+        "context_length": str(cfg.ctx),
+        "chat_template": JINJA_CHAT_TEMPLATE,
+    }
+
+
+def write_onnx(
+    cfg: ModelConfig, state: dict[str, torch.Tensor], tokenizer: Tokenizer, out: Path, dtype: str
+) -> Path:
     from trainer.model.llama import Llama
 
     n_bytes = (
@@ -72,5 +95,14 @@ def write_onnx(cfg: ModelConfig, state: dict[str, torch.Tensor], out: Path, dtyp
                 )
         finally:
             registration_log.setLevel(level)
+        _add_metadata(tmp, metadata(cfg, tokenizer))
 
     return write_atomically(out, write)
+
+
+def _add_metadata(path: Path, props: dict[str, str]) -> None:
+    import onnx
+
+    graph = onnx.load(str(path))
+    onnx.helper.set_model_props(graph, props)
+    onnx.save(graph, str(path))
