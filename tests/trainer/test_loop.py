@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -498,3 +499,16 @@ def test_a_warmup_as_long_as_the_run_is_a_note(
     assert len(notes) == noted
     if noted:  # the last step's rate: 4 of the warmup's steps + 1
         assert f"ends at {1e-3 * 4 / (warmup_steps + 1):.3g}, short of learning_rate 0.001" in notes[0]
+
+
+def test_a_bpe_vocabulary_smaller_than_asked_is_a_note(tmp_path, tiny_model, tiny_train):
+    """The BPE tokenizer learns what merges the data has: 4096 asked of a small chat file gives about
+    600, and the run says so (the model's vocabulary is the tokenizer's)."""
+    rec = Recorder()
+    data = Path(__file__).parents[1] / "data" / "sample_chat.jsonl"
+    cfg = tiny_train(max_steps=1, tokenizer="bpe", vocab_size=4096)
+    train(tiny_model(), cfg, data, tmp_path, rec)
+    assert rec.started is not None
+    (note,) = [n for n in rec.started["notes"] if n.startswith("vocab_size 4,096: ")]
+    learned = json.loads((tmp_path / "final" / "config.json").read_text())["model"]["vocab_size"]
+    assert learned < 4096 and f"the model's vocabulary is {learned:,}" in note

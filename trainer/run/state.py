@@ -195,6 +195,12 @@ class TrainRun:
                 f"for the whole run and ends at {peak:.3g}, short of learning_rate {self.cfg.learning_rate:g}. "
                 "Use fewer warmup steps, or leave warmup_steps unset (auto: a tenth of the run, at most 100)."
             )
+        asked, learned = self.cfg.resolved_vocab_size, self.tokenizer.vocab_size
+        if self.cfg.tokenizer == "bpe" and self.tokenizer.kind == "bpe" and learned < asked:
+            notes.append(
+                f"vocab_size {asked:,}: the BPE tokenizer found only {learned:,} tokens' worth of merges in this "
+                f"data, so the model's vocabulary is {learned:,}. More (or more varied) data gives more."
+            )
         return notes
 
     # ------------------------------------------------------------------ checkpoints
