@@ -11,7 +11,10 @@ sees it, when it passes one of three bounds (settings, `FROMSCRATCH_MAX_REQUEST_
 - `max_request_line_bytes`: one header line -> 431, the request target (URL) -> 414.
 
 The answer is the API's error envelope, `x-should-retry: false` and `Connection: close`: the rest of
-what the client sends is never read. Everything else is uvicorn's H11Protocol as it is.
+what the client sends is never read. A head that has not arrived whole `request_read_timeout_seconds`
+after the connection opened (or after the previous response) is a 408 the same way, and the
+connection is closed: a client trickling its headers cannot hold a connection open for ever.
+Everything else is uvicorn's H11Protocol as it is.
 
 Every server of the API names it: the Dockerfile and docker-compose.yml
 (`uvicorn ... --http api.http_server:BoundedHeadProtocol`, `PROTOCOL` below), `fromscratch serve`
@@ -20,8 +23,10 @@ Every server of the API names it: the Dockerfile and docker-compose.yml
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -80,9 +85,10 @@ class HeadLimits:
 class BoundedConnection(h11.Connection):
     """An h11 server connection that refuses a head passing `limits`; `refused` says why."""
 
-    def __init__(self, limits: HeadLimits) -> None:
+    def __init__(self, limits: HeadLimits, on_request: Callable[[], None]) -> None:
         super().__init__(h11.SERVER, max_incomplete_event_size=limits.head_bytes)
         self.limits = limits
+        self.on_request = on_request  # a whole request head has arrived
         self.refused: tuple[int, str] | None = None
 
     def next_event(self) -> Any:
@@ -93,6 +99,7 @@ class BoundedConnection(h11.Connection):
                 self.refused = (431, self.limits.too_long())
             raise
         if isinstance(event, h11.Request):
+            self.on_request()
             self.refused = self.limits.problem(event)
             if self.refused is not None:
                 raise h11.RemoteProtocolError(self.refused[1], error_status_hint=self.refused[0])
@@ -104,7 +111,45 @@ class BoundedHeadProtocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.conn = BoundedConnection(HeadLimits.from_settings(get_settings()))
+        settings = get_settings()
+        self.conn = BoundedConnection(HeadLimits.from_settings(settings), self._head_arrived)
+        self.head_timeout = settings.request_read_timeout_seconds
+        self.head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_head()
+
+    def on_response_complete(self) -> None:
+        self._await_head()  # first: a pipelined request that super() parses cancels it
+        super().on_response_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_arrived()
+        super().connection_lost(exc)
+
+    def _await_head(self) -> None:
+        self._head_arrived()
+        self.head_timer = self.loop.call_later(self.head_timeout, self._head_too_slow)
+
+    def _head_arrived(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def _head_too_slow(self) -> None:
+        """No whole head in time: a 408 when part of one came (an idle connection just closes)."""
+        self.head_timer = None
+        if self.transport.is_closing():
+            return
+        if self.conn.trailing_data[0]:
+            message = (
+                f"The request head did not arrive within {self.head_timeout:g} s "
+                "(setting FROMSCRATCH_REQUEST_READ_TIMEOUT_SECONDS)."
+            )
+            log.warning("request head timed out from %s", _client(self.client))
+            self.transport.write(_raw_response(408, "request_timeout", message))
+        self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
         assert isinstance(self.conn, BoundedConnection)
@@ -133,3 +178,14 @@ class BoundedHeadProtocol(H11Protocol):
 
 def _client(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "unknown client"
+
+
+def _raw_response(status: int, code: str, message: str) -> bytes:
+    """A whole error response in the API's envelope, written past h11's state machine (the
+    connection is closed after it, mid-request)."""
+    body = json.dumps(error_body(message, "invalid_request_error", code=code)).encode()
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nx-should-retry: false\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body

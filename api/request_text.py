@@ -25,6 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import parse_qsl
 
+import anyio
 from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
@@ -111,18 +112,29 @@ def too_large() -> APIError:
 
 class BoundedRequest(Request):
     """A request whose body is read at most to MAX_JSON_BODY_BYTES (413 past that, or at once when
-    the Content-Length says so); the body is cached as Starlette's own `body()` caches it."""
+    the Content-Length says so) and within the setting request_read_timeout_seconds (408 past it);
+    the body is cached as Starlette's own `body()` caches it."""
 
     async def body(self) -> bytes:
         if not hasattr(self, "_body"):
             declared = self.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > MAX_JSON_BODY_BYTES:
                 raise too_large()
+            timeout = self.scope["app"].state.settings.request_read_timeout_seconds
             chunks = bytearray()
-            async for chunk in self.stream():
-                chunks += chunk
-                if len(chunks) > MAX_JSON_BODY_BYTES:
-                    raise too_large()
+            with anyio.move_on_after(timeout) as reading:
+                async for chunk in self.stream():
+                    chunks += chunk
+                    if len(chunks) > MAX_JSON_BODY_BYTES:
+                        raise too_large()
+            if reading.cancelled_caught:
+                raise APIError(
+                    408,
+                    f"The request body did not arrive within {timeout:g} s "
+                    "(setting FROMSCRATCH_REQUEST_READ_TIMEOUT_SECONDS).",
+                    code="request_timeout",
+                    headers={"Connection": "close"},
+                )
             self._body = bytes(chunks)
         return self._body
 

@@ -119,6 +119,11 @@ class Settings(BaseSettings):
 
     # -- robustness --
     upload_body_timeout_seconds: float = Field(default=30.0, gt=0, description="silence allowed mid-upload")
+    request_read_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="a request's head, and a JSON body, must arrive within it (408 past it)",
+    )
     # request heads, refused by the HTTP protocol before the app sees them (api/http_server.py)
     max_request_head_bytes: int = Field(
         default=32 * 1024, ge=1024, description="request line + headers, bytes (431 past it)"

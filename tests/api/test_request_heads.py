@@ -26,9 +26,20 @@ HEADER_BYTES = 100 * 1000 * 1000
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    yield from _serve(tmp_path, {})
+
+
+@pytest.fixture
+def impatient_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A server that waits one second for a request head or a JSON body."""
+    yield from _serve(tmp_path, {"FROMSCRATCH_REQUEST_READ_TIMEOUT_SECONDS": "1"})
+
+
+def _serve(tmp_path: Path, settings: dict[str, str]) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
     env["FROMSCRATCH_DATA_DIR"] = str(tmp_path / "data")
+    env.update(settings)
     log = open(tmp_path / "api.log", "wb")
     process = subprocess.Popen(api_server_cmd(port, sys.executable), env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
@@ -113,3 +124,26 @@ def test_a_long_url_is_a_414_and_ordinary_heads_pass(server: tuple[str, subproce
     assert got == 414 and b"url_too_long" in body
     ordinary = {f"x-h{i}": "v" * 100 for i in range(90)}
     assert httpx.get(f"{url}/healthz", headers=ordinary).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "request_part",
+    [
+        b"GET /v1/files HTTP/1.1\r\nHost: x\r\n",  # the head never ends
+        b"POST /v1/fine_tuning/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 1000\r\n\r\n{"model"',  # nor the JSON body
+    ],
+    ids=["head", "json-body"],
+)
+def test_a_request_that_trickles_in_is_a_408(
+    impatient_server: tuple[str, subprocess.Popen[bytes]], request_part: bytes
+) -> None:
+    """A client that sends part of a request and waits holds no connection past the setting."""
+    url, _ = impatient_server
+    got, body, headers = _raw(int(url.rsplit(":", 1)[1]), request_part)
+    assert got == 408 and headers["connection"] == "close", body
+    error = httpx.Response(200, content=body).json()["error"]
+    assert (
+        error["code"] == "request_timeout" and "FROMSCRATCH_REQUEST_READ_TIMEOUT_SECONDS" in error["message"]
+    )
+    assert httpx.get(f"{url}/healthz").status_code == 200  # an ordinary request is not hurried
