@@ -120,17 +120,15 @@ def model_content(
     store: BlobStoreDep,
     settings: SettingsDep,
     format: Annotated[DownloadFormat, Query(description="the file to download")] = DEFAULT_DOWNLOAD,
-    dtype: Annotated[
-        ExportDtype | None, Query(description=f"weights precision of an export (default {DEFAULT_DTYPE})")
-    ] = None,
+    dtype: Annotated[ExportDtype, Query(description="weights precision of an export")] = DEFAULT_DTYPE,
 ) -> Response:
     ref = owned_model(session, key.owner_id, model_id)
-    check_dtype(format, dtype)
+    check_dtype(format, dtype if "dtype" in request.query_params else None)  # the default suits all
     found = find_download(
         session,
         ref,
         format,
-        dtype or DEFAULT_DTYPE,
+        dtype,
         store=store,
         celery=request.app.state.celery,
         settings=settings,

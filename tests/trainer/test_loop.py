@@ -227,17 +227,21 @@ def test_should_stop_writes_checkpoint_and_returns(
     assert not (tmp_path / "final").exists()
 
 
-@pytest.mark.parametrize("request_", ["stop", "pause"])
-def test_a_stop_asked_during_an_evaluation_drops_it(
-    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer, request_
+def test_a_stop_asked_during_an_evaluation_drops_it_and_a_pause_lets_it_finish(
+    tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer
 ):
     """An evaluation of 10,000 batches asks before each whether the run is being stopped: the stop
-    asked at step 2 ends it there without its evaluation, not after an hour of batches."""
-    rec = Recorder(stop_at=2, request=request_)
+    (a cancel) asked at step 2 ends it there without its evaluation, not after an hour of batches. A
+    pause lets it finish: the run resumed from the pause has every evaluation a straight one has."""
+    rec = Recorder(stop_at=2, request="stop")
     cfg = tiny_train(max_steps=50, eval_every=2, eval_batches=10_000)
-    result = train(tiny_model(), cfg, shakespeare_data, tmp_path, rec, tokenizer=byte_tokenizer)
-    assert result.stop_reason == request_ and result.step == 2 and rec.evals == []
-    assert not any("val_loss" in m for m in read_metrics(tmp_path))
+    result = train(tiny_model(), cfg, shakespeare_data, tmp_path / "a", rec, tokenizer=byte_tokenizer)
+    assert result.stop_reason == "stop" and result.step == 2 and rec.evals == []
+    assert not any("val_loss" in m for m in read_metrics(tmp_path / "a"))
+    rec = Recorder(stop_at=2, request="pause")
+    cfg = tiny_train(max_steps=50, eval_every=2, eval_batches=3)
+    result = train(tiny_model(), cfg, shakespeare_data, tmp_path / "b", rec, tokenizer=byte_tokenizer)
+    assert result.stop_reason == "pause" and [step for step, _ in rec.evals] == [2]
 
 
 def test_time_limit_stops_with_checkpoint(tmp_path, tiny_model, tiny_train, shakespeare_data, byte_tokenizer):

@@ -189,9 +189,11 @@ class Report:
         return None
 
     def interrupted(self) -> bool:
-        """Asked during an evaluation: a stop or pause the owner asked for abandons it (one process;
-        several carry on, their stop agreed at the next step, as an evaluation is rank 0's alone)."""
-        return self.run.world == 1 and self.callbacks.should_stop() is not None
+        """Asked during an evaluation: a stop the owner asked for (a cancel, Ctrl-C) abandons it. A
+        pause lets it finish, so the resumed run has every evaluation a straight one has (its early
+        stopping too). One process only: several carry on, their stop agreed at the next step, as an
+        evaluation is rank 0's alone."""
+        return self.run.world == 1 and self.callbacks.should_stop() == "stop"
 
     def agree_early_stop(self) -> None:
         """Several processes, after an evaluation (rank 0's, or every rank's when sharded): rank 0's
