@@ -82,27 +82,19 @@ def write_onnx(
         try:
             with warnings.catch_warnings(), torch.no_grad():
                 warnings.simplefilter("ignore")  # exporter deprecation chatter
-                torch.onnx.export(
+                program = torch.onnx.export(
                     wrapper,
                     (example,),
-                    str(tmp),
                     input_names=["input_ids"],
                     output_names=["logits"],
                     dynamic_shapes={"input_ids": {0: batch, 1: seq}},
                     dynamo=True,
-                    external_data=False,
                     verbose=False,
                 )
         finally:
             registration_log.setLevel(level)
-        _add_metadata(tmp, metadata(cfg, tokenizer))
+        assert program is not None  # the dynamo exporter returns its program
+        program.model.metadata_props.update(metadata(cfg, tokenizer))  # written with the graph, once
+        program.save(str(tmp), external_data=False)
 
     return write_atomically(out, write)
-
-
-def _add_metadata(path: Path, props: dict[str, str]) -> None:
-    import onnx
-
-    graph = onnx.load(str(path))
-    onnx.helper.set_model_props(graph, props)
-    onnx.save(graph, str(path))
