@@ -13,12 +13,10 @@ the quota (its setting, its value, what is in use). Nothing is written when a qu
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api.errors import APIError
-from core.models import UPLOAD_PURPOSE, File, InferenceRequest
-from core.quotas import active_jobs, lock_owner, stored_bytes
+from core.quotas import active_jobs, kept_uploads, lock_owner, open_completions, stored_bytes
 
 # Retry-After of a quota answer: jobs finish and free their slot within minutes at most; stored
 # bytes are freed only by deleting something (the header is there for clients that back off).
@@ -58,12 +56,8 @@ def check_files(session: Session, owner_id: str, limit: int) -> None:
     """429 when one more upload would pass `max_files_per_key` (`limit`): the owner's uploads not
     deleted (a job's results file is not one). Holds the owner's quota lock, as the jobs' check."""
     lock_owner(session, owner_id)
-    kept = session.scalar(
-        select(func.count())
-        .select_from(File)
-        .where(File.owner_id == owner_id, File.deleted_at.is_(None), File.purpose == UPLOAD_PURPOSE)
-    )
-    if (kept or 0) >= limit:
+    kept = kept_uploads(session, owner_id)
+    if kept >= limit:
         raise quota_exceeded(
             "max_files_per_key",
             limit,
@@ -78,12 +72,8 @@ def check_completions(session: Session, owner_id: str, limit: int) -> None:
     (`limit`), so one key cannot hold every inference slot. Holds the owner's quota lock until the
     caller's transaction ends (the count and the insert are one step)."""
     lock_owner(session, owner_id)
-    running = session.scalar(
-        select(func.count())
-        .select_from(InferenceRequest)
-        .where(InferenceRequest.owner_id == owner_id, InferenceRequest.status.in_(("queued", "running")))
-    )
-    if (running or 0) >= limit:
+    running = open_completions(session, owner_id)
+    if running >= limit:
         raise quota_exceeded(
             "max_completions_per_key",
             limit,

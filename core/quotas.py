@@ -2,7 +2,7 @@
 check race-free.
 
 The quotas themselves are settings (`max_active_jobs_per_key`, `max_running_jobs_per_key`,
-`max_stored_bytes_per_key`); the API enforces them with 429s (api/quotas.py), the worker defers
+`max_stored_bytes_per_key`, `max_files_per_key`, `max_completions_per_key`); the API enforces them with 429s (api/quotas.py), the worker defers
 a job whose owner has too many running (worker/running_quota.py) and prunes checkpoints when the
 owner stores too much (worker/checkpoint_store.py).
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from sqlalchemy import CompoundSelect, func, or_, select, text, union
 from sqlalchemy.orm import Session
 
-from core.models import Blob, Checkpoint, Export, File, Job
+from core.models import UPLOAD_PURPOSE, Blob, Checkpoint, Export, File, InferenceRequest, Job
 from core.status import ACTIVE, CLAIMABLE
 
 # Jobs that count toward max_active_jobs_per_key: waiting for a worker or being worked on
@@ -52,6 +52,26 @@ def active_jobs(session: Session, owner_id: str) -> int:
         select(func.count())
         .select_from(Job)
         .where(Job.owner_id == owner_id, Job.status.in_(COUNTED_AS_ACTIVE))
+    )
+    return int(session.scalar(q) or 0)
+
+
+def kept_uploads(session: Session, owner_id: str) -> int:
+    """The owner's uploads not deleted (a job's results file is not one)."""
+    q = (
+        select(func.count())
+        .select_from(File)
+        .where(File.owner_id == owner_id, File.deleted_at.is_(None), File.purpose == UPLOAD_PURPOSE)
+    )
+    return int(session.scalar(q) or 0)
+
+
+def open_completions(session: Session, owner_id: str) -> int:
+    """The owner's completions queued or running."""
+    q = (
+        select(func.count())
+        .select_from(InferenceRequest)
+        .where(InferenceRequest.owner_id == owner_id, InferenceRequest.status.in_(("queued", "running")))
     )
     return int(session.scalar(q) or 0)
 
