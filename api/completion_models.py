@@ -6,8 +6,8 @@ this service does not implement are accepted at their default values only; any o
 400 naming the field (`unsupported()`, code `unsupported_parameter`): logprobs, echo, best_of > 1,
 suffix, and for chat tools and response formats other than text. `n` must be 1. presence_penalty,
 frequency_penalty and logit_bias work as OpenAI's (trainer.sampling.Penalties; logit_bias's token ids
-are checked against the model's vocabulary when the request is queued). `user` and `metadata` are accepted and ignored. `top_k` is our
-extension (OpenAI has none).
+are checked against the model's vocabulary when the request is queued). `user` and `metadata` are
+accepted and ignored. `top_k` is our extension (OpenAI has none).
 """
 
 from __future__ import annotations

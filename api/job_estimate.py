@@ -4,8 +4,9 @@
 would be judged by, and the limits' verdict comes with them (`problem`: the 400 a create would get).
 
 Time on the chosen worker class: the job's training compute (about 6 x parameters FLOPs per token,
-the weight matmuls; attention's share is left out; a validation token, a forward pass, a third of that) over the rate recent jobs of the same worker class
-(its broker queue: `gpu`, `cpu.2`, ...) achieved, wall-clock from start to finish, evaluations and
+the weight matmuls; attention's share is left out; a validation token, a forward pass, a third of
+that) over the rate recent jobs of the same worker class (its broker queue: `gpu`, `cpu.2`, ...)
+achieved, wall-clock from start to finish, evaluations and
 checkpoints included: parameters x tokens / seconds, the median of up to RATE_JOBS jobs. None until a
 job of that class has succeeded. Only that aggregate leaves the table, never another owner's job.
 """

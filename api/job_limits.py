@@ -196,10 +196,11 @@ def _check_tokens(model_cfg: ModelConfig, train_cfg: TrainConfig, size: JobSize,
         return
     if validation > tokens:
         raise JobTooLarge(
-            f"The job's evaluations would read up to {validation:,} validation tokens ({evaluations(train_cfg, steps):,} "
-            f"evaluations x eval_batches {train_cfg.eval_batches} x batch_size {train_cfg.batch_size} x ctx "
-            f"{model_cfg.ctx}) beside {tokens:,} training tokens, more than the {limit:,} tokens a job may "
-            "process (FROMSCRATCH_MAX_JOB_TOKENS). Lower eval_batches, or evaluate less often (a larger eval_every).",
+            f"The job's evaluations would read up to {validation:,} validation tokens "
+            f"({evaluations(train_cfg, steps):,} evaluations x eval_batches {train_cfg.eval_batches} x "
+            f"batch_size {train_cfg.batch_size} x ctx {model_cfg.ctx}) beside {tokens:,} training tokens, "
+            f"more than the {limit:,} tokens a job may process (FROMSCRATCH_MAX_JOB_TOKENS). Lower "
+            "eval_batches, or evaluate less often (a larger eval_every).",
             "eval_batches",
         )
     per_step = tokens_per_step(train_cfg, model_cfg.ctx)

@@ -2,9 +2,10 @@
 check race-free.
 
 The quotas themselves are settings (`max_active_jobs_per_key`, `max_running_jobs_per_key`,
-`max_stored_bytes_per_key`, `max_files_per_key`, `max_completions_per_key`); the API enforces them with 429s (api/quotas.py), the worker defers
-a job whose owner has too many running (worker/running_quota.py) and prunes checkpoints when the
-owner stores too much (worker/checkpoint_store.py).
+`max_stored_bytes_per_key`, `max_files_per_key`, `max_completions_per_key`); the API enforces them
+with 429s (api/quotas.py), the worker defers a job whose owner has too many running
+(worker/running_quota.py) and prunes checkpoints when the owner stores too much
+(worker/checkpoint_store.py).
 
 Race-freedom: "count, then write" is only safe when no other transaction of the same owner can
 count between our count and our commit. `lock_owner(session, owner_id)` serialises those

@@ -107,6 +107,7 @@ def checkpoint_costs_event(
     )
     return (
         f"Checkpoints in the background: {trained.count} written ({trained.kinds()}) in "
-        f"{trained.write:.1f} s{at_end}; {stored}; training waited {trained.stall:.2f} s for the background ones",
+        f"{trained.write:.1f} s{at_end}; {stored}; training waited {trained.stall:.2f} s for the "
+        "background ones",
         data,
     )

@@ -239,7 +239,8 @@ def _validate_text(path: Path, name: str) -> int:
                 offset = consumed - len(pending) + len(text[:nul].encode("utf-8"))
                 line = newlines + 1 + text[:nul].count("\n")
                 raise DataError(
-                    f"binary data: NUL byte at byte offset {offset} (line {line}); training data is plain UTF-8 text",
+                    f"binary data: NUL byte at byte offset {offset} (line {line}); "
+                    "training data is plain UTF-8 text",
                     line,
                     offset=offset,
                 )

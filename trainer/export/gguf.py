@@ -137,8 +137,8 @@ def write_gguf(
     ):
         # every matrix would fall back to f16: a "q8_0" file that is an f16 one
         raise ExportError(
-            f"q8_0 quantizes rows in blocks of 32 values, and no matrix of this model has rows a multiple of 32 "
-            f"(n_embd {cfg.n_embd}, ffn {cfg.hidden_dim}): export as f16, which is what q8_0 would write"
+            "q8_0 quantizes rows in blocks of 32 values, and no matrix of this model has rows a multiple "
+            f"of 32 (n_embd {cfg.n_embd}, ffn {cfg.hidden_dim}): export as f16, which is what q8_0 would write"
         )
 
     def write(tmp: Path) -> None:

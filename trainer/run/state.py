@@ -198,8 +198,8 @@ class TrainRun:
         asked, learned = self.cfg.resolved_vocab_size, self.tokenizer.vocab_size
         if self.cfg.tokenizer == "bpe" and self.tokenizer.kind == "bpe" and learned < asked:
             notes.append(
-                f"vocab_size {asked:,}: the BPE tokenizer found only {learned:,} tokens' worth of merges in this "
-                f"data, so the model's vocabulary is {learned:,}. More (or more varied) data gives more."
+                f"vocab_size {asked:,}: the BPE tokenizer found only {learned:,} tokens' worth of merges in "
+                f"this data, so the model's vocabulary is {learned:,}. More (or more varied) data gives more."
             )
         return notes
 
