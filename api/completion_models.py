@@ -288,7 +288,11 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(
-        None, ge=1, le=INT64_MAX, description="tokens to generate at most (max_tokens is the older name)"
+        None,
+        ge=1,
+        le=INT64_MAX,
+        description="tokens to generate at most (max_tokens is the older name); when neither is given, "
+        "what the model's context leaves after the prompt, at most the server's bound",
     )
     logprobs: bool | None = Field(None, description="only false is supported")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="not supported: leave out")

@@ -163,6 +163,15 @@ def resolve(
     return Resolved(model_cfg, train_cfg, shown)
 
 
+MIN_USEFUL_CTX = 16  # a shorter context is not worth suggesting: the data is what is too small
+
+
+def _advice(tokens: int, *remedies: str) -> str:
+    """The advice "Use A, B or C.": first a ctx that `tokens` allows, when that context is worth training."""
+    options = ([f"ctx <= {tokens - 1}"] if tokens - 1 >= MIN_USEFUL_CTX else []) + list(remedies)
+    return "Use " + (", ".join(options[:-1]) + " or " if len(options) > 1 else "") + options[-1] + "."
+
+
 def check_context(
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
@@ -189,7 +198,7 @@ def check_context(
         raise HyperparameterError(
             f"ctx={model_cfg.ctx} is longer than the training data allows: the training file gives at most "
             f"{train_tokens} training tokens{split}, and one training window needs ctx+1 = {need} tokens. "
-            f"Use ctx <= {max(train_tokens - 1, 1)} or upload more data.",
+            + _advice(train_tokens, "more training data"),
             "ctx",
         )
     if train_cfg.eval_every != 0:  # auto (None) evaluates
@@ -202,7 +211,7 @@ def check_context(
             )
             raise HyperparameterError(
                 f"ctx={model_cfg.ctx} is longer than {where} allows: it has at most {val_tokens} tokens and one "
-                f"evaluation window needs ctx+1 = {need}. Use ctx <= {max(val_tokens - 1, 1)}, more validation "
-                "data, or eval_every=0 to skip evaluation.",
+                f"evaluation window needs ctx+1 = {need}. "
+                + _advice(val_tokens, "more validation data", "eval_every=0 to skip evaluation"),
                 "ctx",
             )

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from api.errors import APIError, not_found
 from core.models import Checkpoint, DeletedModel, File, Job
 from core.status import JobStatus
+from trainer.config import PRESETS
 
 
 def live_files(owner_id: str) -> Select[File]:
@@ -97,8 +98,18 @@ def find_model(session: Session, owner_id: str, model_id: str) -> ModelRef | Non
 
 
 def owned_model(session: Session, owner_id: str, model_id: str) -> ModelRef:
+    """A trained model of the owner's; a base model (a preset, listed by GET /v1/models) is a 400:
+    it names an architecture, with no weights to download, sample or delete."""
     ref = find_model(session, owner_id, model_id)
     if ref is None:
+        if model_id in PRESETS:
+            raise APIError(
+                400,
+                f"{model_id} is a base model: an architecture with no trained weights. Train it "
+                "(POST /v1/fine_tuning/jobs with this model) and use the model the job makes",
+                param="model",
+                code="base_model",
+            )
         raise not_found("model", model_id, param="model")
     return ref
 

@@ -150,7 +150,10 @@ class JobCreate(BaseModel):
 
 
 class FileUploadFields(BaseModel):
-    """The form fields of POST /v1/files besides its `file` part (other fields are ignored)."""
+    """The form fields of POST /v1/files besides its `file` part. Others are refused, as in the JSON
+    bodies: OpenAI's `expires_after` would otherwise be taken and not honoured."""
+
+    model_config = ConfigDict(extra="forbid")
 
     purpose: Literal["fine-tune"] = Field(description="what the file is for: fine-tune (training data)")
 

@@ -342,8 +342,11 @@ class Model(BaseModel):
     created: int
     owned_by: str
     # ours
-    kind: Literal["fine_tuned", "checkpoint"]
-    job_id: str
+    kind: Literal["base", "fine_tuned", "checkpoint"] = Field(
+        description="base: a preset architecture to train (no weights); fine_tuned: a job's model; "
+        "checkpoint: one of its checkpoints"
+    )
+    job_id: str | None = Field(description="the job that trained it (none for a base model)")
     step: int | None = None
     root: str | None = Field(None, description="the preset the model's architecture comes from")
     parent: str | None = Field(None, description="the model this one continued training from")

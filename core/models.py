@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import (
     JSON,
@@ -112,7 +112,11 @@ class BlobChunk(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
-UPLOAD_PURPOSE = "fine-tune"  # the purpose of a user's upload (OpenAI's name for training data)
+# A file's purpose: a user's upload (OpenAI's name for training data), or a job's metrics CSV
+# (worker/result_file.py); the API's list filter takes exactly these.
+FilePurpose = Literal["fine-tune", "fine-tune-results"]
+UPLOAD_PURPOSE: FilePurpose = "fine-tune"
+RESULTS_PURPOSE: FilePurpose = "fine-tune-results"
 
 
 class File(Base):

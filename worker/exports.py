@@ -106,9 +106,9 @@ def _convert(store: BlobStore, blob_id: str, model_id: str, fmt: str, dtype: str
     try:
         spec = export_format(fmt)
         if spec.is_folder:
-            folder = export(ckpt_dir, fmt, out.parent / spec.path, dtype)
+            folder = export(ckpt_dir, fmt, out.parent / spec.path, dtype, name=model_id)
             return tar_folder(Path(folder), out, arcname=export_folder_name(model_id, fmt, dtype))
-        return Path(export(ckpt_dir, fmt, out, dtype))
+        return Path(export(ckpt_dir, fmt, out, dtype, name=model_id))  # the id users know it by
     except ExportError as e:
         raise _Failed("export_failed", f"Cannot export {model_id} as {fmt} ({dtype}): {e}") from e
 

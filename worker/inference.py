@@ -197,6 +197,8 @@ def generate_into_row(
     prompt, stops = prompt_and_stops(params)
     prompt_ids = tokenizer.encode(prompt) if prompt else []
     max_tokens = int(params["max_tokens"])
+    if params.get("fill_context"):  # a chat that named no bound: until the context is full
+        max_tokens = min(max_tokens, max(1, model.cfg.ctx - len(prompt_ids)))
     chat = params.get("messages") is not None
     text = TextStream(stops, trailing="\n" if chat else "")  # a reply ends before the template's "\n"
     writer = RowWriter(session_factory, request_id)

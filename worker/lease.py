@@ -14,6 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db_faults import OutageLog, is_connection_error
 from core.job_leases import claim_job, renew_lease
 from core.models import Job
+from core.quotas import held_jobs, lock_owner
+from core.status import CLAIMABLE
+from worker.fair_pick import fairest_waiting
 from worker.running_quota import defer_if_owner_busy
 
 log = logging.getLogger(__name__)
@@ -28,15 +31,32 @@ def claim(
     job_id: str,
     worker_id: str,
     lease_seconds: float,
-    max_running_per_owner: int | None = None,
-) -> bool:
-    """Claim the job for `worker_id` (committed). False when it is not claimable: running
-    elsewhere, finished, paused or unknown, or its owner already has `max_running_per_owner` jobs
-    running (deferred: worker/running_quota.py); the caller drops the message."""
+    max_running_per_owner: int,
+) -> str | None:
+    """Claim a job for `worker_id` (committed), taking the message that names `job_id`: the fairest
+    job waiting on its queue (worker/fair_pick.py), which may be another one; then `job_id`'s
+    message goes back to the head of the queue. Returns the claimed job's id, or None when nothing
+    is claimed: `job_id` is running elsewhere, finished, paused or unknown, or its owner already
+    has `max_running_per_owner` jobs running (deferred: worker/running_quota.py); the caller drops
+    the message."""
     with session_factory() as session:
-        if max_running_per_owner is not None and defer_if_owner_busy(session, job_id, max_running_per_owner):
+        named = session.get(Job, job_id)
+        waiting = named is not None and named.status in CLAIMABLE and named.lease_owner is None
+        queue = named.queue if named is not None else ""
+        # a replayed or stale message (its job started, ended or paused) starts nothing
+        candidates = fairest_waiting(session, queue, max_running_per_owner) if waiting else []
+    for candidate in candidates:
+        if _claim_under_quota(session_factory, candidate, worker_id, lease_seconds, max_running_per_owner):
+            if candidate != job_id:
+                log.info(
+                    "job %s: starting %s instead, the fairest job waiting on %s", job_id, candidate, queue
+                )
+                _send_back(job_id, queue)
+            return candidate
+    with session_factory() as session:  # none could start: the named job waits, or is not claimable
+        if defer_if_owner_busy(session, job_id, max_running_per_owner):
             session.commit()
-            return False
+            return None
         job = claim_job(session, job_id, worker_id, lease_seconds)  # under the owner's quota lock
         if job is None:
             session.rollback()
@@ -45,10 +65,45 @@ def claim(
                 "dropping the message",
                 job_id,
             )
-            return False
+            return None
         session.commit()
         log.info("claimed job %s (attempt %s) as %s", job_id, job.attempts, worker_id)
+        return job_id
+
+
+def _claim_under_quota(
+    session_factory: sessionmaker[Session],
+    job_id: str,
+    worker_id: str,
+    lease_seconds: float,
+    max_running: int,
+) -> bool:
+    """Claim `job_id` if its owner has a free running slot, checked under the owner's quota lock;
+    False (nothing written) when another worker took it or the slot first."""
+    with session_factory() as session:
+        owner_id = session.scalar(select(Job.owner_id).where(Job.id == job_id))
+        if owner_id is None:
+            return False
+        lock_owner(session, owner_id)
+        if held_jobs(session, owner_id) >= max_running:
+            session.rollback()
+            return False
+        job = claim_job(session, job_id, worker_id, lease_seconds)
+        if job is None:
+            return False
+        log.info("claimed job %s (attempt %s) as %s", job_id, job.attempts, worker_id)
         return True
+
+
+def _send_back(job_id: str, queue: str) -> None:
+    """The message of a job still waiting goes back to the head of its queue (it had its turn);
+    should the broker fail, the reaper's lost-message pass sends it later."""
+    try:
+        from worker.celery_app import enqueue_job
+
+        enqueue_job(job_id, queue, front=True)
+    except Exception:
+        log.warning("could not send job %s back to %s; the reaper will", job_id, queue, exc_info=True)
 
 
 class Heartbeat(threading.Thread):

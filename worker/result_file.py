@@ -24,14 +24,13 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.models import File, Job, Metric
+from core.models import RESULTS_PURPOSE, File, Job, Metric
 from core.status import JobStatus
 from trainer.config.metrics import STORED
 
 if TYPE_CHECKING:
     from core.blobstore import BlobStore
 
-PURPOSE = "fine-tune-results"
 FORMAT = "csv"
 BATCH_ROWS = 5000  # metric rows read per query (each batch is read whole before its bytes are written)
 
@@ -86,7 +85,7 @@ def write_result_file(session: Session, store: BlobStore, job: Job) -> File | No
     row = File(
         owner_id=job.owner_id,
         filename=result_filename(job.id),
-        purpose=PURPOSE,
+        purpose=RESULTS_PURPOSE,
         bytes=blob.size,
         sha256=blob.sha256 or "",
         format=FORMAT,

@@ -3,7 +3,9 @@
 The Celery message carries only the job id; everything else is read from the database here, so a
 replayed or duplicated message is harmless:
 
-1. **Claim.** `core.jobstates.claim_job` is an atomic conditional UPDATE that only succeeds for a
+1. **Claim.** The worker starts the fairest job waiting on the message's queue, not always the one
+   the message names (worker/fair_pick.py: one key's backlog does not hold back another key's job).
+   `core.jobstates.claim_job` is an atomic conditional UPDATE that only succeeds for a
    job in `queued` (or `validating_files`: rows from before jobs were created queued) that nobody
    holds. `None` means the job is running elsewhere, finished, paused or cancelled: the message is
    logged and dropped. A job whose owner already
@@ -72,8 +74,10 @@ def run_job(job_id: str, settings: Settings, *, worker_id: str | None = None) ->
     res = resources(settings)
     worker_id = worker_id or new_worker_id()
     max_running = settings.max_running_jobs_per_key
-    if not claim(res.session_factory, job_id, worker_id, settings.lease_seconds, max_running):
+    claimed = claim(res.session_factory, job_id, worker_id, settings.lease_seconds, max_running)
+    if claimed is None:
         return None
+    job_id = claimed  # the fairest job waiting, maybe not the message's (worker/fair_pick.py)
 
     heartbeat = Heartbeat(
         res.session_factory, job_id, worker_id, settings.lease_seconds, settings.heartbeat_seconds

@@ -230,6 +230,8 @@ async def create_chat_completion(
     params = {
         "messages": [{"role": m.role, "content": m.content} for m in body.messages],
         "max_tokens": max_tokens_of(field, limit, settings),
+        # not given: the reply may take what the model's context leaves after the prompt (OpenAI's)
+        "fill_context": limit is None,
         **body.sampling_params(),
     }
     run, release = await _start(request, key, bool(body.stream), body.model, params)

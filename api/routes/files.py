@@ -54,7 +54,7 @@ from api.request_models import FileUploadFields
 from api.schemas import Deleted, FileObject, ListEnvelope, to_file
 from api.uploads import MULTIPART_SLACK, Upload, received_upload, too_large
 from core.blobstore import BlobStore
-from core.models import Blob, File, Job, utcnow
+from core.models import RESULTS_PURPOSE, Blob, File, FilePurpose, Job, utcnow
 from core.quotas import stored_bytes
 from core.settings import Settings
 from core.status import TERMINAL
@@ -66,7 +66,6 @@ router = APIRouter(prefix="/v1", tags=["files"])
 
 # File.format -> the media type of its content ("text" and anything else: plain text)
 MEDIA_TYPES = {"jsonl": "application/jsonl", "csv": "text/csv; charset=utf-8"}
-RESULTS_PURPOSE = "fine-tune-results"  # a job's metrics CSV (worker/result_file.py)
 # The body is read by api/uploads.py, not by FastAPI: describe it for the OpenAPI document.
 UPLOAD_BODY = {
     "requestBody": {
@@ -250,7 +249,7 @@ def list_files(
     key: CurrentKey,
     after: AfterId = None,
     limit: Annotated[int, Query(ge=1, le=10_000, description="page size")] = 100,
-    purpose: Annotated[str | None, Query(max_length=64, description="only files of this purpose")] = None,
+    purpose: Annotated[FilePurpose | None, Query(description="only files of this purpose")] = None,
     order: Annotated[Literal["asc", "desc"], Query(description="by creation time")] = "desc",
 ) -> ListEnvelope[FileObject]:
     q = live_files(key.owner_id)

@@ -1,4 +1,5 @@
-"""/v1/models: your finished models and checkpoints (not deleted), download, delete.
+"""/v1/models: your finished models and checkpoints (not deleted), download, delete; and the base
+models (the presets a job trains), which list and retrieve like OpenAI's but have no weights.
 
 Model ids contain colons (`ft:llama-tiny:abc123:ckpt-step-50`), so the routes use `{model_id:path}`;
 the `/content` route is registered before the bare one so its suffix is not swallowed into the id
@@ -31,6 +32,7 @@ from core.exports import CHECKPOINT, DEFAULT_DOWNLOAD, DOWNLOADS, DownloadFormat
 from core.models import Checkpoint, DeletedModel, Job
 from core.naming import root_preset
 from core.status import JobStatus
+from trainer.config import PRESETS
 from trainer.config.export_formats import DEFAULT_DTYPE, ExportDtype, dtype_problem
 
 router = json_router(prefix="/v1", tags=["models"])
@@ -50,7 +52,25 @@ def to_model(ref: ModelRef) -> Model:
     )
 
 
-@router.get("/models", response_model=ListEnvelope[Model], summary="Your trained models and checkpoints")
+def base_model(preset: str) -> Model:
+    """A preset as OpenAI lists a base model: something to train, with nothing to download."""
+    return Model(
+        id=preset,
+        created=0,
+        owned_by="fromscratch",
+        kind="base",
+        job_id=None,
+        root=preset,
+        parent=None,
+        formats=[],
+    )
+
+
+@router.get(
+    "/models",
+    response_model=ListEnvelope[Model],
+    summary="Your trained models and checkpoints, newest first, then the base models (presets)",
+)
 def list_models(session: SessionDep, key: CurrentKey) -> ListEnvelope[Model]:
     owner = key.owner_id
     deleted = set(session.scalars(select(DeletedModel.model_id).where(DeletedModel.owner_id == owner)).all())
@@ -84,7 +104,7 @@ def list_models(session: SessionDep, key: CurrentKey) -> ListEnvelope[Model]:
         refs[c.model_id] = ModelRef(c.model_id, "checkpoint", jobs[c.job_id], c, c.created_at)
     models = [to_model(r) for r in refs.values() if r.id not in deleted]
     models.sort(key=lambda m: (m.created, m.id), reverse=True)
-    return ListEnvelope.of(models)
+    return ListEnvelope.of(models + [base_model(name) for name in PRESETS])
 
 
 @router.get(
@@ -162,6 +182,8 @@ def check_dtype(fmt: str, dtype: str | None) -> None:
 
 @router.get("/models/{model_id:path}", response_model=Model, summary="Get a model")
 def get_model(model_id: str, session: SessionDep, key: CurrentKey) -> Model:
+    if model_id in PRESETS:
+        return base_model(model_id)
     return to_model(owned_model(session, key.owner_id, model_id))
 
 

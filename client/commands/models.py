@@ -1,4 +1,4 @@
-"""`fromscratch models list|download`: trained models on the server."""
+"""`fromscratch models list|download`: trained models on the server (and the base models it lists)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ def cmd_models_list(args: argparse.Namespace) -> int:
         print_json(page)
         return EXIT_OK
     rows = [
-        [m.get("id", "?"), format_time(m.get("created")), m.get("owned_by", "-")]
+        [m.get("id", "?"), m.get("kind", "-"), format_time(m.get("created")), m.get("owned_by", "-")]
         for m in page.get("data", [])
     ]
-    print_rows(["ID", "Created", "Owned by"], rows)
+    print_rows(["ID", "Kind", "Created", "Owned by"], rows)
     return EXIT_OK
 
 

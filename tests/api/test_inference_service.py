@@ -248,3 +248,27 @@ def test_a_completion_ends_at_max_inference_seconds(
     assert c.choices[0].finish_reason == "length"
     assert c.usage is not None and 0 < c.usage.completion_tokens < 10_000_000
     assert len(c.choices[0].text) > 0 and not rows(session_factory, owner)
+
+
+def test_a_chat_without_a_bound_replies_until_the_context_is_full(
+    live_server: LiveServer,
+    inference_worker: ServiceProcess,
+    factory: Factory,
+    session_factory: Any,
+    endless_checkpoint_tar: bytes,
+) -> None:
+    """OpenAI's default for a chat: the reply may take what the context leaves after the prompt,
+    not the server's bound (2048 here, against a context of 32)."""
+    owner = owner_of(live_server, session_factory)
+    _, model_id = factory.finished_model(owner, tar_bytes=endless_checkpoint_tar)
+    sdk = sdk_for(live_server)
+    no_newline = {"10": -100}  # the chat template's stop starts with one; the endless model never ends
+    c = sdk.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "Hi"}], logit_bias=no_newline
+    )
+    assert c.choices[0].finish_reason == "length" and c.usage is not None
+    assert c.usage.prompt_tokens + c.usage.completion_tokens == 32, c.usage
+    bounded = sdk.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "Hi"}], logit_bias=no_newline, max_tokens=40
+    )
+    assert bounded.usage is not None and bounded.usage.completion_tokens == 40  # asked for: context-shifted

@@ -180,10 +180,17 @@ def test_ctx_checked_against_small_file(client: TestClient, tenant: Tenant) -> N
         ),
         400,
     )
-    assert err["param"] == "ctx" and "ctx <= 269" in err["message"]
+    assert err["param"] == "ctx" and "Use ctx <= 269 or more training data." in err["message"]
+    # a file too small for any useful context: no ctx is suggested, more data is
+    tiny = upload(client, tenant, b"hi", "tiny.txt").json()["id"]
+    body = {"model": "llama-tiny", "training_file": tiny, "hyperparameters": {"eval_every": 0}}
+    err = assert_envelope(create(client, tenant, body), 400)
+    assert err["param"] == "ctx" and err["message"].endswith("Use more training data."), err
     # the 30-token validation split cannot hold a window of 129 tokens while evaluation is on
     err = assert_envelope(create(client, tenant, {"model": "llama-tiny", "training_file": small}), 400)
-    assert err["param"] == "ctx" and "eval_every" in err["message"]
+    assert err["param"] == "ctx" and err["message"].endswith(
+        "Use ctx <= 29, more validation data or eval_every=0 to skip evaluation."
+    ), err
 
 
 def test_idempotency_key_returns_the_same_job(

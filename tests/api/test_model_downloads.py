@@ -119,7 +119,10 @@ def test_exports_are_made_by_a_worker_then_served(
     assert gguf.content[:4] == b"GGUF" and gguf.headers["content-length"] == str(len(gguf.content))
     assert row.filename in gguf.headers["content-disposition"]
     (tmp_path / "m.gguf").write_bytes(gguf.content)
-    assert any(t.name == "token_embd.weight" for t in GGUFReader(tmp_path / "m.gguf").tensors)
+    reader = GGUFReader(tmp_path / "m.gguf")
+    assert any(t.name == "token_embd.weight" for t in reader.tensors)
+    name = reader.fields["general.name"]
+    assert bytes(name.parts[name.data[0]]).decode() == model_id  # named as its user knows it
     [row] = export_rows(session_factory, model_id)
     assert row.status == "ready" and row.blob_id is not None and row.error is None
     blobs = blob_count(session_factory)

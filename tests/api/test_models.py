@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from tests.api.conftest import Factory, Tenant
 from tests.api.test_errors import assert_envelope
+from trainer.config import PRESETS
 
 
 def checkpoint_tar(parent: Path, **model: Any) -> bytes:
@@ -51,7 +52,7 @@ def test_list_get_delete(client: TestClient, tenant: Tenant, factory: Factory) -
     running = factory.job(tenant.owner_id, status="running")
     factory.checkpoint(running, 5, f"ft:llama-tiny:{running.split('-', 1)[1]}:ckpt-step-5")
     listed = client.get("/v1/models", headers=tenant.headers).json()
-    ids = {m["id"] for m in listed["data"]}
+    ids = {m["id"] for m in listed["data"] if m["kind"] != "base"}
     assert ids == {
         model_id,
         f"{model_id}:ckpt-step-10",
@@ -119,3 +120,28 @@ def test_generate_refuses_bad_bodies_before_queueing(
         ({"prompt": "x", "max_tokens": "3"}, "max_tokens"),  # strict, as /v1/completions
     ):
         assert assert_envelope(client.post(url, headers=tenant.headers, json=body), 400)["param"] == param
+
+
+def test_presets_are_base_models_listed_and_retrieved_but_without_weights(
+    client: TestClient, tenant: Tenant, factory: Factory
+) -> None:
+    """OpenAI lists the models one can fine-tune; here those are the presets: listed after the
+    key's own models, retrievable, and a 400 naming `model` wherever weights are needed."""
+    _, model_id = factory.finished_model(tenant.owner_id)
+    listed = client.get("/v1/models", headers=tenant.headers).json()["data"]
+    bases = [m for m in listed if m["kind"] == "base"]
+    assert [m["id"] for m in bases] == list(PRESETS) and listed[-len(PRESETS) :] == bases
+    assert model_id in [m["id"] for m in listed[: -len(PRESETS)]]  # the key's own models first
+    tiny = client.get("/v1/models/llama-tiny", headers=tenant.headers).json()
+    assert tiny == next(m for m in bases if m["id"] == "llama-tiny")
+    assert tiny["job_id"] is None and tiny["formats"] == [] and tiny["owned_by"] == "fromscratch"
+    for method, path, body in (
+        ("get", "/v1/models/llama-tiny/content?format=gguf", None),
+        ("delete", "/v1/models/llama-tiny", None),
+        ("post", "/v1/models/llama-tiny/generate", {"prompt": "x"}),
+        ("post", "/v1/completions", {"model": "llama-tiny", "prompt": "x"}),
+    ):
+        r = client.request(method.upper(), path, headers=tenant.headers, json=body)
+        err = assert_envelope(r, 400)
+        assert (err["param"], err["code"]) == ("model", "base_model"), (path, err)
+    assert client.get("/v1/models/llama-tiny", headers=tenant.headers).status_code == 200  # not deleted

@@ -26,14 +26,17 @@ if TYPE_CHECKING:
     from trainer.data.tokenizers import Tokenizer
 
 
-def export(ckpt_dir: Path | str, fmt: str, out: Path | str, dtype: str = "f32") -> Path:
+def export(
+    ckpt_dir: Path | str, fmt: str, out: Path | str, dtype: str = "f32", *, name: str | None = None
+) -> Path:
     """Export the checkpoint folder `ckpt_dir` to `out`, a file or a folder as the format is
-    (trainer.config.export_formats lists them and the dtypes each takes)."""
+    (trainer.config.export_formats lists them and the dtypes each takes). `name` is the model's name
+    in the file's metadata (GGUF's general.name; default: after the folder)."""
     from trainer.checkpoint import load_checkpoint
 
     _check_choice(fmt, dtype)
     ckpt = load_checkpoint(Path(ckpt_dir))
-    name = f"fromscratch-{Path(ckpt_dir).resolve().name}"
+    name = name or f"fromscratch-{Path(ckpt_dir).resolve().name}"
     return export_model(ckpt.model_config, ckpt.model_state, ckpt.tokenizer, fmt, out, dtype, name=name)
 
 

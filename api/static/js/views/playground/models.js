@@ -1,5 +1,6 @@
-// The playground's model picker (GET /v1/models: fine-tuned models and checkpoints, newest first)
-// and the link other pages use to open the playground with a model chosen.
+// The playground's model picker (GET /v1/models: fine-tuned models and checkpoints, newest first;
+// the base models it also lists have no weights to sample) and the link other pages use to open
+// the playground with a model chosen.
 
 import { api } from "../../api.js";
 import { clear, el } from "../../util.js";
@@ -37,7 +38,7 @@ export function modelPicker({ preselect, signal, onChange }) {
 
   async function load() {
     const { data } = await api("/models", { signal });
-    const models = data || [];
+    const models = (data || []).filter((m) => m.kind !== "base"); // presets: nothing to sample
     const finals = models.filter((m) => m.kind !== "checkpoint");
     const checkpoints = models.filter((m) => m.kind === "checkpoint");
     const groups = [];
