@@ -25,6 +25,7 @@ COPY core ./core
 COPY api ./api
 COPY worker ./worker
 COPY cli ./cli
+COPY client ./client
 COPY migrations ./migrations
 # the `gpu` extra: Triton for the fused CUDA kernels (the CUDA torch wheel usually brings it too)
 RUN pip install ".[gpu]"
@@ -35,4 +36,4 @@ VOLUME ["/data"]
 EXPOSE 8000
 
 # --http: request heads bounded (431), see api/http_server.py; `fromscratch serve` uses the same protocol
-CMD ["uvicorn", "api.main:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000", "--http", "api.http_server:BoundedHeadProtocol"]
+CMD ["uvicorn", "api.main:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000", "--http", "api.http_server:BoundedHeadProtocol", "--timeout-graceful-shutdown", "5"]

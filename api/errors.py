@@ -47,6 +47,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.response_headers import REQUEST_ID_HEADER, SHOULD_RETRY_HEADER, request_id
+from core.error_chain import error_chain
 
 log = logging.getLogger("fromscratch.api")
 
@@ -264,12 +265,7 @@ STORAGE_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 def storage_full(error: BaseException) -> bool:
     """True for a full disk (or quota), also when raised from or while handling one."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in STORAGE_FULL_ERRNOS:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any(isinstance(seen, OSError) and seen.errno in STORAGE_FULL_ERRNOS for seen in error_chain(error))
 
 
 async def _os_error(request: Request, exc: Exception) -> JSONResponse:

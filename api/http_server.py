@@ -38,6 +38,9 @@ from api.errors import error_body
 from core.settings import Settings, get_settings
 
 PROTOCOL = "api.http_server:BoundedHeadProtocol"  # uvicorn's --http value for it
+# seconds open connections (event streams) get to finish once the server is told to stop; the
+# Dockerfile's and compose's `--timeout-graceful-shutdown` and `fromscratch serve` use it
+GRACEFUL_SHUTDOWN_SECONDS = 5
 log = logging.getLogger("fromscratch.api")
 
 

@@ -52,6 +52,7 @@ from api.routes import (
     tensorboard,
     workers,
 )
+from api.store_errors import install_store_error_handler
 from api.stream_limits import StreamLimits
 from core.settings import Settings, get_settings
 
@@ -160,6 +161,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = registry
 
     _install_handlers_and_middleware(app, engine, latency)
+    install_store_error_handler(app, settings)  # 503 while the S3 server is down
     routers = [module.router for module in ROUTER_MODULES]
     for router in routers:
         app.include_router(router)

@@ -7,6 +7,7 @@ file; a stale one gets the whole file. A range outside the file answers 416 with
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -69,7 +70,7 @@ def download_response(
             headers={**common, "Content-Range": f"bytes */{exc.size}"}, retry=False,
         ) from None  # fmt: skip
     if found is None:
-        chunks = store.open(blob_id)
+        chunks = first_read(store.open(blob_id))
         return StreamingResponse(
             chunks, media_type=media_type, headers={**common, "Content-Length": str(blob.size)}
         )
@@ -80,5 +81,23 @@ def download_response(
         "Content-Range": f"bytes {start}-{end}/{blob.size}",
     }
     return StreamingResponse(
-        store.open(blob_id, start, end), status_code=206, media_type=media_type, headers=ranged
+        first_read(store.open(blob_id, start, end)), status_code=206, media_type=media_type, headers=ranged
     )
+
+
+def first_read(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """`chunks` with its first chunk read now, before the response's headers are sent: a store that
+    cannot serve the blob (an S3 outage) fails the request with a 503, not a 200 cut short."""
+    first = next(chunks, None)
+
+    def stream() -> Iterator[bytes]:
+        try:
+            if first is not None:
+                yield first
+                yield from chunks
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+
+    return stream()

@@ -116,7 +116,7 @@ def uvicorn_config(args: argparse.Namespace) -> uvicorn.Config:
     and compose's `--http`, api/http_server.py)."""
     import uvicorn
 
-    from api.http_server import BoundedHeadProtocol
+    from api.http_server import GRACEFUL_SHUTDOWN_SECONDS, BoundedHeadProtocol
 
     return uvicorn.Config(
         "api.main:create_app",
@@ -126,7 +126,7 @@ def uvicorn_config(args: argparse.Namespace) -> uvicorn.Config:
         port=args.port,
         log_level=args.log_level,
         # open SSE streams must not hold the shutdown up for ever
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
 
 

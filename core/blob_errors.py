@@ -27,15 +27,9 @@ def is_store_outage(error: BaseException) -> bool:
     """The blob store's server (S3, or the database for "db" blobs) was unreachable or failing:
     an outage to wait out, not a fault of the data. Looks through the chain of causes."""
     from core.db_faults import is_connection_error
+    from core.error_chain import error_chain
 
-    seen: BaseException | None = error
-    for _ in range(16):  # a chain is short; the bound guards against a cycle
-        if seen is None:
-            return False
-        if is_connection_error(seen) or _is_s3_outage(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any(is_connection_error(seen) or _is_s3_outage(seen) for seen in error_chain(error))
 
 
 def _is_s3_outage(error: BaseException) -> bool:

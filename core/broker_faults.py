@@ -21,6 +21,8 @@ import kombu.exceptions
 import redis.exceptions
 from sqlalchemy import exc as sa_exc
 
+from core.error_chain import error_chain
+
 BROKER_ERRORS: tuple[type[BaseException], ...] = (
     kombu.exceptions.OperationalError,
     redis.exceptions.ConnectionError,
@@ -33,12 +35,7 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (
 
 def is_broker_error(error: BaseException) -> bool:
     """True for connection-level broker errors (also when raised from one)."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, BROKER_ERRORS):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any(isinstance(seen, BROKER_ERRORS) for seen in error_chain(error))
 
 
 def describe(error: BaseException) -> str:

@@ -19,6 +19,8 @@ import time
 
 from sqlalchemy import exc as sa_exc
 
+from core.error_chain import error_chain
+
 CONNECTION_ERRORS = (
     sa_exc.OperationalError,  # refused, reset, server shutting down or starting up, terminated
     sa_exc.InterfaceError,  # the driver's connection object is already closed
@@ -29,13 +31,11 @@ CONNECTION_ERRORS = (
 
 def is_connection_error(error: BaseException) -> bool:
     """True for connection-level database errors (also when raised `from` one)."""
-    seen: BaseException | None = error
-    while seen is not None:
+    for seen in error_chain(error, contexts=False):
         if isinstance(seen, sa_exc.DBAPIError) and seen.connection_invalidated:
             return True
         if isinstance(seen, CONNECTION_ERRORS):
             return True
-        seen = seen.__cause__
     return False
 
 

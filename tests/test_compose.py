@@ -177,8 +177,11 @@ def test_settings_read_the_compose_values(monkeypatch: pytest.MonkeyPatch) -> No
 def test_dockerfile_installs_the_package_and_pins_torch() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert 'pip install "torch==2.13.0"' in text
-    for part in ("trainer", "core", "api", "worker", "cli", "migrations"):
-        assert f"COPY {part} ./{part}" in text
+    # every package the console script may import (pyproject's list: `keys list` imports client/)
+    packages = re.search(r"packages.find\]\ninclude = (\[.*\])", (ROOT / "pyproject.toml").read_text())
+    assert packages is not None
+    for part in json.loads(packages.group(1)):
+        assert f"COPY {part.rstrip('*')} ./{part.rstrip('*')}" in text, part
     # compose's services run the image's console script and uvicorn; no FROMSCRATCH_* the
     # Dockerfile sets may be a name Settings does not read
     fields = {name.upper() for name in Settings.model_fields}
@@ -189,13 +192,16 @@ def test_dockerfile_installs_the_package_and_pins_torch() -> None:
 def test_every_api_server_bounds_request_heads() -> None:
     """The Dockerfile, compose and `fromscratch serve` serve the API with the same bounded protocol
     (api/http_server.py: a huge header is a 431, not seconds of buffering)."""
-    from api.http_server import PROTOCOL, BoundedHeadProtocol
+    from api.http_server import GRACEFUL_SHUTDOWN_SECONDS, PROTOCOL, BoundedHeadProtocol
 
     [cmd_line] = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("CMD ")]
     dockerfile_cmd = json.loads(cmd_line.removeprefix("CMD "))
     compose_cmd = _compose()["services"]["api"]["command"]
     assert dockerfile_cmd == compose_cmd
     assert compose_cmd[compose_cmd.index("--http") + 1] == PROTOCOL
+    # an open event stream must not hold a SIGTERM'd API up until its job ends
+    grace = compose_cmd[compose_cmd.index("--timeout-graceful-shutdown") + 1]
+    assert int(grace) == GRACEFUL_SHUTDOWN_SECONDS
     module, _, name = PROTOCOL.partition(":")
     assert getattr(__import__(module, fromlist=[name]), name) is BoundedHeadProtocol
     from cli.main import build_parser
@@ -203,3 +209,4 @@ def test_every_api_server_bounds_request_heads() -> None:
 
     args = build_parser(only="serve").parse_args(["serve", "--port", "8123"])
     assert uvicorn_config(args).http is BoundedHeadProtocol
+    assert uvicorn_config(args).timeout_graceful_shutdown == GRACEFUL_SHUTDOWN_SECONDS

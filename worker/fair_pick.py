@@ -53,7 +53,12 @@ def fairest_waiting(session: Session, queue: str, max_running: int) -> list[str]
     def rank(position: int) -> tuple[int, bool, datetime, int]:
         owner = waiting[position].owner_id
         started = last_start.get(owner)
-        return (held.get(owner, 0), started is not None, started or datetime.min.replace(tzinfo=UTC), position)
+        return (
+            held.get(owner, 0),
+            started is not None,
+            started or datetime.min.replace(tzinfo=UTC),
+            position,
+        )
 
     eligible = [i for i, row in enumerate(waiting) if held.get(row.owner_id, 0) < max_running]
     return [waiting[i].id for i in sorted(eligible, key=rank)]

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, NoReturn
 
 from core.blob_backends.s3_client import MAX_ATTEMPTS, error_code, is_missing, is_transport_error, make_client
 from core.blob_errors import BlobCorrupt, BlobError
@@ -127,7 +127,7 @@ class S3Backend:
         try:
             head = self.client.head_object(Bucket=self.bucket, Key=key)
         except Exception as exc:
-            raise self._corrupt_or(exc, key) from exc
+            self._raise_as_corrupt_or_itself(exc, key)
         if int(head.get("ContentLength", 0)) != 0:
             raise BlobCorrupt(f"s3://{self.bucket}/{key} holds {head['ContentLength']} bytes, expected 0")
 
@@ -160,20 +160,21 @@ class S3Backend:
         try:
             answer = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
         except Exception as exc:
-            raise self._corrupt_or(exc, key) from exc
+            self._raise_as_corrupt_or_itself(exc, key)
         total = str(answer.get("ContentRange", "")).rpartition("/")[2]
         if total != str(size):
             answer["Body"].close()
             raise BlobCorrupt(f"s3://{self.bucket}/{key} holds {total or '?'} bytes, expected {size}")
         return answer["Body"]
 
-    def _corrupt_or(self, exc: Exception, key: str) -> Exception:
-        """A missing object (or a range past its end) is corruption; anything else stays itself."""
+    def _raise_as_corrupt_or_itself(self, exc: Exception, key: str) -> NoReturn:
+        """A missing object (or a range past its end) is corruption; anything else is raised as it
+        is (never `from` itself: a cause that is the error itself loops whoever walks the chain)."""
         if is_missing(exc):
-            return BlobCorrupt(f"blob object s3://{self.bucket}/{key} is missing")
+            raise BlobCorrupt(f"blob object s3://{self.bucket}/{key} is missing") from exc
         if error_code(exc) == "InvalidRange":
-            return BlobCorrupt(f"blob object s3://{self.bucket}/{key} is shorter than its row says")
-        return exc
+            raise BlobCorrupt(f"blob object s3://{self.bucket}/{key} is shorter than its row says") from exc
+        raise exc
 
     def presigned_url(self, location: str, content_disposition: str, media_type: str) -> str:
         """A GET URL for the object that needs no credentials, for PRESIGNED_SECONDS."""

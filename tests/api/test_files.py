@@ -134,6 +134,17 @@ def test_purpose_and_missing_parts(client: TestClient, tenant: Tenant, session_f
     assert assert_envelope(r, 400)["param"] == "purpose"
     r = client.post("/v1/files", headers=tenant.headers, json={"file": "x"})
     assert assert_envelope(r, 400)["param"] == "file"
+    # a field it would not honour (OpenAI's expiry) is refused, not ignored; nothing is kept
+    files_before = count(session_factory, File, File.owner_id == tenant.owner_id)
+    r = client.post(
+        "/v1/files",
+        headers=tenant.headers,
+        data={"purpose": "fine-tune", "expires_after[seconds]": "3600"},
+        files={"file": ("a.txt", b"hello\n")},
+    )
+    err = assert_envelope(r, 400)
+    assert (err["param"], err["code"]) == ("expires_after[seconds]", "unknown_parameter"), err
+    assert count(session_factory, File, File.owner_id == tenant.owner_id) == files_before
 
 
 def test_list_pagination_newest_first(client: TestClient, tenant: Tenant) -> None:
@@ -145,6 +156,10 @@ def test_list_pagination_newest_first(client: TestClient, tenant: Tenant) -> Non
     assert [f["id"] for f in rest["data"]] == [ids[0]] and rest["has_more"] is False
     asc = client.get("/v1/files?order=asc", headers=tenant.headers).json()
     assert [f["id"] for f in asc["data"]] == ids
+    uploads = client.get("/v1/files?purpose=fine-tune", headers=tenant.headers).json()
+    assert {f["id"] for f in uploads["data"]} >= set(ids)
+    err = assert_envelope(client.get("/v1/files?purpose=bogus", headers=tenant.headers), 400)
+    assert err["param"] == "purpose"  # a purpose no file can have, as an upload would be told
 
 
 def test_delete_unused_file(client: TestClient, tenant: Tenant, session_factory: Any) -> None:
