@@ -2,13 +2,12 @@
 into the database, step checkpoints into the blob store, cancel/pause/shutdown/lost-lease into
 `should_stop`.
 
-Everything that writes is conditional on this worker still holding the job's lease: a worker whose
-lease expired (it was too slow to heartbeat, or the reaper gave its job to another worker) stops
-writing at once and stops training at the next step.
+Every write needs this worker to still hold the job's lease: a worker whose lease expired (too
+slow to heartbeat, or the reaper gave its job away) stops writing at once, and training next step.
 
 Metrics are buffered and written in one transaction every `metrics_flush_seconds` (or every
-`FLUSH_ROWS` rows), together with the job's denormalised progress columns, so a 10 000-step run
-costs a few hundred small transactions, not 10 000 (worker.metric_rows).
+`FLUSH_ROWS` rows), together with the job's progress columns (worker.metric_rows); a decision the
+run notes (a compile) is written at once.
 
 While the database is unreachable training goes on: the rows stay buffered and are written when it
 comes back (worker.db_retry). A checkpoint first waits until the rows up to its step are written,
@@ -193,8 +192,9 @@ class ServiceCallbacks(Callbacks):
         self.maybe_flush()
 
     def on_note(self, message: str) -> None:
-        """A decision the run made while running: an info event with the next flush."""
+        """A decision made while running: an info event, now (a compile runs for minutes after it)."""
         self.events.append((message, {}))
+        self.flush()
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         """A step checkpoint on disk: staged and stored in the background (worker.checkpoint_uploads),

@@ -96,3 +96,52 @@ def test_polls_while_the_stream_is_down_until_the_job_ends(new_page: Any, static
     assert page.inner_text("#stat-step") == f"{TOTAL} / {TOTAL}"
     assert api.calls[f"GET {base}/stream"] >= 1
     assert log.errors(allow=("503 (Service Unavailable)",)) == [], log.messages
+
+
+def test_a_pause_asked_for_shows_until_it_is_done(new_page: Any, static_url: str) -> None:
+    """A pause waits for the step in progress (a compile can take minutes) and its checkpoint: the
+    button says so and stays disabled, the header says "pausing…", and a paused job's ETA reads
+    "paused" instead of counting down."""
+    page, log = new_page()
+    page.goto(static_url + "/")
+    result = page.evaluate("""async () => {
+        const { jobActions } = await import('/js/views/job/actions.js');
+        const { jobHeader } = await import('/js/views/job/header.js');
+        const { progressCard } = await import('/js/views/job/progress.js');
+        const statuses = { terminal: new Set(['succeeded', 'failed', 'cancelled']) };
+        const actions = jobActions({ statuses, request: async () => {}, rerender: () => {} });
+        const pause = actions.node.querySelector('#btn-pause');
+        const resume = actions.node.querySelector('#btn-resume');
+        const out = {};
+        actions.render({ status: 'running', pause_requested: true });
+        out.pausing = [pause.disabled, pause.textContent, resume.disabled];
+        actions.render({ status: 'running', pause_requested: false });
+        out.running = [pause.disabled, pause.textContent];
+        actions.render({ status: 'paused', pause_requested: false });
+        out.paused = [pause.disabled, resume.disabled];
+
+        const header = jobHeader('ftjob-x', document.createElement('div'));
+        header.showJob({ status: 'running', pause_requested: true, model: 'llama-tiny', created_at: 1 });
+        out.headerPausing = header.node.querySelector('#pausing')?.textContent ?? null;
+        header.showJob({ status: 'running', pause_requested: false, model: 'llama-tiny', created_at: 1 });
+        out.headerRunning = header.node.querySelector('#pausing')?.textContent ?? null;
+
+        const charts = { lastTrainLoss: () => null, lastValLoss: () => null, setTotalSteps: () => {} };
+        const card = progressCard({ charts, metrics: { lastStep: -1, rate: 2 }, statuses });
+        document.body.append(card.node);
+        const eta = () => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(
+            () => done(card.node.querySelector('#stat-eta').textContent))));
+        const job = (status) => ({ status, trained_tokens: 0,
+            progress: { step: 5, total_steps: 10, eta_seconds: 100 } });
+        card.update(job('paused'));
+        out.etaPaused = await eta();
+        card.update(job('running'));
+        out.etaRunning = await eta();
+        return out;
+    }""")
+    assert result["pausing"] == [True, "Pausing…", True]
+    assert result["running"] == [False, "Pause"]
+    assert result["paused"] == [True, False]
+    assert result["headerPausing"] == " pausing…" and result["headerRunning"] is None
+    assert result["etaPaused"] == "paused" and result["etaRunning"] not in ("paused", "—", "done")
+    assert log.errors() == []

@@ -11,13 +11,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.schemas import eta_seconds, tokens_per_step
-from core.blobstore import blobstore_from_settings
 from core.models import Job, Metric
 from core.settings import Settings
-from tests.worker.test_service_callbacks import WORKER, claimed_job
+from tests.worker.test_service_callbacks import claimed_job, service_callbacks
 from trainer.config.metrics import StepMetrics
 from trainer.config.throughput import StepRate
-from worker.callbacks import ServiceCallbacks
 
 RATES = [50.0, 2000.0, 1000.0, 4000.0, 1000.0]  # tokens/s of steps 1..5; step 1 is the warm-up
 
@@ -47,17 +45,7 @@ def test_the_job_shows_the_smoothed_rate_and_rows_keep_their_own(
         s.commit()
         per_step = tokens_per_step(job)  # as the API counts it from the job's configs
         assert per_step is not None
-    cb = ServiceCallbacks(
-        session_factory,
-        blobstore_from_settings(settings, session_factory),
-        job_id=job_id,
-        worker_id=WORKER,
-        checkpoint_model_id=lambda s: f"ckpt-{s}",
-        scratch=tmp_path,
-        flush_seconds=0.0,
-        keep_checkpoints=None,
-        db_retry_seconds=5.0,
-    )
+    cb = service_callbacks(settings, session_factory, job_id, tmp_path)
     cb.on_start(start_info(0, per_step))  # type: ignore[arg-type]
     expected = StepRate(0)
     for n, rate in enumerate(RATES, 1):

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.blobstore import blobstore_from_settings
 from core.job_leases import claim_job
 from core.jobstates import request_cancel, request_pause
-from core.models import Job
+from core.models import Event, Job
 from core.settings import Settings
 from tests.fixtures.service import make_job
 from trainer.config.metrics import StepMetrics
@@ -37,6 +37,16 @@ def claimed_job(settings: Settings, session_factory: sessionmaker[Session]) -> s
     return job_id
 
 
+def service_callbacks(
+    settings: Settings, session_factory: sessionmaker[Session], job_id: str, tmp_path: Path, **overrides: Any
+) -> ServiceCallbacks:
+    """The worker's callbacks for a claimed job: every step flushes unless `overrides` say otherwise."""
+    options: dict[str, Any] = {"job_id": job_id, "worker_id": WORKER, "scratch": tmp_path}
+    options |= {"checkpoint_model_id": lambda s: f"ckpt-{s}", "keep_checkpoints": None}
+    options |= {"flush_seconds": 0.0, "db_retry_seconds": 5.0, **overrides}
+    return ServiceCallbacks(session_factory, blobstore_from_settings(settings, session_factory), **options)
+
+
 def step(cb: ServiceCallbacks, n: int) -> None:
     cb.on_step(
         StepMetrics(step=n, train_loss=2.0, lr=1e-3, grad_norm=1.0, tokens_per_s=1000.0, tokens_seen=n * 64)
@@ -51,18 +61,8 @@ def test_a_flush_is_also_the_stop_check(
 ) -> None:
     settings, session_factory = db
     job_id = claimed_job(settings, session_factory)
-    cb = ServiceCallbacks(
-        session_factory,
-        blobstore_from_settings(settings, session_factory),
-        job_id=job_id,
-        worker_id=WORKER,
-        checkpoint_model_id=lambda s: f"ckpt-{s}",
-        scratch=tmp_path,
-        flush_seconds=0.0,  # every step flushes
-        keep_checkpoints=None,  # no step checkpoint is written here
-        stop_check_seconds=1e9,  # and no separate read would come in this test's lifetime
-        db_retry_seconds=5.0,
-    )
+    # every step flushes, and no separate read would come in this test's lifetime
+    cb = service_callbacks(settings, session_factory, job_id, tmp_path, stop_check_seconds=1e9)
     step(cb, 1)
     assert cb.should_stop() is None
 
@@ -83,6 +83,24 @@ def test_a_flush_is_also_the_stop_check(
     with session_factory() as session:
         job = session.get(Job, job_id)
         assert job is not None and job.step == 2  # and the flush did write
+
+
+def test_a_decision_is_an_event_at_once(db: tuple[Settings, sessionmaker[Session]], tmp_path: Path) -> None:
+    """A note (compile auto's decision) is written when made, not with the flush after the steps it
+    precedes: a compile the next step runs takes long, and the job page says why it waits."""
+    settings, session_factory = db
+    job_id = claimed_job(settings, session_factory)
+    # steps alone never flush in this test's lifetime
+    cb = service_callbacks(
+        settings, session_factory, job_id, tmp_path, flush_seconds=1e9, stop_check_seconds=1e9
+    )
+    step(cb, 1)
+    cb.on_note("torch.compile on at step 1: compiling the blocks")
+    with session_factory() as session:
+        messages = session.scalars(select(Event.message).where(Event.job_id == job_id)).all()
+        job = session.get(Job, job_id)
+    assert "torch.compile on at step 1: compiling the blocks" in messages
+    assert job is not None and job.step == 1  # the steps before it go with it
 
 
 def test_the_checkpoint_event_says_what_was_written_and_stored() -> None:

@@ -90,7 +90,7 @@ class JobPage {
   // -- rendering --------------------------------------------------------------------------------
   renderJob() {
     this.header.showJob(this.state.job);
-    this.actions.render(this.state.job.status);
+    this.actions.render(this.state.job);
     this.renderModels();
     this.progress.update(this.state.job);
     this.renderRun();

@@ -46,11 +46,14 @@ export function jobActions({ statuses, request, rerender }) {
 
   return {
     node,
-    render(status) {
+    render(job) {
+      const { status } = job;
       const ended = statuses.terminal.has(status);
+      const pausing = Boolean(job.pause_requested); // asked: it pauses at its next step's end
       cancel.disabled = ended;
       // "paused" is in none of the served sets: a job there can only be resumed (or cancelled)
-      pause.disabled = ended || status === "paused";
+      pause.disabled = ended || status === "paused" || pausing;
+      pause.textContent = pausing ? "Pausing…" : "Pause";
       resume.disabled = status !== "paused";
     },
     destroy() { clearTimeout(armed); },

@@ -19,7 +19,9 @@ export function jobHeader(id, controls) {
     node,
     errorBox,
     showJob(job) {
-      clear(statusSlot, badge(job.status));
+      // a pause waits for the step in progress (a compile, an evaluation) and a checkpoint
+      clear(statusSlot, badge(job.status),
+        job.pause_requested ? el("span", { class: "small muted", id: "pausing" }, " pausing…") : null);
       clear(modelLine, `${job.model || ""}`,
         job.fine_tuned_model ? el("span", {}, " → ", el("code", { id: "fine-tuned-model" }, job.fine_tuned_model)) : null,
         ` · created ${fmtTime(job.created_at)}`, job.finished_at ? ` · finished ${fmtTime(job.finished_at)}` : "");

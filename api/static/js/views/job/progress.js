@@ -3,6 +3,10 @@
 
 import { el, fmtDuration, fmtInt, fmtLoss, progressBar, setProgress } from "../../util.js";
 
+// the ETA of a job that is not counting down: "succeeded" is the one ending with nothing left to
+// do, a paused job waits for its resume; failed and cancelled jobs have none ("—")
+const ENDED_ETA = { succeeded: "done", paused: "paused" };
+
 function stat(label, key) {
   const dd = el("dd", { id: `stat-${key}` }, "—");
   return [el("div", { class: "stat" }, el("dt", {}, label), dd), dd];
@@ -37,12 +41,11 @@ export function progressCard({ charts, metrics, statuses }) {
     // pauses) and the ETA from it, counted down since the job was read; the last point's own rate
     // (one interval: it swings) only until the server has measured one
     tpsDd.textContent = fmtInt(p.tokens_per_s ?? metrics.tokensPerS);
-    const live = !statuses.terminal.has(job.status);
+    const live = !statuses.terminal.has(job.status) && job.status !== "paused"; // nothing counts down
     let eta = p.eta_seconds;
     if (live && eta != null) eta = Math.max(0, eta - (Date.now() - readAt) / 1000);
     else if (live && metrics.rate && total) eta = Math.max(0, (total - step) / metrics.rate);
-    // "succeeded" is the one ending with nothing left to do; failed and cancelled jobs have no ETA
-    etaDd.textContent = live ? fmtDuration(eta) : job.status === "succeeded" ? "done" : "—";
+    etaDd.textContent = live ? fmtDuration(eta) : ENDED_ETA[job.status] ?? "—";
     tokDd.textContent = fmtInt(job.trained_tokens);
     charts.setTotalSteps(total);
   }
