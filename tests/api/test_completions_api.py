@@ -95,11 +95,13 @@ def test_unknown_models_are_404_and_another_owners_too(
         # null is "not given" for every optional field (a null stop once answered 500)
         (COMPLETIONS, {"model": "ft:llama-tiny:nope", "prompt": ["x"], "stop": None, "max_tokens": None}),
         (CHAT, {**chat_body("ft:llama-tiny:nope"), "stop": None, "n": None, "stream_options": None}),
-        (CHAT, chat_body("llama-tiny")),  # a preset is no trained model
         ("/v1/models/ft:llama-tiny:nope/generate", {"prompt": "x"}),
     ):
         err = assert_envelope(client.post(path, json=body, headers=tenant.headers), 404)
         assert (err["code"], err["param"]) == ("model_not_found", "model")
+    # a preset is a base model (GET /v1/models lists it), with no trained weights to answer with
+    err = assert_envelope(client.post(CHAT, json=chat_body("llama-tiny"), headers=tenant.headers), 400)
+    assert (err["code"], err["param"]) == ("base_model", "model")
     err = assert_envelope(client.post(CHAT, json=chat_body(model_id), headers=other.headers), 404)
     assert err["code"] == "model_not_found"
 

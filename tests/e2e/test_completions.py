@@ -208,8 +208,9 @@ def test_refusals(sdk: openai.OpenAI, trained: Trained) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         sdk.completions.create(model=f"{trained.model}:ckpt-step-7", prompt="x")
     assert missing.value.code == "model_not_found"  # type: ignore[attr-defined]
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.BadRequestError) as base:  # a base model: listed, but with no weights
         sdk.chat.completions.create(model="llama-tiny", messages=[{"role": "user", "content": "x"}])
+    assert base.value.code == "base_model"  # type: ignore[attr-defined]
 
 
 def test_the_stream_is_server_sent_events_ending_with_done(e2e_server: LiveServer, trained: Trained) -> None:
