@@ -16,6 +16,8 @@ up front (`BEGIN IMMEDIATE`), since SQLite serialises writers anyway.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from sqlalchemy import CompoundSelect, func, or_, select, text, union
 from sqlalchemy.orm import Session
 
@@ -81,6 +83,16 @@ def held_jobs(session: Session, owner_id: str) -> int:
     """The owner's jobs a worker holds (claimed: being validated or trained)."""
     q = select(func.count()).select_from(Job).where(Job.owner_id == owner_id, Job.lease_owner.is_not(None))
     return int(session.scalar(q) or 0)
+
+
+def held_jobs_by_owner(session: Session, owner_ids: Collection[str]) -> dict[str, int]:
+    """`held_jobs` of several owners in one query; an owner with none held is absent."""
+    rows = session.execute(
+        select(Job.owner_id, func.count())
+        .where(Job.owner_id.in_(owner_ids), Job.lease_owner.is_not(None))
+        .group_by(Job.owner_id)
+    ).all()
+    return {owner: int(count) for owner, count in rows}
 
 
 def stored_bytes(session: Session, owner_id: str) -> int:

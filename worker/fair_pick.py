@@ -22,7 +22,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.models import Job
+from core.quotas import held_jobs_by_owner
 from core.status import CLAIMABLE
+
+NEVER = datetime.min.replace(tzinfo=UTC)  # the last start of an owner never served: before any
 
 
 def fairest_waiting(session: Session, queue: str, max_running: int) -> list[str]:
@@ -35,13 +38,7 @@ def fairest_waiting(session: Session, queue: str, max_running: int) -> list[str]
     owners = {row.owner_id for row in waiting}
     if not owners:
         return []
-    held: dict[str, int] = dict(
-        session.execute(
-            select(Job.owner_id, func.count())
-            .where(Job.owner_id.in_(owners), Job.lease_owner.is_not(None))
-            .group_by(Job.owner_id)
-        ).all()
-    )
+    held = held_jobs_by_owner(session, owners)
     last_start: dict[str, datetime | None] = dict(
         session.execute(
             select(Job.owner_id, func.max(Job.started_at))
@@ -50,15 +47,9 @@ def fairest_waiting(session: Session, queue: str, max_running: int) -> list[str]
         ).all()
     )
 
-    def rank(position: int) -> tuple[int, bool, datetime, int]:
+    def rank(position: int) -> tuple[int, datetime, int]:
         owner = waiting[position].owner_id
-        started = last_start.get(owner)
-        return (
-            held.get(owner, 0),
-            started is not None,
-            started or datetime.min.replace(tzinfo=UTC),
-            position,
-        )
+        return (held.get(owner, 0), last_start.get(owner) or NEVER, position)
 
     eligible = [i for i, row in enumerate(waiting) if held.get(row.owner_id, 0) < max_running]
     return [waiting[i].id for i in sorted(eligible, key=rank)]

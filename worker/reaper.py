@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.broker import TRAIN_TASK, enqueue_job
@@ -44,6 +44,7 @@ from core.broker_queues import UnsupportedBroker, queued_job_ids
 from core.db_faults import OutageLog, is_connection_error
 from core.job_leases import requeue_expired
 from core.models import Job, utcnow
+from core.quotas import held_jobs_by_owner
 from core.settings import Settings
 from core.status import CLAIMABLE
 
@@ -200,14 +201,7 @@ class Reaper(threading.Thread):
     def _owner_has_a_free_slot(self, session: Session, jobs: list[WaitingJob]) -> list[WaitingJob]:
         """Drop the jobs whose owner has all `max_running_jobs_per_key` slots in use: sent now, they
         would only be deferred again; the worker that frees a slot re-sends them."""
-        owners = {job.owner_id for job in jobs}
-        held = dict(
-            session.execute(
-                select(Job.owner_id, func.count())
-                .where(Job.owner_id.in_(owners), Job.lease_owner.is_not(None))
-                .group_by(Job.owner_id)
-            ).all()
-        )
+        held = held_jobs_by_owner(session, {job.owner_id for job in jobs})
         limit = self.settings.max_running_jobs_per_key
         return [job for job in jobs if held.get(job.owner_id, 0) < limit]
 

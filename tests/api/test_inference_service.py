@@ -55,6 +55,16 @@ def endless_checkpoint_tar(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return buf.getvalue()
 
 
+@pytest.fixture
+def endless_model(
+    live_server: LiveServer, factory: Factory, session_factory: Any, endless_checkpoint_tar: bytes
+) -> tuple[str, str]:
+    """(the live server key's owner, a finished model of theirs that never ends a completion)."""
+    owner = owner_of(live_server, session_factory)
+    _, model_id = factory.finished_model(owner, tar_bytes=endless_checkpoint_tar)
+    return owner, model_id
+
+
 def owner_of(live_server: LiveServer, session_factory: Any) -> str:
     from core.keys import verify_key
 
@@ -191,12 +201,10 @@ def _checkpoints(session_factory: Any, model_id: str) -> list[Any]:
 def test_a_client_that_goes_away_stops_the_worker(
     live_server: LiveServer,
     inference_worker: ServiceProcess,
-    factory: Factory,
     session_factory: Any,
-    endless_checkpoint_tar: bytes,
+    endless_model: tuple[str, str],
 ) -> None:
-    owner = owner_of(live_server, session_factory)
-    _, model_id = factory.finished_model(owner, tar_bytes=endless_checkpoint_tar)
+    owner, model_id = endless_model
     body = {"model": model_id, "prompt": "Hi", "max_tokens": 10_000_000, "temperature": 1.0}
     url = f"{live_server.url}/v1/completions"
 
@@ -238,12 +246,10 @@ def test_a_client_that_goes_away_stops_the_worker(
 def test_a_completion_ends_at_max_inference_seconds(
     live_server: LiveServer,
     inference_worker: ServiceProcess,
-    factory: Factory,
     session_factory: Any,
-    endless_checkpoint_tar: bytes,
+    endless_model: tuple[str, str],
 ) -> None:
-    owner = owner_of(live_server, session_factory)
-    _, model_id = factory.finished_model(owner, tar_bytes=endless_checkpoint_tar)
+    owner, model_id = endless_model
     c = sdk_for(live_server).completions.create(model=model_id, prompt="Hi", max_tokens=10_000_000)
     assert c.choices[0].finish_reason == "length"
     assert c.usage is not None and 0 < c.usage.completion_tokens < 10_000_000
@@ -251,16 +257,11 @@ def test_a_completion_ends_at_max_inference_seconds(
 
 
 def test_a_chat_without_a_bound_replies_until_the_context_is_full(
-    live_server: LiveServer,
-    inference_worker: ServiceProcess,
-    factory: Factory,
-    session_factory: Any,
-    endless_checkpoint_tar: bytes,
+    live_server: LiveServer, inference_worker: ServiceProcess, endless_model: tuple[str, str]
 ) -> None:
     """OpenAI's default for a chat: the reply may take what the context leaves after the prompt,
     not the server's bound (2048 here, against a context of 32)."""
-    owner = owner_of(live_server, session_factory)
-    _, model_id = factory.finished_model(owner, tar_bytes=endless_checkpoint_tar)
+    _, model_id = endless_model
     sdk = sdk_for(live_server)
     no_newline = {"10": -100}  # the chat template's stop starts with one; the endless model never ends
     c = sdk.chat.completions.create(

@@ -4,8 +4,6 @@ and keep nothing; once the server is back the same requests succeed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,20 +13,9 @@ from core.models import File
 from core.settings import Settings
 from tests.api.conftest import Factory, Tenant, count, upload
 from tests.api.test_errors import assert_envelope
-from tests.fixtures.seaweedfs import SeaweedS3, on_s3, start_seaweedfs
+from tests.fixtures.seaweedfs import SeaweedS3, on_s3
 
 CHECKPOINT = b"\x01" * 300_000
-
-
-@pytest.fixture
-def own_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SeaweedS3]:
-    server = start_seaweedfs(tmp_path / "weed")
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
-    yield server
-    server.destroy()
 
 
 @pytest.fixture

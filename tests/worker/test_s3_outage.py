@@ -7,7 +7,6 @@ own ports, killed by PID and restarted on the same data."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,24 +14,13 @@ from sqlalchemy import select
 
 from core.models import Blob, Checkpoint
 from core.settings import Settings
-from tests.fixtures.seaweedfs import SeaweedS3, on_s3, start_seaweedfs
+from tests.fixtures.seaweedfs import SeaweedS3, on_s3
 from tests.fixtures.service import ServiceProcess, make_job, wait_for_status, wait_until
 from tests.worker.helpers import checkpoint_rows, event_messages
 
 OUTAGE_SECONDS = 20.0
 # a checkpoint every 5 steps keeps an upload in flight most of the time, so the kill lands mid-upload
 RUN = dict(max_steps=300, batch_size=4, checkpoint_every=5, eval_every=0, warmup_steps=1)
-
-
-@pytest.fixture
-def own_s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    server = start_seaweedfs(tmp_path / "weed")
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in server.env().items():
-        monkeypatch.setenv(name, value)
-    yield server
-    server.destroy()
 
 
 @pytest.fixture
