@@ -7,7 +7,8 @@ exception — is JSON in OpenAI's envelope:
     {"error": {"message": "...", "type": "invalid_request_error", "param": "training_file", "code": "..."}}
 
 never HTML and never a stack trace. `type` follows OpenAI: `invalid_request_error` for 4xx caused by
-the request (401 included, with code `invalid_api_key`), `server_error` for 5xx.
+the request (401 included, with code `invalid_api_key`), `server_error` for 5xx, `requests` for the
+rate limit's 429 (code `rate_limit_exceeded`), as OpenAI types its request-rate limits.
 
 A request that fails validation (its body, query or header against the route's types) is a 400,
 as OpenAI answers, never FastAPI's 422: `param` is the field's dotted path (`seed`, `method.type`),
@@ -93,7 +94,9 @@ class APIError(Exception):
 
 class ErrorDetail(BaseModel):
     message: str
-    type: str = Field(description="invalid_request_error (4xx) or server_error (5xx)")
+    type: str = Field(
+        description="invalid_request_error (4xx), requests (the rate limit's 429) or server_error (5xx)"
+    )
     param: str | None = Field(description="the request field at fault, dotted when nested (method.type)")
     code: str | None
 

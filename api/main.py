@@ -157,7 +157,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.blobstore = blobstore_from_settings(settings, session_factory)
     app.state.celery = celery
     app.state.rate_limiter = RateLimiter.from_settings(settings)
-    registry, latency = health.make_registry(session_factory)
+    registry, latency = health.make_registry(session_factory, settings.lease_seconds)
     app.state.registry = registry
 
     _install_handlers_and_middleware(app, engine, latency)

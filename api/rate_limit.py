@@ -50,6 +50,7 @@ def rate_limited(item: RateLimitItem, spec: str, retry_after: int) -> APIError:
         f"Rate limit reached for this API key: {item.amount} requests per {per} "
         f"(rate_limit={spec!r}, setting FROMSCRATCH_RATE_LIMIT). Try again in {retry_after} s.",
         code="rate_limit_exceeded",
+        type="requests",  # OpenAI's type for a requests-per-period limit (its token limits say "tokens")
         headers={"Retry-After": str(retry_after)},
     )
 

@@ -170,6 +170,11 @@ class FineTuningJob(BaseModel):
         description="a pause was asked of the running job: it stays `running` until its worker has "
         "saved a checkpoint and stopped, then it is `paused`",
     )
+    waiting_for: str | None = Field(
+        None,
+        description="why a job waiting to be claimed cannot start now (no live worker consumes its "
+        "queue; its key runs max_running_jobs_per_key jobs); null while it runs, ends, or waits its turn",
+    )
 
 
 def tokens_per_step(job: JobRow) -> int | None:
@@ -191,7 +196,7 @@ def eta_seconds(job: JobRow) -> float | None:
     return round(remaining * per_step / job.tokens_per_s, 1)
 
 
-def to_job(job: JobRow) -> FineTuningJob:
+def to_job(job: JobRow, waiting_for: str | None = None) -> FineTuningJob:
     eta = eta_seconds(job)
     error = None
     if job.status == JobStatus.FAILED or job.error_code:
@@ -237,6 +242,7 @@ def to_job(job: JobRow) -> FineTuningJob:
         started_at=unix(job.started_at),
         base_model=job.base_model_id,
         pause_requested=bool(job.pause_requested) and job.status not in TERMINAL,
+        waiting_for=waiting_for,
     )
 
 

@@ -9,13 +9,18 @@ Prometheus metrics (one registry per app, so tests can build many apps):
   not claimed);
 - `fromscratch_training_tokens_per_second{job_id, queue}` for running jobs and
   `fromscratch_training_tokens_per_second_total` their sum;
+- `fromscratch_workers{queue, device_kind}` gauge: live workers consuming each queue (a worker
+  row refreshed within `lease_seconds`, as GET /v1/workers lists them); a queue with a depth and
+  no worker waits for one to start;
 - `fromscratch_database_up` 1/0 (0 when the scrape-time queries failed).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
@@ -31,7 +36,7 @@ from api.errors import error_response
 from core.broker_faults import describe as describe_broker_error
 from core.db_faults import OutageLog, is_connection_error
 from core.db_faults import describe as describe_db_error
-from core.models import Job
+from core.models import Job, Worker, utcnow
 from core.status import CLAIMABLE, JobStatus
 
 if TYPE_CHECKING:
@@ -42,8 +47,8 @@ router = APIRouter(tags=["health"])
 
 
 class JobsCollector(Collector):
-    def __init__(self, session_factory: sessionmaker[Session]) -> None:
-        self.session_factory = session_factory
+    def __init__(self, session_factory: sessionmaker[Session], lease_seconds: float) -> None:
+        self.session_factory, self.lease_seconds = session_factory, lease_seconds
         self.outage = OutageLog("metrics scrape", log, action="reports fromscratch_database_up 0")
 
     def collect(self) -> Iterator[Metric]:
@@ -59,6 +64,9 @@ class JobsCollector(Collector):
                 running = s.execute(
                     select(Job.id, Job.queue, Job.tokens_per_s).where(Job.status == JobStatus.RUNNING)
                 ).all()
+                since = utcnow() - timedelta(seconds=self.lease_seconds)
+                workers = s.execute(select(Worker.queues, Worker.device_kind).where(Worker.seen_at >= since))
+                live = Counter((queue, kind) for queues, kind in workers for queue in queues)
         except Exception as exc:  # a scrape must not fail because the database is down
             if is_connection_error(exc):
                 self.outage.failed(exc)  # once per outage
@@ -79,6 +87,7 @@ class JobsCollector(Collector):
         for queue in sorted({"cpu", "gpu", *waiting_by_queue}):
             depth.add_metric([queue], float(waiting_by_queue.get(queue, 0)))
         yield depth
+        yield self._workers(live)
         tps = GaugeMetricFamily(
             "fromscratch_training_tokens_per_second",
             "Training throughput of running jobs",
@@ -95,8 +104,19 @@ class JobsCollector(Collector):
             value=total,
         )
 
+    @staticmethod
+    def _workers(live: Counter[tuple[str, str]]) -> GaugeMetricFamily:
+        workers = GaugeMetricFamily(
+            "fromscratch_workers", "Live workers consuming a queue", labels=["queue", "device_kind"]
+        )
+        for (queue, kind), count in sorted(live.items()):
+            workers.add_metric([queue, kind], float(count))
+        return workers
 
-def make_registry(session_factory: sessionmaker[Session]) -> tuple[CollectorRegistry, Histogram]:
+
+def make_registry(
+    session_factory: sessionmaker[Session], lease_seconds: float
+) -> tuple[CollectorRegistry, Histogram]:
     registry = CollectorRegistry(auto_describe=False)
     latency = Histogram(
         "fromscratch_http_request_duration_seconds",
@@ -105,7 +125,7 @@ def make_registry(session_factory: sessionmaker[Session]) -> tuple[CollectorRegi
         registry=registry,
         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
     )
-    registry.register(JobsCollector(session_factory))
+    registry.register(JobsCollector(session_factory, lease_seconds))
     return registry, latency
 
 

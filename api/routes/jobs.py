@@ -39,6 +39,7 @@ from api.quotas import check_active_jobs, check_room_to_store
 from api.request_models import JobCreate
 from api.request_text import json_router
 from api.schemas import FineTuningJob, ListEnvelope, to_job
+from api.waiting import waiting_for, waiting_reasons
 from core import jobstates
 from core.models import ApiKey, Job
 from core.status import JobStatus
@@ -67,7 +68,7 @@ def create_job(
     job, created = insert_job(session, job, idempotency_key, fingerprint, settings.max_active_jobs_per_key)
     if created:
         enqueue(request, session, job, undo_create)
-    return to_job(job)
+    return to_job(job, waiting_for(session, job, settings))
 
 
 # `metadata[key]=value` is a deepObject query parameter, which FastAPI cannot declare itself
@@ -93,6 +94,7 @@ def list_jobs(
     request: Request,
     session: SessionDep,
     key: CurrentKey,
+    settings: SettingsDep,
     after: AfterId = None,
     limit: Annotated[int, Query(ge=1, le=100, description="page size")] = 20,
     status: Annotated[JobStatus | None, Query(description="only jobs in this status")] = None,
@@ -109,13 +111,15 @@ def list_jobs(
             raise bad_cursor(after)
         q = q.where(newest_first_after(Job, cursor))
     rows = session.scalars(q.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).all()
-    data = [to_job(j) for j in rows[:limit]]
+    reasons = waiting_reasons(session, rows[:limit], settings)
+    data = [to_job(j, reasons.get(j.id)) for j in rows[:limit]]
     return ListEnvelope.of(data, has_more=len(rows) > limit)
 
 
 @router.get("/jobs/{job_id}", response_model=FineTuningJob, summary="Get a job with its progress")
-def get_job(job_id: str, session: SessionDep, key: CurrentKey) -> FineTuningJob:
-    return to_job(owned_job(session, key.owner_id, job_id))
+def get_job(job_id: str, session: SessionDep, key: CurrentKey, settings: SettingsDep) -> FineTuningJob:
+    job = owned_job(session, key.owner_id, job_id)
+    return to_job(job, waiting_for(session, job, settings))
 
 
 def _control(session: Session, key: ApiKey, job_id: str, action: Callable[[Session, Job], Job]) -> Job:
@@ -158,7 +162,7 @@ def resume_job(
     job = _control(session, key, job_id, action)
     if needs.get("enqueue"):
         enqueue(request, session, job, undo_resume)
-    return to_job(job)
+    return to_job(job, waiting_for(session, job, settings))
 
 
 @router.get("/presets", summary="Model presets and a job's default hyperparameters (our extension)")

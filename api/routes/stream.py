@@ -44,8 +44,10 @@ from api.errors import error_body
 from api.queries import in_column_range, owned_job
 from api.schemas import metric_point, to_event, to_job, unix
 from api.stream_limits import stream_limits
+from api.waiting import waiting_for
 from core.db_faults import CONNECTION_ERRORS
 from core.models import ApiKey, Event, Job, Metric
+from core.settings import Settings
 from core.status import ACTIVE, TERMINAL
 
 router = APIRouter(prefix="/v1/fine_tuning", tags=["fine-tuning"])
@@ -89,7 +91,7 @@ def _sse(event: str, data: Any, id: str | None = None) -> str:
 
 
 def _poll(
-    factory: sessionmaker[Session], job_id: str, cursor: StreamCursor
+    factory: sessionmaker[Session], settings: Settings, job_id: str, cursor: StreamCursor
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[Event]]:
     """One poll: the newer lifecycle rows, then the job (so every status a row records is one the
     job has now or has left), then newer final metric rows (read after the job, so a terminal
@@ -104,7 +106,7 @@ def _poll(
         job = session.get(Job, job_id)
         if job is None:
             return None, [], []
-        snapshot = to_job(job).model_dump(mode="json")
+        snapshot = to_job(job, waiting_for(session, job, settings)).model_dump(mode="json")
         metrics = list(
             session.scalars(
                 select(Metric)
@@ -145,7 +147,8 @@ class _JobStream:
         self.cursor, self.sent_status = cursor, sent_status
         self.factory: sessionmaker[Session] = request.app.state.session_factory
         self.limits = stream_limits(request.app)
-        self.recheck_seconds: float = request.app.state.settings.stream_key_recheck_seconds
+        self.settings: Settings = request.app.state.settings
+        self.recheck_seconds = self.settings.stream_key_recheck_seconds
         self.last_write = self.last_key_check = time.monotonic()
 
     async def frames(self) -> AsyncIterator[str]:
@@ -171,7 +174,9 @@ class _JobStream:
                 if not await self.limits.run(_key_is_live, self.factory, self.key_id):
                     return _sse("error", KEY_REVOKED), "close"
                 self.last_key_check = time.monotonic()
-            job, points, events = await self.limits.run(_poll, self.factory, self.job_id, self.cursor)
+            job, points, events = await self.limits.run(
+                _poll, self.factory, self.settings, self.job_id, self.cursor
+            )
         except CONNECTION_ERRORS:  # the database is away: keep the stream open and poll again
             return "", "wait"
         if job is None:

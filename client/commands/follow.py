@@ -28,6 +28,7 @@ class _FollowState:
     def __init__(self, job: dict[str, Any]):
         self.job = job
         self.status: str = job.get("status", "?")
+        self.waiting_for: str | None = job.get("waiting_for")  # why a queued job cannot start
         p = job.get("progress") or {}
         self.step: int = p.get("step") or 0
         self.total: int | None = p.get("total_steps")
@@ -56,6 +57,8 @@ class _FollowState:
         """Merge a fresh read of the job; its progress counts only if it is not older than ours."""
         self.job = {**self.job, **job}
         self.status = job.get("status", self.status)
+        if "waiting_for" in job:
+            self.waiting_for = job["waiting_for"]
         p = job.get("progress") or {}
         if p.get("total_steps"):
             self.total = p["total_steps"]

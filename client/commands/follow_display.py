@@ -21,6 +21,7 @@ class Followed(Protocol):
     """What the display reads of the followed job (client.commands.follow._FollowState)."""
 
     status: str
+    waiting_for: str | None
     step: int
     total: int | None
     train_loss: float | None
@@ -36,10 +37,10 @@ def describe(state: Followed) -> str:
     eta = format_duration(state.eta) if state.eta is not None else "-"
     # the last evaluation's loss: its step beside it until the step shown is the evaluated one
     at = f" @{state.val_step}" if state.val_step is not None and state.val_step != state.step else ""
-    # a paused job ends only after a resume: say why following goes on
-    waiting = (
-        "  (paused: following until it is resumed and ends; Ctrl-C stops)" if state.status == "paused" else ""
-    )
+    # a paused job ends only after a resume, a queued one may wait for a worker: say why
+    waiting = f"  (waiting: {state.waiting_for})" if state.waiting_for else ""
+    if state.status == "paused":
+        waiting = "  (paused: following until it is resumed and ends; Ctrl-C stops)"
     return (
         f"loss {format_number(state.train_loss)}  val {format_number(state.val_loss)}{at}  "
         f"{format_number(state.tokens_per_s, ',.0f')} tok/s  ETA {eta}{waiting}"
@@ -65,6 +66,7 @@ class LineDisplay(_Display):
     def __init__(self, state: Followed, stream: TextIO, clock: Callable[[], float] = time.monotonic):
         self.state, self.stream, self.clock = state, stream, clock
         self.shown_status: str | None = None
+        self.shown_waiting: str | None = None
         self.shown_step: int | None = None
         self.last_step_line = -float("inf")
 
@@ -74,7 +76,7 @@ class LineDisplay(_Display):
 
     def refresh(self) -> None:
         s = self.state
-        status_changed = s.status != self.shown_status
+        status_changed = s.status != self.shown_status or s.waiting_for != self.shown_waiting
         step_due = s.step != self.shown_step and (
             self.clock() - self.last_step_line >= self.STEP_SECONDS
             or s.step == s.total
@@ -84,7 +86,7 @@ class LineDisplay(_Display):
             return
         if s.step != self.shown_step:
             self.last_step_line = self.clock()
-        self.shown_status, self.shown_step = s.status, s.step
+        self.shown_status, self.shown_step, self.shown_waiting = s.status, s.step, s.waiting_for
         steps = f"{s.step}/{s.total}" if s.total else str(s.step)
         self.stream.write(f"{s.status:<16} step {steps}  {describe(s)}\n")
         self.stream.flush()

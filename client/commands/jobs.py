@@ -97,6 +97,7 @@ def job_details(job: dict[str, Any]) -> list[tuple[str, object]]:
     rows: list[tuple[str, object]] = [
         ("id", job.get("id")),
         ("status", job.get("status")),
+        ("waiting for", job.get("waiting_for")),
         ("model", job.get("model")),
         ("training file", job.get("training_file")),
         ("validation file", job.get("validation_file")),

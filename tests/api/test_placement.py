@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import delete
+from sqlalchemy import delete, update
 
 from api.job_limits import JobTooLarge
 from api.main import create_app
-from core.models import Worker, utcnow
+from core.models import Job, Worker, utcnow
 from core.settings import Settings
 from tests.api.test_devices_admission import JOBS, create, new_tenant
 from tests.api.test_errors import assert_envelope
@@ -27,9 +27,12 @@ GiB = 1 << 30
 
 
 @contextlib.contextmanager
-def gpu_worker(session_factory: Any, seen_at: datetime, device_kind: str = "cuda") -> Iterator[None]:
+def gpu_worker(
+    session_factory: Any, seen_at: datetime, device_kind: str = "cuda", queue: str = "gpu"
+) -> Iterator[None]:
     """A gpu-queue training worker's row, as worker/advertise.py writes it, for the block's
-    duration: one with a GPU, or (device_kind cpu) a CPU worker consuming the gpu queue too."""
+    duration: one with a GPU, or (device_kind cpu) a CPU worker consuming the gpu queue too (or,
+    given `queue`, another queue)."""
     worker_id = f"gpu-{secrets.token_hex(4)}@box"
     with session_factory() as s:
         s.add(
@@ -37,7 +40,7 @@ def gpu_worker(session_factory: Any, seen_at: datetime, device_kind: str = "cuda
                 id=worker_id,
                 host="box",
                 pid=1,
-                queues=["gpu"],
+                queues=[queue],
                 device_kind=device_kind,
                 devices=1,
                 memory_bytes=80 * GiB,
@@ -102,3 +105,31 @@ def test_a_cuda_job_is_refused_where_the_gpu_queues_workers_have_no_gpu_and_wait
             with gpu_worker(sqlite_session_factory, seen_at=utcnow()):  # and a GPU one beside it
                 r = create(client, tenant, cuda)
                 assert r.status_code == 200 and r.json()["queue"] == "gpu", r.text
+
+
+def test_a_waiting_job_says_why_it_cannot_start(
+    sqlite_settings: Settings, sqlite_session_factory: Any
+) -> None:
+    """A job on a queue no live worker consumes used to wait without a word; so did one held back
+    by its key's max_running_jobs_per_key. `waiting_for` says which, until it no longer holds."""
+    settings = sqlite_settings.model_copy(update={"max_running_jobs_per_key": 1})
+    tenant = new_tenant(sqlite_session_factory)
+    with TestClient(create_app(settings)) as client:
+        r = create(client, tenant, {"device": "cuda", "max_steps": 3})
+        job_id = r.json()["id"]
+        assert "no live worker consumes queue 'gpu'" in r.json()["waiting_for"], r.text
+        listed = client.get(JOBS, headers=tenant.headers).json()["data"]
+        assert listed[0]["waiting_for"] == r.json()["waiting_for"]
+        assert 'fromscratch_workers{device_kind="cuda"' not in client.get("/metrics").text
+        with gpu_worker(sqlite_session_factory, seen_at=utcnow()):
+            assert client.get(f"{JOBS}/{job_id}", headers=tenant.headers).json()["waiting_for"] is None
+            assert 'fromscratch_workers{device_kind="cuda",queue="gpu"} 1.0' in client.get("/metrics").text
+            other = create(client, tenant, {"device": "cuda", "max_steps": 3}).json()["id"]
+            with sqlite_session_factory() as s:  # a worker claimed the first: the key's one slot
+                s.execute(update(Job).where(Job.id == job_id).values(lease_owner="box:1:1"))
+                s.commit()
+            waiting = client.get(f"{JOBS}/{other}", headers=tenant.headers).json()["waiting_for"]
+            assert "max_running_jobs_per_key (1)" in waiting, waiting
+            assert client.get(f"{JOBS}/{job_id}", headers=tenant.headers).json()["waiting_for"] is None
+        # the gpu worker is gone (its row with it): the second job waits for one again
+        assert "queue 'gpu'" in client.get(f"{JOBS}/{other}", headers=tenant.headers).json()["waiting_for"]

@@ -254,6 +254,7 @@ def test_rate_limit_per_key(client_with: Callable[..., TestClient], tenant: Tena
         assert c.get("/v1/files", headers=tenant.headers).status_code == 200
     r = c.get("/v1/files", headers=tenant.headers)
     err = assert_quota(r, "FROMSCRATCH_RATE_LIMIT", code="rate_limit_exceeded")
+    assert err["type"] == "requests", err  # as OpenAI types a requests-per-period limit
     assert "3 requests per minute" in err["message"] and "'3/minute'" in err["message"], err
     assert 1 <= int(r.headers["retry-after"]) <= 60
     # the stream is limited too; another key is not; the open endpoints never are

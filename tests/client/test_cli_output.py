@@ -176,6 +176,18 @@ def test_follow_shows_the_step_of_a_validation_loss_from_an_earlier_step() -> No
     assert "val 2.4500 " in describe(state) and "@" not in describe(state)
 
 
+def test_follow_and_show_say_why_a_queued_job_cannot_start() -> None:
+    reason = "no live worker consumes queue 'gpu' (GET /v1/workers): the job starts when one does"
+    state = _FollowState(job(status="queued", waiting_for=reason, progress={"step": 0, "total_steps": 9}))
+    out = Flushed()
+    with LineDisplay(state, out, clock=lambda: 0.0) as display:
+        state.job_update(job(status="queued", waiting_for=None, progress={"step": 0, "total_steps": 9}))
+        display.refresh()  # the reason went (a worker started): a line says so at once
+    first, second = out.getvalue().splitlines()
+    assert first.endswith(f"(waiting: {reason})") and "waiting" not in second
+    assert dict(job_details(job(status="queued", waiting_for=reason)))["waiting for"] == reason
+
+
 def test_follow_says_a_paused_job_is_followed_until_it_is_resumed() -> None:
     state = _FollowState(job(status="paused"))
     assert describe(state).endswith("(paused: following until it is resumed and ends; Ctrl-C stops)")
