@@ -32,6 +32,7 @@ from trainer.config import (
 )
 from trainer.config.errors import quote
 from trainer.config.estimate import held_out_tokens, max_train_tokens
+from trainer.config.learning_groups import default_learning_rate
 
 NOT_HYPERPARAMETERS = {"seed": "use the request's top-level `seed`"}
 TOKENIZER_FIELDS = ("tokenizer", "vocab_size")
@@ -109,7 +110,7 @@ def _train_config(
     for name in TOKENIZER_FIELDS if parent else ():
         if name in parent:  # type: ignore[operator]
             values[name] = parent[name]  # type: ignore[index]
-    base_lr = values.get("learning_rate", TrainConfig.model_fields["learning_rate"].default)
+    base_lr = values.get("learning_rate", default_learning_rate(values.get("optimizer")))
     if isinstance(base_lr, int | float) and not isinstance(base_lr, bool):
         values["learning_rate"] = base_lr * multiplier
     values["seed"] = seed

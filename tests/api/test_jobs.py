@@ -101,6 +101,10 @@ def test_method_supervised_and_multiplier(client: TestClient, tenant: Tenant, fi
     assert job["config"]["train"]["learning_rate"] == pytest.approx(2e-3)
     assert job["config"]["train"]["n_epochs"] == 3
     assert job["hyperparameters"]["n_epochs"] == 3
+    # the multiplier scales the optimizer's own default: L-BFGS's is 1, not AdamW's 1e-3
+    lbfgs = {"optimizer": "lbfgs", "learning_rate_multiplier": 2}
+    resp = create(client, tenant, {"model": "llama-tiny", "training_file": file_id, "hyperparameters": lbfgs})
+    assert resp.json()["config"]["train"]["learning_rate"] == pytest.approx(2.0), resp.text
 
 
 @pytest.mark.parametrize(

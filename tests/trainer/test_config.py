@@ -26,6 +26,15 @@ def test_lbfgs_trains_in_one_process():
     assert err.value.param == "devices" and "L-BFGS" in str(err.value)
 
 
+def test_lbfgs_gets_its_own_learning_rate_unless_one_is_given():
+    """L-BFGS at AdamW's 1e-3 learned nothing (its rate is the line search's first step)."""
+    assert TrainConfig(optimizer="lbfgs").learning_rate == 1.0
+    assert TrainConfig(optimizer="lbfgs", learning_rate=0.3).learning_rate == 0.3
+    assert TrainConfig().learning_rate == TrainConfig(optimizer="muon").learning_rate == 1e-3
+    resumed = TrainConfig.from_dict(TrainConfig(optimizer="lbfgs").to_dict())  # kept as stored
+    assert resumed.learning_rate == 1.0 and resumed.resolved_min_lr == 0.1
+
+
 @pytest.mark.parametrize(
     ("values", "field", "fragment"),
     [

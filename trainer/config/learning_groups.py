@@ -91,6 +91,19 @@ class DataFields(StrictConfig):
         return 258 if self.tokenizer == "byte" else (self.vocab_size or 4096)
 
 
+# L-BFGS's rate is the length of its line search's first step, not a gradient step's scale: AdamW's
+# 1e-3 left it learning nothing in 40 steps (val loss 5.58, the byte vocabulary's ln 258), 1 (torch's
+# default) reached 2.95
+LBFGS_LEARNING_RATE = 1.0
+
+
+def default_learning_rate(optimizer: str | None) -> float:
+    """The learning rate a run gets when it gives none: AdamW's and Muon's, or L-BFGS's own."""
+    if optimizer == "lbfgs":
+        return LBFGS_LEARNING_RATE
+    return float(OptimizerFields.model_fields["learning_rate"].default)
+
+
 class OptimizerFields(StrictConfig):
     """The optimizer and its settings."""
 
@@ -98,7 +111,12 @@ class OptimizerFields(StrictConfig):
         "adamw", "adamw, lbfgs or muon (Muon for the blocks' matrices, AdamW for the rest)", title="Optimizer"
     )
     learning_rate: float = param(
-        1e-3, "peak learning rate", title="Learning rate", gt=0, le=1e6, advanced=False
+        1e-3,
+        f"peak learning rate (lbfgs: {LBFGS_LEARNING_RATE:g} unless given: it scales the line search's first step)",
+        title="Learning rate",
+        gt=0,
+        le=1e6,
+        advanced=False,
     )
     weight_decay: float = param(
         0.1,

@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.config.fields import StrictConfig
-from trainer.config.learning_groups import MAX_STEPS, DataFields, InitFields, OptimizerFields, ScheduleFields
+from trainer.config.learning_groups import (
+    MAX_STEPS,
+    DataFields,
+    InitFields,
+    OptimizerFields,
+    ScheduleFields,
+    default_learning_rate,
+)
 from trainer.config.run_groups import CheckpointFields, EvaluationFields, RuntimeFields
 
 __all__ = ["MAX_STEPS", "TRAIN_GROUPS", "TrainConfig", "group_of"]
@@ -32,6 +39,11 @@ class TrainConfig(
 ):
     """Everything about a run that is not architecture: the fields of every group in TRAIN_GROUPS,
     flat, with the rules that span groups."""
+
+    def __init__(self, **values: Any) -> None:
+        if "learning_rate" not in values:  # the optimizer's own default (L-BFGS's is not AdamW's)
+            values["learning_rate"] = default_learning_rate(values.get("optimizer"))
+        super().__init__(**values)
 
     def _cross_field_problems(self) -> list[tuple[str, str]]:
         problems: list[tuple[str, str]] = []
