@@ -117,6 +117,12 @@ class Settings(BaseSettings):
         default="", description="`limits` storage (redis://...); empty = the broker's Redis, else memory"
     )
 
+    metrics_token: str = Field(
+        default="",
+        description="when set, /metrics answers only `Authorization: Bearer <this>` (its labels name "
+        "every tenant's running jobs); empty = open, for a scraper on a private network",
+    )
+
     # -- robustness --
     upload_body_timeout_seconds: float = Field(default=30.0, gt=0, description="silence allowed mid-upload")
     request_read_timeout_seconds: float = Field(

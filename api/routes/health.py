@@ -1,5 +1,6 @@
 """Open endpoints (no key): /healthz (the process answers), /readyz (database and broker reachable,
-else 503 in the error envelope with `Retry-After`, the message naming which is down), /metrics (Prometheus text format).
+else 503 in the error envelope with `Retry-After`, the message naming which is down), /metrics (Prometheus
+text format; behind a bearer token of its own when `metrics_token` is set).
 
 Prometheus metrics (one registry per app, so tests can build many apps):
 - `fromscratch_http_request_duration_seconds{method, route, status}` histogram: time to the
@@ -18,6 +19,7 @@ Prometheus metrics (one registry per app, so tests can build many apps):
 from __future__ import annotations
 
 import logging
+import secrets
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -169,4 +171,12 @@ def readyz(request: Request) -> Response:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 def metrics(request: Request) -> Response:
+    token: str = request.app.state.settings.metrics_token
+    if token:  # a scraper's bearer token (Prometheus: `authorization: {credentials: ...}`)
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), token.encode()):
+            message = "/metrics needs `Authorization: Bearer <token>` (setting FROMSCRATCH_METRICS_TOKEN)"
+            return error_response(
+                401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
+            )
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)

@@ -116,6 +116,17 @@ def test_readyz_503_when_broker_unreachable(settings: Any) -> None:
     assert "broker" in err["message"]
 
 
+def test_metrics_behind_a_token_when_one_is_set(settings: Any) -> None:
+    """Its labels name every tenant's running jobs: a deployment can keep it to its scraper."""
+    with TestClient(create_app(settings.model_copy(update={"metrics_token": "scrape-me"}))) as c:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic scrape-me"}):
+            err = assert_envelope(c.get("/metrics", headers=headers), 401)
+            assert "FROMSCRATCH_METRICS_TOKEN" in err["message"], err
+        r = c.get("/metrics", headers={"Authorization": "Bearer scrape-me"})
+        assert r.status_code == 200 and "fromscratch_jobs" in r.text
+        assert c.get("/healthz").status_code == 200  # the probes stay open
+
+
 def test_request_latency_and_job_gauges_exported(client: TestClient, tenant: Tenant, factory: Any) -> None:
     factory.job(tenant.owner_id, status="running", tokens_per_s=1234.0)
     client.get("/v1/files", headers=tenant.headers)
