@@ -18,14 +18,18 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from core.exports import served_export_formats
 from core.status import status_sets
 from trainer.config import schema
 
-# (query parameters, JSON body or None) -> (HTTP status, JSON answer)
+# (query parameters, JSON body or None) -> (HTTP status, JSON answer, or Text)
 Answer = Callable[[dict[str, str], Any], tuple[int, Any]]
+
+
+class Text(str):
+    """An answer's body as plain text, not JSON (a file's content)."""
 
 
 def ok(body: Any) -> Answer:
@@ -76,7 +80,7 @@ class StubApi:
     def _handle(self, route: Any) -> None:
         request = route.request
         url = urlsplit(request.url)
-        path = url.path.removeprefix("/v1")
+        path = unquote(url.path).removeprefix("/v1")  # model ids are sent %-encoded (ft%3A...)
         key = f"{request.method} {path}"
         self.calls[key] += 1
         body = json.loads(request.post_data) if request.post_data else None
@@ -94,7 +98,10 @@ class StubApi:
             return
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         status, payload = answer(query, body)
-        route.fulfill(status=status, json=payload)
+        if isinstance(payload, Text):
+            route.fulfill(status=status, body=str(payload), content_type="text/plain; charset=utf-8")
+        else:
+            route.fulfill(status=status, json=payload)
 
 
 # ------------------------------------------------------------------------------ streamed answers
@@ -278,6 +285,12 @@ def stub_file(file_id: str, filename: str = "data.txt", n_bytes: int = 100_000) 
             "filename": filename, "purpose": "fine-tune", "format": "text", "sha256": "0" * 64}  # fmt: skip
 
 
+def stub_model(model_id: str, job_id: str, *, kind: str = "fine_tuned", step: int = 40) -> dict[str, Any]:
+    """A model object as GET /v1/models lists it."""
+    return {"id": model_id, "object": "model", "created": 1_700_000_100, "owned_by": "org-stub", "kind": kind,
+            "job_id": job_id, "step": step, "root": "llama-tiny", "parent": None}  # fmt: skip
+
+
 def metrics_page(points: list[dict[str, Any]], query: dict[str, str]) -> dict[str, Any]:
     """GET /fine_tuning/jobs/{id}/metrics over `points` (step order): after_step and limit as the API
     reads them; max_points is ignored (the stubs' jobs are short)."""
@@ -308,6 +321,9 @@ class StubJobs:
         self.api.on("GET", f"/fine_tuning/jobs/{job_id}", lambda query, sent: (200, self.jobs[job_id]))
         for file_id in filter(None, (job.get("training_file"), job.get("validation_file"))):
             self.api.on("GET", f"/files/{file_id}", ok(stub_file(file_id)))
+        if job.get("fine_tuned_model"):  # the job page asks whether its model still exists
+            model_id = job["fine_tuned_model"]
+            self.api.on("GET", f"/models/{model_id}", ok(stub_model(model_id, job_id)))
         self.api.on(
             "GET",
             f"/fine_tuning/jobs/{job_id}/metrics",
@@ -316,3 +332,17 @@ class StubJobs:
 
     def listing(self) -> dict[str, Any]:
         return {"object": "list", "data": list(reversed(self.jobs.values())), "has_more": False}
+
+
+CHAT_DATA = '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}\n'
+TEXT_DATA = "ROMEO: But soft, what light through yonder window breaks?\n"
+
+
+def stub_training_data(api: StubApi, job_id: str, content: str, file_id: str = "file-1") -> None:
+    """Job `job_id` (GET /fine_tuning/jobs/{id}) trained on file `file_id` holding `content` (GET
+    /files/{id}/content, answered 206 as to the playground's Range request): what the playground
+    reads to choose a model's mode."""
+    job = job_object(job_id)
+    job["training_file"] = file_id
+    api.on("GET", f"/fine_tuning/jobs/{job_id}", ok(job))
+    api.on("GET", f"/files/{file_id}/content", lambda query, sent: (206, Text(content)))

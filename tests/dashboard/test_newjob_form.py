@@ -151,3 +151,38 @@ def test_statuses_and_schema_are_fetched_once(new_page: Any, static_url: str) ->
         page.wait_for_selector("h1:has-text('Training jobs')")
     assert api.calls["GET /fine_tuning/statuses"] == 1
     assert api.calls["GET /fine_tuning/hyperparameters"] == 1
+
+
+def test_each_problem_of_one_answer_lands_under_its_own_field(new_page: Any, static_url: str) -> None:
+    """One 400 can list several fields' problems (a config's: "Invalid hyperparameters: a: ...; b:
+    ...", a request's types: "seed: ...; suffix: ..."), with `param` the first: each shows under its
+    own field, none under another's, and a field of no form control goes to the banner."""
+    page, log = new_page()
+    api = open_form(page, static_url)
+    page.click("#nav a[data-route=new]")
+    page.wait_for_selector("#hp-width")
+    page.select_option("#training_file", "file-1")
+
+    config = (
+        "Invalid hyperparameters: width: must be positive, got 0; "
+        "flavour: must be one of plain, spicy; got 'x'"
+    )
+    api.on("POST", "/fine_tuning/jobs", error(400, config, "width"))
+    page.click("button:has-text('Start training')")
+    page.wait_for_selector("#err-flavour:not(:empty)")
+    assert page.inner_text("#err-width") == "width: must be positive, got 0"
+    assert page.inner_text("#err-flavour") == "flavour: must be one of plain, spicy; got 'x'"
+    assert page.get_attribute("#hp-flavour", "aria-invalid") == "true"
+    assert page.evaluate("document.activeElement.id") == "hp-width"  # the first problem's field
+
+    types = (
+        "seed: Input should be a valid integer (got 'x'); suffix: too long; method.type: bad; seed: negative"
+    )
+    api.on("POST", "/fine_tuning/jobs", error(400, types, "seed"))
+    page.click("button:has-text('Start training')")
+    page.wait_for_selector("#err-suffix:not(:empty)")
+    assert page.inner_text("#err-seed") == "seed: Input should be a valid integer (got 'x'); seed: negative"
+    assert page.inner_text("#err-suffix") == "suffix: too long"
+    assert page.inner_text("#err-width") == "" and page.get_attribute("#hp-width", "aria-invalid") is None
+    assert page.inner_text(".new-job .error-banner") == "method.type: bad"
+    assert log.errors(allow=("400 (Bad Request)",)) == [], log.messages

@@ -1,6 +1,7 @@
 """The playground (views/playground.js) in a real Chromium against the stubbed API, its streamed
 answers written one event at a time by a real HTTP server (stub_api.EventStream): the text appears
-as it streams and completely, usage is shown, an error's message is shown, Stop hangs up."""
+as it streams and completely, usage is shown, an error's message is shown, Stop hangs up; the mode
+follows the model's training data (chat for conversations, completion otherwise) unless chosen."""
 
 from __future__ import annotations
 
@@ -11,24 +12,32 @@ from typing import Any
 import pytest
 
 from tests.dashboard.stub_api import (
+    CHAT_DATA,
     DONE,
+    TEXT_DATA,
     EventStream,
     StubApi,
+    Text,
     chat_chunk,
     completion_chunk,
     error,
     ok,
     sign_in_with_stub,
+    stub_file,
+    stub_model,
+    stub_training_data,
     usage_chunk,
 )
 
 FINAL = "ft:llama-tiny:stub:final"
 CHECKPOINT = "ft:llama-tiny:stub:ckpt-step-20"
+PROSE = "ft:llama-tiny:prose:final"  # trained on plain text, by another job
 MODELS = [
     {"id": FINAL, "object": "model", "created": 1_700_000_100, "owned_by": "o", "kind": "fine_tuned",
      "job_id": "ftjob-stub", "step": 40, "root": "llama-tiny", "parent": None},
     {"id": CHECKPOINT, "object": "model", "created": 1_700_000_050, "owned_by": "o", "kind": "checkpoint",
      "job_id": "ftjob-stub", "step": 20, "root": "llama-tiny", "parent": None},
+    stub_model(PROSE, "ftjob-prose") | {"created": 1_700_000_010},
 ]  # fmt: skip
 HUNG_UP_WAIT = 20.0  # seconds: a bound for the stub to see the page hang up, not a speed check
 
@@ -41,11 +50,17 @@ def events() -> Iterator[EventStream]:
 
 
 def open_playground(new_page: Any, static_url: str, route: str = "#/playground") -> tuple[Any, Any, StubApi]:
+    """The playground on `route`; ftjob-stub's models were trained on conversations, PROSE on text.
+    Without a mode in the route, returns once the mode follows the model chosen."""
     page, log = new_page()
     api = StubApi(page)
     api.on("GET", "/models", ok({"object": "list", "data": MODELS, "has_more": False}))
+    stub_training_data(api, "ftjob-stub", CHAT_DATA)
+    stub_training_data(api, "ftjob-prose", TEXT_DATA, file_id="file-prose")
     sign_in_with_stub(page, static_url, route)
     page.wait_for_selector("#pg-model:enabled")
+    if "mode=" not in route:
+        page.wait_for_selector(".pg-main[data-mode-for]")
     return page, log, api
 
 
@@ -216,7 +231,7 @@ def test_try_it_on_the_job_page_opens_the_playground_with_that_model(new_page: A
     base = "/fine_tuning/jobs/ftjob-stub"
     job = {"id": "ftjob-stub", "object": "fine_tuning.job", "model": "llama-tiny", "status": "succeeded",
            "fine_tuned_model": FINAL, "created_at": 1_700_000_000, "finished_at": 1_700_000_100,
-           "progress": {"step": 40, "total_steps": 40}}  # fmt: skip
+           "progress": {"step": 40, "total_steps": 40}, "training_file": "file-1"}  # fmt: skip
     checkpoint = {"id": "ftckpt-1", "step_number": 20, "fine_tuned_model_checkpoint": CHECKPOINT,
                   "metrics": {}, "created_at": 1_700_000_050}  # fmt: skip
     empty = {"object": "list", "data": [], "has_more": False}
@@ -225,6 +240,9 @@ def test_try_it_on_the_job_page_opens_the_playground_with_that_model(new_page: A
     api.on("GET", f"{base}/events", ok(empty))
     api.on("GET", f"{base}/checkpoints", ok({"object": "list", "data": [checkpoint], "has_more": False}))
     api.on("GET", "/models", ok({"object": "list", "data": MODELS, "has_more": False}))
+    api.on("GET", f"/models/{FINAL}", ok(MODELS[0]))
+    api.on("GET", "/files/file-1", ok(stub_file("file-1", "chats.jsonl")))
+    api.on("GET", "/files/file-1/content", lambda query, sent: (206, Text(CHAT_DATA)))
     sign_in_with_stub(page, static_url, "#/jobs/ftjob-stub")
     page.wait_for_selector(f"#gen-model option[value='{CHECKPOINT}']", state="attached")
     page.select_option("#gen-model", CHECKPOINT)
@@ -232,4 +250,36 @@ def test_try_it_on_the_job_page_opens_the_playground_with_that_model(new_page: A
     page.wait_for_selector("#pg-model:enabled")
     assert page.get_by_label("Model or checkpoint").input_value() == CHECKPOINT
     assert re.search(r"#/playground\?model=", page.url)
+    page.wait_for_selector(f".pg-main[data-mode-for='{CHECKPOINT}']")
+    assert page.get_by_role("radio", name="Chat").is_checked()  # its job trained on conversations
+    assert log.errors() == [], log.messages
+
+
+def test_the_mode_follows_the_models_training_data_until_one_is_chosen(
+    new_page: Any, static_url: str
+) -> None:
+    page, log, api = open_playground(new_page, static_url, f"#/playground?model={PROSE}")
+    page.wait_for_selector(f".pg-main[data-mode-for='{PROSE}']")
+    assert page.get_by_role("radio", name="Completion").is_checked()  # plain text: completion
+    assert page.get_by_label("Prompt", exact=True).is_visible()
+    assert "mode=" not in page.evaluate("location.hash")  # a reload lets the data decide again
+    page.select_option("#pg-model", FINAL)
+    page.wait_for_selector(f".pg-main[data-mode-for='{FINAL}']")
+    assert page.get_by_role("radio", name="Chat").is_checked()  # conversations: chat
+    assert page.get_by_label("Your message").is_visible()
+
+    page.get_by_role("radio", name="Completion").check()  # the user's choice stays
+    page.select_option("#pg-model", PROSE)
+    page.select_option("#pg-model", CHECKPOINT)
+    assert page.get_by_role("radio", name="Completion").is_checked()
+    assert "mode=completion" in page.evaluate("location.hash")
+    assert log.errors() == [], log.messages
+
+
+def test_a_mode_in_the_address_wins(new_page: Any, static_url: str) -> None:
+    page, log, api = open_playground(new_page, static_url, f"#/playground?model={PROSE}&mode=chat")
+    assert page.get_by_role("radio", name="Chat").is_checked()
+    page.select_option("#pg-model", CHECKPOINT)
+    assert page.get_by_role("radio", name="Chat").is_checked()
+    assert api.calls["GET /files/file-prose/content"] == 0 and api.calls["GET /files/file-1/content"] == 0
     assert log.errors() == [], log.messages

@@ -67,8 +67,12 @@ def test_playground_streams_from_a_trained_model(
     page.get_by_role("link", name="Try it in the playground").click()
     page.wait_for_selector("#pg-model:enabled")
     assert page.get_by_label("Model or checkpoint").input_value() == model
+    # trained on plain text: the playground starts in completion mode
+    page.wait_for_selector(f".pg-main[data-mode-for='{model}']")
+    assert page.get_by_role("radio", name="Completion").is_checked()
 
     # a streamed chat
+    page.get_by_role("radio", name="Chat").check()
     page.get_by_label("Max tokens").fill(str(SAMPLING["max_tokens"]))
     page.get_by_label("Seed").fill(str(SAMPLING["seed"]))
     page.get_by_label("Your message").fill("Speak, Juliet.")

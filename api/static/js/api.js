@@ -109,6 +109,32 @@ export function uploadFile(file, { purpose = "fine-tune", onProgress, signal } =
   });
 }
 
+/** The first `bytes` bytes of file `fileId`, as text (GET /v1/files/{id}/content with a Range): a
+ *  look at the start of a file, however large, without downloading it. */
+export async function fileStart(fileId, bytes, { signal } = {}) {
+  let res;
+  try {
+    res = await fetch(`/v1/files/${encodeURIComponent(fileId)}/content`,
+      { signal, headers: authHeaders({ Range: `bytes=0-${bytes - 1}` }) });
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new ApiError(0, { message: "cannot reach the server (network error)" });
+  }
+  if (!res.ok) throw await errorFrom(res);
+  const chunks = [];
+  let received = 0;
+  const reader = res.body.getReader();
+  while (received < bytes) { // a server that ignores the Range sends it all: read no further
+    const { value, done } = await reader.read();
+    if (done) break;
+    chunks.push(value);
+    received += value.length;
+  }
+  reader.cancel().catch(() => {});
+  const start = new Uint8Array(await new Blob(chunks).arrayBuffer()).subarray(0, bytes);
+  return new TextDecoder().decode(start);
+}
+
 /** Incremental text/event-stream parser (the WHATWG rules). feed(text) returns complete events. */
 export class SSEParser {
   constructor() { this.buf = ""; this.reset(); this.lastEventId = null; }

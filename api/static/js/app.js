@@ -1,7 +1,8 @@
-// Hash routes: #/jobs[?after=ID], #/jobs/<id>, #/new, #/playground[?model=ID&mode=chat|completion],
-// #/compare[?jobs=ID,ID,...], #/signin. Each view is mounted into <main> and returns {destroy()} so
-// its timers, streams and charts stop when the route changes. Signed-in views get the statuses the
-// API serves (fetched once after sign-in, see served.js).
+// Hash routes: #/jobs[?after=ID], #/jobs/<id>, #/new[?clone=ID],
+// #/playground[?model=ID&mode=chat|completion], #/compare[?jobs=ID,ID,...], #/signin; a route opened
+// signed out shows the sign-in, then itself. Each view is mounted into <main> and returns {destroy()}
+// so its timers, streams and charts stop when the route changes. Signed-in views get the statuses
+// the API serves (fetched once after sign-in, see served.js).
 
 import { clearKey, getKey, onUnauthorized } from "./api.js";
 import { forgetServed, loadStatuses } from "./served.js";
@@ -53,7 +54,7 @@ async function route() {
     return;
   }
   if (seq !== routing) return;
-  if (parts[0] === "new") current = mountNewJob(main);
+  if (parts[0] === "new") current = mountNewJob(main, { params });
   else if (parts[0] === "playground") current = mountPlayground(main, { params });
   else if (parts[0] === "compare") current = mountCompare(main, { params, statuses });
   else if (parts[0] === "jobs" && parts[1]) current = mountJob(main, { id: parts[1], statuses });

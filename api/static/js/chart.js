@@ -71,7 +71,8 @@ export class LineChart {
   /**
    * canvas: the <canvas>; series: Series[]; options: {xLabel, yLabel, yFormat, xFormat, xTime (round
    * seconds as x ticks: a wall-clock axis), log, xMax, emptyText}
-   * The canvas gets data-points (points drawn, all series) and data-points-<series key> attributes
+   * The canvas gets data-empty (the emptyText, while nothing is drawn), data-points (points drawn,
+   * all series) and data-points-<series key> attributes
    * (e.g. data-points-train-loss), data-x-ticks (the x tick labels, "|"-separated) and
    * data-x-labels-fit (whether the last x label ends inside the canvas), and while the pointer is over it data-readout (the read-out's
    * lines, newline-separated).
@@ -139,9 +140,11 @@ export class LineChart {
     this.#reportPoints(extent.total);
     if (!(extent.xMax >= extent.xMin)) {
       paintEmpty(ctx, colors, surface, emptyText);
-      this.canvas.setAttribute("aria-label", `${this.options.title || "chart"}: no data yet`);
+      this.canvas.dataset.empty = emptyText; // what the empty chart says, for tests and readers
+      this.canvas.setAttribute("aria-label", `${this.options.title || "chart"}: ${emptyText}`);
       return;
     }
+    delete this.canvas.dataset.empty;
     const frame = chartFrame(ctx, extent, surface, this.options);
     if (!frame) return;
     const xAxis = paintAxes(ctx, frame, colors, this.options);

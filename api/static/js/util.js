@@ -108,3 +108,11 @@ export const sleep = (ms, signal) => new Promise((resolve) => {
   const t = setTimeout(resolve, ms);
   if (signal) signal.addEventListener("abort", () => { clearTimeout(t); resolve(); }, { once: true });
 });
+
+/** Call fn() each time the page is shown again (its tab becomes visible, its window gets the focus:
+ *  the user may have deleted something elsewhere meanwhile), until `signal` aborts (the view goes). */
+export function onShownAgain(fn, signal) {
+  const shown = () => { if (document.visibilityState !== "hidden") fn(); };
+  document.addEventListener("visibilitychange", shown, { signal });
+  window.addEventListener("focus", shown, { signal });
+}

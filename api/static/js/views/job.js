@@ -1,6 +1,7 @@
 // Job page: live loss and learning-rate charts, progress, controls, checkpoints, events, text
 // generation and downloads. This module wires the pieces in job/ together:
 //   header.js (title, status, live mode, errors)   actions.js (pause / resume / cancel)
+//   model_actions.js (clone the job, delete its model)
 //   progress.js + metrics.js (stats, ETA)           charts.js (loss, dynamics, system; x_axis.js)
 //   checkpoints.js, events.js, models.js            generate.js, downloads.js (the model cards)
 //   summary.js (files, model, metadata, timings, device)   config.js (every hyperparameter)
@@ -20,6 +21,7 @@ import { generateCard } from "./job/generate.js";
 import { jobHeader } from "./job/header.js";
 import { LiveFeed } from "./job/live.js";
 import { LiveMetrics } from "./job/metrics.js";
+import { modelActions } from "./job/model_actions.js";
 import { jobModels } from "./job/models.js";
 import { progressCard } from "./job/progress.js";
 import { summaryCard } from "./job/summary.js";
@@ -46,7 +48,8 @@ class JobPage {
     this.abort = new AbortController();
     this.signal = this.abort.signal;
     this.endpoints = jobEndpoints(id, this.signal);
-    this.state = { job: null, checkpoints: [], mode: "loading", files: {}, schema: null };
+    this.state = { job: null, checkpoints: [], mode: "loading", files: {}, schema: null,
+      deleted: new Set(), historyLoaded: false, checkedModel: null };
     this.#createPieces();
   }
 
@@ -56,7 +59,9 @@ class JobPage {
     this.charts = jobCharts();
     this.progress = progressCard({ charts: this.charts, metrics: this.metrics, statuses });
     this.actions = jobActions({ statuses, request: (action) => this.request(action), rerender: () => this.renderJob() });
-    this.header = jobHeader(id, this.actions.node);
+    this.modelActions = modelActions({ jobId: id, deleteModel: endpoints.deleteModel,
+      onDeleted: (model) => this.modelDeleted(model) });
+    this.header = jobHeader(id, el("div", { class: "head-actions" }, this.actions.node, this.modelActions.node));
     this.generate = generateCard({ signal });
     this.downloads = downloadCard({ signal });
     this.checkpoints = checkpointsCard();
@@ -89,11 +94,13 @@ class JobPage {
 
   // -- rendering --------------------------------------------------------------------------------
   renderJob() {
-    this.header.showJob(this.state.job);
-    this.actions.render(this.state.job);
+    const { job, deleted, historyLoaded } = this.state;
+    this.header.showJob(job, deleted);
+    this.actions.render(job);
     this.renderModels();
-    this.progress.update(this.state.job);
+    this.progress.update(job);
     this.renderRun();
+    if (historyLoaded && this.ended()) this.charts.ended(job.status); // no point will come now
   }
 
   /** The run's summary and configuration (each once what it needs has arrived). */
@@ -116,9 +123,32 @@ class JobPage {
   }
 
   renderModels() {
-    const models = jobModels(this.state.job, this.state.checkpoints);
+    const { job, checkpoints, deleted } = this.state;
+    const models = jobModels(job, checkpoints).filter(([mid]) => !deleted.has(mid));
     this.generate.setModels(models);
     this.downloads.setModels(models);
+  }
+
+  /** Whether the succeeded job's model still exists (asked once): Delete model offers it; a model
+   *  deleted since leaves the pickers. */
+  async checkModel() {
+    const { job } = this.state;
+    const model = job.status === "succeeded" ? job.fine_tuned_model : null;
+    if (!model || this.state.checkedModel === model) return;
+    this.state.checkedModel = model;
+    try {
+      await this.endpoints.model(model);
+      if (!this.state.deleted.has(model)) this.modelActions.setModel(model);
+    } catch (e) {
+      if (e.status === 404) this.modelDeleted(model);
+      else if (e.name !== "AbortError") this.modelActions.setModel(model); // the delete will say
+    }
+  }
+
+  modelDeleted(model) {
+    this.state.deleted.add(model);
+    this.modelActions.setModel(null);
+    this.renderJob();
   }
 
   setMode(mode) {
@@ -140,6 +170,7 @@ class JobPage {
     const before = state.job ? state.job.status : null;
     state.job = { ...(state.job || {}), ...obj };
     this.renderJob();
+    this.checkModel();
     if (before && before !== state.job.status) {
       this.refreshSide();
       if (state.job.status === "succeeded") toast(`Job ${this.id} succeeded`, "ok");
@@ -202,6 +233,8 @@ class JobPage {
       document.title = `${id} · fromscratch`;
       this.loadRunDetails();
       await this.feed.loadHistory();
+      this.state.historyLoaded = true;
+      this.renderJob();
       this.refreshSide();
       await this.start();
     } catch (e) {
@@ -216,6 +249,7 @@ class JobPage {
     this.abort.abort();
     this.charts.destroy();
     this.actions.destroy();
+    this.modelActions.destroy();
     clearTimeout(this.#sideTimer);
   }
 }

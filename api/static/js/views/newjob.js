@@ -5,6 +5,8 @@
 //   newjob/files.js (data)   newjob/fields.js + schema.js (hyperparameters)   newjob/errors.js
 //   newjob/integrations.js (W&B and MLflow)   newjob/metadata.js (key/value rows)
 //   newjob/estimate.js (the live estimate beside the form, the server's admission arithmetic)
+// #/new?clone=<job id> (the job page's Clone) starts the form from that job: its model, files,
+// suffix, seed and hyperparameters (not its metadata or integrations).
 
 import { ApiError, api } from "../api.js";
 import { loadHyperparameterSchema } from "../served.js";
@@ -17,20 +19,29 @@ import { integrationsSection } from "./newjob/integrations.js";
 import { metadataSection } from "./newjob/metadata.js";
 import { defaultPreset, presetNames } from "./newjob/schema.js";
 
-export function mountNewJob(root) {
+/** params: the address's query (clone=<job id>). */
+export function mountNewJob(root, { params } = {}) {
   const abort = new AbortController();
+  const cloneOf = params?.get("clone");
   const loading = el("p", { class: "muted", role: "status" }, "Loading the hyperparameters…");
   root.append(loading);
-  loadHyperparameterSchema().then((schema) => {
+  const cloned = cloneOf ? jobToClone(cloneOf, abort.signal) : null;
+  Promise.all([loadHyperparameterSchema(), cloned]).then(([schema, source]) => {
     if (abort.signal.aborted) return;
     loading.remove();
-    root.append(newJobPage(schema, abort.signal));
+    root.append(newJobPage(schema, abort.signal, source));
   }, (e) => {
     if (abort.signal.aborted) return;
     loading.className = "error-banner";
     loading.textContent = `Could not read the hyperparameters from the API: ${e.message}`;
   });
   return { destroy() { abort.abort(); } };
+}
+
+/** {id, job} of the job to clone, or {id, error} when it cannot be read (the form says why). */
+function jobToClone(id, signal) {
+  return api(`/fine_tuning/jobs/${encodeURIComponent(id)}`, { signal })
+    .then((job) => ({ id, job }), (error) => ({ id, error }));
 }
 
 const labelled = (id, text, name) => el("label", { for: id }, text, el("span", { class: "param-name" }, name));
@@ -42,16 +53,16 @@ function typedNumber(text) {
 }
 
 /** The form, with the live estimate beside it (asked again on every edit). */
-function newJobPage(schema, signal) {
+function newJobPage(schema, signal, source) {
   let requestBody = () => null;
   const estimate = estimatePanel({ body: () => requestBody(), signal });
-  const form = newJobForm(schema, signal, estimate);
+  const form = newJobForm(schema, signal, estimate, source);
   requestBody = form.requestBody;
   for (const type of ["input", "change"]) form.node.addEventListener(type, () => estimate.update());
   return el("div", { class: "new-job-layout" }, form.node, estimate.node);
 }
 
-function newJobForm(schema, signal, estimate) {
+function newJobForm(schema, signal, estimate, source) {
   const errors = new FieldErrors();
   const data = dataFieldset({ errors, signal, onLoaded: () => estimate.update() });
   const hyperparameters = hyperparameterFields({ schema, errors });
@@ -62,6 +73,7 @@ function newJobForm(schema, signal, estimate) {
   const submit = el("button", { type: "submit", class: "primary" }, "Start training");
   const form = el("form", { class: "card new-job", novalidate: true },
     el("h1", {}, "New training job"),
+    source ? cloneNote(source) : null,
     errors.banner,
     data.node,
     request.node,
@@ -96,25 +108,48 @@ function newJobForm(schema, signal, estimate) {
       toast(`Job ${job.id} created`);
       location.hash = `#/jobs/${encodeURIComponent(job.id)}`;
     } catch (e) {
-      if (e instanceof ApiError && e.status !== 401) errors.show(integrations.slotFor(e.param) ?? e.param, e.message);
-      else if (!(e instanceof ApiError)) errors.show(null, e.message);
+      if (!(e instanceof ApiError)) errors.show(null, e.message);
+      else if (e.status !== 401) errors.showApi(e.param, e.message, (param) => integrations.slotFor(param) ?? param);
     } finally {
       submit.disabled = false;
       submit.textContent = "Start training";
     }
   });
 
-  data.load();
+  startFrom(source, { request, hyperparameters, data, errors });
   return { node: form, requestBody: () => (data.trainingFile() ? requestBody() : null) };
 }
 
+/** List the files, and fill the form from the job being cloned (source), if any. */
+function startFrom(source, { request, hyperparameters, data, errors }) {
+  const job = source?.job;
+  if (job) {
+    request.prefill(job);
+    hyperparameters.prefill(job.hyperparameters || {});
+  } else if (source) errors.show(null, `Could not read job ${source.id} to clone: ${source.error.message}`);
+  data.load(job ? { training_file: job.training_file, validation_file: job.validation_file } : {});
+}
+
+function cloneNote({ id }) {
+  return el("p", { class: "muted", id: "clone-note" }, "A copy of ",
+    el("a", { href: `#/jobs/${encodeURIComponent(id)}`, class: "mono" }, id),
+    ": its model, files, seed and hyperparameters. Change what you like and start it.");
+}
+
 /** The request's own fields: model (the preset) and suffix in the Model fieldset (node), and the
- *  seed among the training hyperparameters. chosen(): the suffix and seed, when given. */
+ *  seed among the training hyperparameters. chosen(): the suffix and seed, when given; prefill(job):
+ *  a cloned job's. */
 function requestFields({ schema, errors, hyperparameters }) {
+  const presets = presetNames(schema);
   const preset = el("select", { id: "model", name: "model", "aria-describedby": "err-model" },
-    presetNames(schema).map((name) => el("option", { value: name }, name)));
+    presets.map((name) => el("option", { value: name }, name)));
   preset.value = defaultPreset(schema);
-  preset.addEventListener("change", () => hyperparameters.setPreset(preset.value));
+  const follow = () => {
+    hyperparameters.setPreset(preset.value);
+    // a model continued from brings its own architecture (the API refuses architecture fields)
+    hyperparameters.architecture.hidden = !presets.includes(preset.value);
+  };
+  preset.addEventListener("change", follow);
   const suffix = el("input", { id: "suffix", name: "suffix", type: "text", maxlength: 40, placeholder: "optional",
     "aria-describedby": "err-suffix" });
   const seed = el("input", { id: fieldId("seed"), name: "seed", type: "text", inputmode: "numeric",
@@ -132,5 +167,15 @@ function requestFields({ schema, errors, hyperparameters }) {
     if (seed.value.trim()) out.seed = typedNumber(seed.value.trim());
     return out;
   }
-  return { node, preset, chosen };
+  /** A cloned job's model (a preset, or the model it continued from), suffix and seed. */
+  function prefill(job) {
+    if (!presets.includes(job.model)) {
+      preset.append(el("option", { value: job.model }, `${job.model} (continue training it)`));
+    }
+    preset.value = job.model;
+    follow();
+    suffix.value = job.suffix || "";
+    seed.value = job.seed ?? "";
+  }
+  return { node, preset, chosen, prefill };
 }

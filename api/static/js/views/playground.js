@@ -2,11 +2,15 @@
 //   models.js (the picker, GET /v1/models)    chat.js, completion.js (the two modes' panes)
 //   sampling.js (max_tokens … stop)           stream.js (the SSE reader)    stats.js (usage, tokens/s)
 // Address: #/playground?model=ID&mode=chat|completion, kept current as they change (no reload).
+// Without a mode in the address, the mode follows the model: chat for one trained on conversations,
+// completion otherwise (playground/data_kind.js), until the user picks one.
 // Stop aborts the request (the server sees the connection close); leaving the page does too.
+// The model list is read again whenever the page is shown again (a model deleted elsewhere goes).
 
-import { el } from "../util.js";
+import { el, onShownAgain } from "../util.js";
 import { chatPane } from "./playground/chat.js";
 import { completionPane } from "./playground/completion.js";
+import { modelDataKind } from "./playground/data_kind.js";
 import { modelPicker } from "./playground/models.js";
 import { samplingFields } from "./playground/sampling.js";
 import { runStats } from "./playground/stats.js";
@@ -24,6 +28,7 @@ export function mountPlayground(root, { params }) {
   document.title = "Playground · fromscratch";
   playground.setMode(playground.mode);
   playground.loadModels();
+  onShownAgain(() => { if (!playground.run) playground.loadModels(); }, playground.page.signal);
   return { destroy() { playground.destroy(); } };
 }
 
@@ -32,7 +37,10 @@ class Playground {
   constructor(params) {
     this.page = new AbortController();
     this.run = null; // the AbortController of the request in flight
-    this.mode = params.get("mode") === "completion" ? "completion" : "chat";
+    const asked = params.get("mode");
+    this.modeChosen = Object.hasOwn(MODES, asked ?? ""); // by the address (or, later, the user)
+    this.mode = asked === "chat" ? "chat" : "completion";
+    this.modeGuessedFor = null; // the model whose data the mode was last chosen by
     this.panes = { chat: chatPane({ onSubmit: () => this.start() }), completion: completionPane() };
     this.sampling = samplingFields();
     this.stats = runStats();
@@ -48,7 +56,7 @@ class Playground {
   #createButtons() {
     this.modeInputs = Object.entries(MODES).map(([value, label]) => el("label", { class: "pg-mode" },
       el("input", { type: "radio", name: "pg-mode", value, checked: value === this.mode,
-        onchange: () => this.setMode(value) }),
+        onchange: () => { this.modeChosen = true; this.setMode(value); } }),
       label));
     this.submitButton = el("button", { type: "submit", class: "primary", disabled: true });
     this.stopButton = el("button", { type: "button", class: "secondary", disabled: true,
@@ -85,6 +93,7 @@ class Playground {
   // -- state ------------------------------------------------------------------------------------
   setMode(value) {
     this.mode = value;
+    for (const label of this.modeInputs) label.firstChild.checked = label.firstChild.value === value;
     for (const [name, pane] of Object.entries(this.panes)) pane.node.hidden = name !== this.mode;
     this.submitButton.textContent = this.panes[this.mode].submitLabel;
     this.clearButton.textContent = this.mode === "chat" ? "Clear conversation" : "Clear";
@@ -97,12 +106,26 @@ class Playground {
     this.picker.node.removeAttribute("aria-invalid");
     this.setBusy(false);
     this.syncAddress();
+    this.followModelData();
+  }
+
+  /** Unless a mode was chosen: chat for a model trained on conversations, completion otherwise.
+   *  The form's data-mode-for names the model the mode was set by, once it is. */
+  async followModelData() {
+    const id = this.picker.node.value;
+    if (this.modeChosen || !id || id === this.modeGuessedFor) return;
+    this.modeGuessedFor = id;
+    const kind = await modelDataKind(this.picker.model(id), this.page.signal).catch(() => null);
+    if (!kind || this.modeChosen || this.run || this.picker.node.value !== id) return;
+    const mode = kind === "chat" ? "chat" : "completion";
+    if (mode !== this.mode) this.setMode(mode);
+    this.form.dataset.modeFor = id;
   }
 
   syncAddress() {
     const q = new URLSearchParams();
     if (this.picker.node.value) q.set("model", this.picker.node.value);
-    q.set("mode", this.mode);
+    if (this.modeChosen) q.set("mode", this.mode); // else a reload lets the model's data decide again
     history.replaceState(history.state, "", `#/playground?${q}`);
   }
 

@@ -1,9 +1,17 @@
 // Sign in: the API key is checked against the API (GET /v1/fine_tuning/jobs?limit=1) and kept in
 // sessionStorage (this tab), or also in localStorage when "Remember on this device" is ticked. A
-// refused key leaves nothing stored and says why.
+// refused key leaves nothing stored and says why. Signed in, the user lands on the address they
+// opened (a deep link), not always on the jobs list.
 
 import { api, ApiError, clearKey, setKey } from "../api.js";
 import { el } from "../util.js";
+
+/** Where to go once signed in: the address the user opened (a deep link such as #/jobs/ftjob-…
+ *  stays in the address while the sign-in shows), or the jobs list. */
+function requestedRoute() {
+  const hash = location.hash;
+  return hash && hash !== "#" && !/^#\/?signin(?:[/?]|$)/.test(hash) ? hash : "#/jobs";
+}
 
 export function mountSignIn(root, { notice } = {}) {
   const input = el("input", {
@@ -40,8 +48,9 @@ export function mountSignIn(root, { notice } = {}) {
     setKey(key, { remember: remember.checked });
     try {
       await api("/fine_tuning/jobs?limit=1", { notify401: false });
-      if (location.hash === "#/jobs") window.dispatchEvent(new HashChangeEvent("hashchange"));
-      else location.hash = "#/jobs";
+      const target = requestedRoute();
+      if (location.hash === target) window.dispatchEvent(new HashChangeEvent("hashchange"));
+      else location.hash = target;
     } catch (e) {
       clearKey();
       if (e instanceof ApiError && e.status === 401) {

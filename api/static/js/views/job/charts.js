@@ -52,6 +52,13 @@ function swatch(color) {
   return node;
 }
 
+// what a chart with no points says once the job has ended (no point will come): by how it ended
+const NO_POINTS = {
+  failed: "no metrics: the job failed before its first step",
+  cancelled: "no metrics: the job was cancelled before its first step",
+};
+const NO_POINTS_OTHERWISE = "no metrics were recorded";
+
 const legend = (series) => el("ul", { class: "legend" }, series.map((s) => el("li", {}, swatch(s.color), s.name)));
 
 const value = (m, field) => (field === "val_loss" ? m.val_loss ?? m.valid_loss : m[field]);
@@ -69,6 +76,16 @@ function chartCard(spec, series, extra) {
   const node = el("section", { class: "card chart-card", "aria-labelledby": h },
     el("div", { class: "card-head" }, el("h2", { id: h }, spec.title), legend(series), extra), canvas);
   return { spec, series, canvas, node, chart: null };
+}
+
+const lineChart = (c) => new LineChart(c.canvas, c.series, { yLabel: c.spec.y, title: `${c.spec.title} chart`,
+  log: false, yFormat: c.spec.format || formatNumber, ...(c.spec.empty ? { emptyText: c.spec.empty } : {}) });
+
+/** The job has ended with `status`: the charts still without points say there is no data, not
+ *  "waiting" (the system charts keep their own words). */
+function sayNoPoints(cards, status) {
+  const text = NO_POINTS[status] || NO_POINTS_OTHERWISE;
+  for (const c of cards) if (!c.spec.empty && c.chart?.options.emptyText !== text) c.chart?.set({ emptyText: text });
 }
 
 /** The chart cards; call mount() once they are in the document (the charts measure their canvas). */
@@ -105,10 +122,7 @@ export function jobCharts() {
     dynamicsCards: rest.slice(0, 2),
     systemCards: rest.slice(2),
     mount() {
-      for (const c of cards) {
-        c.chart = new LineChart(c.canvas, c.series, { yLabel: c.spec.y, title: `${c.spec.title} chart`, log: false,
-          yFormat: c.spec.format || formatNumber, ...(c.spec.empty ? { emptyText: c.spec.empty } : {}) });
-      }
+      for (const c of cards) c.chart = lineChart(c);
       logToggle.addEventListener("change", () => cards[0].chart.set({ log: logToggle.checked }));
       axis.onChange(redraw);
       redraw();
@@ -121,6 +135,7 @@ export function jobCharts() {
       push(m);
     },
     draw() { for (const c of cards) c.chart.draw(); },
+    ended: (status) => sayNoPoints(cards, status), // the job ended with `status`
     setTotalSteps(steps) {
       if (steps === total) return;
       total = steps;

@@ -16,6 +16,9 @@ export function jobEndpoints(id, signal) {
      *  per-step metrics events are left out (the charts show them). */
     events: () => api(`${base}/events${query({ limit: 100, type: "message" })}`, { signal }),
     file: (fileId) => api(`/files/${encodeURIComponent(fileId)}`, { signal }),
+    /** A trained model (GET /v1/models/{id}: a 404 once it is deleted), and its deletion. */
+    model: (modelId) => api(`/models/${encodeURIComponent(modelId)}`, { signal }),
+    deleteModel: (modelId) => api(`/models/${encodeURIComponent(modelId)}`, { method: "DELETE", signal }),
     /** POST cancel | pause | resume; answers the job. */
     control: (action) => api(`${base}/${action}`, { method: "POST", signal }),
   };

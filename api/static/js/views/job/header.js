@@ -18,12 +18,14 @@ export function jobHeader(id, controls) {
   return {
     node,
     errorBox,
-    showJob(job) {
+    /** deleted: the models known to be deleted (the job's own is then marked so). */
+    showJob(job, deleted = new Set()) {
       // a pause waits for the step in progress (a compile, an evaluation) and a checkpoint
       clear(statusSlot, badge(job.status),
         job.pause_requested ? el("span", { class: "small muted", id: "pausing" }, " pausing…") : null);
       clear(modelLine, `${job.model || ""}`,
-        job.fine_tuned_model ? el("span", {}, " → ", el("code", { id: "fine-tuned-model" }, job.fine_tuned_model)) : null,
+        job.fine_tuned_model ? el("span", {}, " → ", el("code", { id: "fine-tuned-model" }, job.fine_tuned_model),
+          deleted.has(job.fine_tuned_model) ? el("span", { class: "muted", id: "model-deleted" }, " (deleted)") : null) : null,
         ` · created ${fmtTime(job.created_at)}`, job.finished_at ? ` · finished ${fmtTime(job.finished_at)}` : "");
       if (job.error && job.error.message) {
         errorBox.hidden = false;

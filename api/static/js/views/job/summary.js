@@ -1,7 +1,8 @@
 // The run at a glance: its files (names, sizes, tokens), model (parameters, size), metadata, timings
 // (queued, started, duration, tokens/s) and where it ran (device, precision). What the job object
 // does not carry comes from the worker's start event ("Training on ...", its data: n_params, device,
-// dtype, train_tokens, ...), which the page reads from the lifecycle events.
+// dtype, train_tokens, ...), which the page reads from the lifecycle events. The duration is the
+// time the job ran: the time it spent paused (from the status events) is left out.
 
 import { clear, el, fmtBytes, fmtDuration, fmtInt, fmtTime } from "../../util.js";
 
@@ -25,16 +26,34 @@ function span(from, to) {
   return (typeof to === "number" && to > 0 ? to : Date.now() / 1000) - from;
 }
 
-function timings(job) {
-  const duration = span(job.started_at, job.finished_at);
+/** Seconds the job spent paused between `from` and `to`: from each status event "paused" (the
+ *  lifecycle events' data.status) to the status event after it, or to `to` while still paused. */
+export function pausedSeconds(events, from, to) {
+  const changes = events.filter((e) => typeof e.data?.status === "string" && typeof e.created_at === "number")
+    .reverse() // oldest first; the sort keeps events of one second in their order
+    .sort((a, b) => a.created_at - b.created_at);
+  let paused = 0;
+  changes.forEach((e, i) => {
+    if (e.data.status !== "paused") return;
+    const end = Math.min(i + 1 < changes.length ? changes[i + 1].created_at : to, to);
+    paused += Math.max(0, end - Math.max(e.created_at, from));
+  });
+  return paused;
+}
+
+function timings(job, events) {
+  const total = span(job.started_at, job.finished_at);
+  const paused = total === undefined ? 0 : pausedSeconds(events, job.started_at, job.started_at + total);
+  const duration = total === undefined ? undefined : total - paused; // the time it ran
   const waited = span(job.created_at, job.started_at ?? job.finished_at);
   const average = job.trained_tokens && duration ? job.trained_tokens / duration : undefined;
   const tps = job.progress?.tokens_per_s;
+  const pausedNote = paused >= 1 ? ` (not counting ${fmtDuration(paused)} paused)` : "";
   return [
     row("queued", "Queued", `${fmtTime(job.created_at)}${job.started_at && waited !== undefined ? ` (waited ${fmtDuration(waited)})` : ""}`),
     row("started", "Started", fmtTime(job.started_at)),
     row("finished", "Finished", fmtTime(job.finished_at)),
-    row("duration", "Duration", job.started_at ? fmtDuration(duration) : "—"),
+    row("duration", "Duration", job.started_at ? `${fmtDuration(duration)}${pausedNote}` : "—"),
     row("tokens-per-s", "Tokens/s", average !== undefined ? `${fmtInt(average)} average` : tps ? `${fmtInt(tps)} latest` : "—"),
   ];
 }
@@ -82,7 +101,7 @@ export function summaryCard() {
         row("validation-file", "Validation file", job.validation_file
           ? fileText(file(job.validation_file), d.val_tokens || undefined)
           : `none: held out from the training file${d.val_tokens ? ` (${fmtInt(d.val_tokens)} tokens)` : ""}`),
-        model(job, start), device(job, start), timings(job), metadata(job)].flat(2));
+        model(job, start), device(job, start), timings(job, events), metadata(job)].flat(2));
     },
   };
 }

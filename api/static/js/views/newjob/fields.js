@@ -77,15 +77,18 @@ function fieldNode(f, input, errors) {
   return wrap;
 }
 
+/** Show the value v in the field's control (null: empty). */
+function showValue(f, input, v) {
+  if (f.kind === "bool" && !f.tristate) input.checked = !!v;
+  else if (f.kind === "list") {
+    for (const box of input.querySelectorAll("input")) box.checked = (v || []).includes(box.value);
+  } else input.value = shown(v);
+}
+
 /** Show the default d in the field's control; an empty default shows what it means. */
 function showDefault(f, input, d) {
-  if (f.tristate) input.value = shown(d);
-  else if (f.kind === "bool") input.checked = !!d;
-  else if (f.kind === "list") {
-    for (const box of input.querySelectorAll("input")) box.checked = (d || []).includes(box.value);
-  } else if (f.kind === "choice") input.value = shown(d);
-  else {
-    input.value = shown(d);
+  showValue(f, input, d);
+  if (!f.tristate && !["bool", "list", "choice"].includes(f.kind)) {
     const empty = d === null || d === undefined;
     input.placeholder = empty ? shortNullMeans(f.nullMeans) : "";
     input.dataset.nullMeans = empty ? f.nullMeans || "default" : ""; // the whole text (tests read it)
@@ -130,6 +133,11 @@ export function hyperparameterFields({ schema, errors }) {
       const follow = fields.filter((f) => f.architecture && untouched(f));
       preset = name;
       follow.forEach(showPresetDefault);
+    },
+    /** Show these values ({name: value}: the hyperparameters of a job being cloned) in their
+     *  fields; a name the form has no field for is left out. */
+    prefill(values) {
+      for (const f of fields) if (f.name in values) showValue(f, inputs.get(f.name), values[f.name]);
     },
     /** {name: value} of the fields whose value differs from the default a job would get. */
     changed() {

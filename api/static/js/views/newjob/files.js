@@ -1,9 +1,10 @@
 // The form's data: upload a training file (with a progress bar), or pick an uploaded one; an
 // optional validation file. Only `purpose=fine-tune` files are offered: a job's result CSVs
-// (fine-tune-results) are files too, but a job cannot train on them.
+// (fine-tune-results) are files too, but a job cannot train on them. The lists are read again each
+// time the page is shown again (a file deleted elsewhere leaves them).
 
 import { api, query, uploadFile } from "../../api.js";
-import { clear, el, fmtBytes, fmtTime, progressBar, setProgress } from "../../util.js";
+import { clear, el, fmtBytes, fmtTime, onShownAgain, progressBar, setProgress } from "../../util.js";
 
 const ACCEPT = ".txt,.jsonl,.json,.md,text/plain,application/jsonl";
 const TRAINABLE = "fine-tune"; // the one purpose a job's training and validation files may have
@@ -15,8 +16,9 @@ const labelled = (id, text, name) => el("label", { for: id }, text, el("span", {
 export function dataFieldset({ errors, signal, onLoaded = () => {} }) {
   const parts = dataNodes(errors);
   const listing = fileLister(parts, { errors, signal });
-  const load = async (selectId) => { await listing(selectId); onLoaded(); };
+  const load = async (choose) => { await listing(choose); onLoaded(); };
   parts.upload.addEventListener("change", () => uploadChosenFile(parts, { errors, signal, load }));
+  onShownAgain(() => load(), signal);
   return {
     node: parts.node,
     load,
@@ -46,27 +48,31 @@ function dataNodes(errors) {
   return { node, trainingFile, validationFile, upload, bar, text, progress };
 }
 
-/** load(selectId): fill both selects with the uploaded files, newest first; then select
- *  `selectId` if given. Listings can overlap (the one on mount, the one after an upload): only the
- *  newest one asked for is applied, so a slow older answer never puts back a list without the new file. */
+/** load(choose): fill both selects with the uploaded files, newest first, each keeping what it
+ *  shows unless `choose` ({training_file, validation_file}: file ids) names another. A file chosen
+ *  that the list lacks (deleted since) is said under its select, which goes back to empty.
+ *  Listings can overlap (the one on mount, the one after an upload): only the newest one asked for
+ *  is applied, so a slow older answer never puts back a list without the new file. */
 function fileLister({ trainingFile, validationFile }, { errors, signal }) {
   let listing = 0;
-  return async function load(selectId) {
+  return async function load(choose = {}) {
     const mine = ++listing;
     try {
       const page = await api(`/files${query({ purpose: TRAINABLE })}`, { signal });
       if (mine !== listing) return;
       const files = (page.data || []).slice().sort((a, b) => (b.created_at || 0) - (a.created_at || 0));
       for (const sel of [trainingFile, validationFile]) {
-        const keep = sel.value;
+        const wanted = choose[sel.name] ?? sel.value;
         clear(sel, sel.firstChild);
         for (const f of files) {
           sel.append(el("option", { value: f.id },
             `${f.filename || f.id} · ${fmtBytes(f.bytes)} · ${fmtTime(f.created_at)} (${f.id})`));
         }
-        sel.value = keep;
+        sel.value = wanted;
+        if (wanted && sel.value !== wanted) {
+          errors.set(sel.name, `${wanted} is no longer among your files (deleted): choose another or upload it again.`);
+        }
       }
-      if (selectId) trainingFile.value = selectId;
     } catch (e) {
       if (e.name !== "AbortError") errors.show("training_file", `Could not list files: ${e.message}`);
     }
@@ -91,9 +97,10 @@ async function uploadChosenFile({ upload, trainingFile, bar, text, progress }, {
       },
     });
     setProgress(bar, 1, 1);
-    await load(obj.id);
+    await load({ training_file: obj.id });
     if (![...trainingFile.options].some((o) => o.value === obj.id)) {  // the listing failed
       trainingFile.append(el("option", { value: obj.id }, `${obj.filename || file.name} (${obj.id})`));
+      errors.set("training_file", "");
     }
     trainingFile.value = obj.id;
     // said once the file is selected: "Uploaded" means the form is ready to start with it

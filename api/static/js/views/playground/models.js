@@ -30,30 +30,37 @@ function option(m) {
 /**
  * The <select id="pg-model">: "Models" then "Checkpoints" groups. `preselect` (from the address) is
  * chosen, and offered even when the list lacks it (the API answers if it names nothing of yours).
+ * load() may be called again (the page shown again): the list then follows deletions, and the
+ * model chosen stays chosen while it is listed (else the newest is). model(id): the listed model.
  */
 export function modelPicker({ preselect, signal, onChange }) {
   const select = el("select", { id: "pg-model", name: "model", disabled: true },
     el("option", { value: "" }, "Loading your models…"));
   select.addEventListener("change", () => onChange(select.value));
+  let models = [];
+  let loaded = false;
+  let foreign = null; // the address's model when your list lacked it
 
   async function load() {
     const { data } = await api("/models", { signal });
-    const models = (data || []).filter((m) => m.kind !== "base"); // presets: nothing to sample
+    models = (data || []).filter((m) => m.kind !== "base"); // presets: nothing to sample
+    const listed = (id) => models.some((m) => m.id === id);
+    if (!loaded && preselect && !listed(preselect)) foreign = preselect;
+    const keep = loaded ? select.value : preselect;
+    loaded = true;
     const finals = models.filter((m) => m.kind !== "checkpoint");
     const checkpoints = models.filter((m) => m.kind === "checkpoint");
     const groups = [];
-    if (preselect && !models.some((m) => m.id === preselect)) {
-      groups.push(el("option", { value: preselect }, `${preselect} (not in your model list)`));
-    }
+    if (foreign) groups.push(el("option", { value: foreign }, `${foreign} (not in your model list)`));
     if (finals.length) groups.push(el("optgroup", { label: "Models" }, finals.map(option)));
     if (checkpoints.length) groups.push(el("optgroup", { label: "Checkpoints" }, checkpoints.map(option)));
     if (!groups.length) groups.push(el("option", { value: "" }, "No models yet"));
     clear(select, groups);
-    if (preselect) select.value = preselect;
+    if (keep && (listed(keep) || keep === foreign)) select.value = keep; // else the first: the newest
     select.disabled = !select.value;
     onChange(select.value);
     return models.length;
   }
 
-  return { node: select, load };
+  return { node: select, load, model: (id) => models.find((m) => m.id === id) };
 }
