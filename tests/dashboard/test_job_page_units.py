@@ -125,6 +125,11 @@ def test_a_pause_asked_for_shows_until_it_is_done(new_page: Any, static_url: str
         out.headerPausing = header.node.querySelector('#pausing')?.textContent ?? null;
         header.showJob({ status: 'running', pause_requested: false, model: 'llama-tiny', created_at: 1 });
         out.headerRunning = header.node.querySelector('#pausing')?.textContent ?? null;
+        const waiting = header.node.querySelector('#waiting-for');
+        header.showJob({ status: 'queued', model: 'llama-tiny', created_at: 1, waiting_for: 'no live worker' });
+        out.waiting = [waiting.hidden, waiting.textContent];
+        header.showJob({ status: 'running', model: 'llama-tiny', created_at: 1, waiting_for: null });
+        out.waitingGone = waiting.hidden;
 
         const charts = { lastTrainLoss: () => null, lastValLoss: () => null, setTotalSteps: () => {} };
         const card = progressCard({ charts, metrics: { lastStep: -1, rate: 2 }, statuses });
@@ -143,5 +148,6 @@ def test_a_pause_asked_for_shows_until_it_is_done(new_page: Any, static_url: str
     assert result["running"] == [False, "Pause"]
     assert result["paused"] == [True, False]
     assert result["headerPausing"] == " pausing…" and result["headerRunning"] is None
+    assert result["waiting"] == [False, "Waiting: no live worker"] and result["waitingGone"] is True
     assert result["etaPaused"] == "paused" and result["etaRunning"] not in ("paused", "—", "done")
     assert log.errors() == []
