@@ -146,6 +146,9 @@ def test_pause_resume_cancel_while_following(live_server: Any, worker_proc: Any)
                 0,
                 "--eval-every",
                 0,
+                # eager: a pause waits for the step in progress, and a compile auto would start at
+                # step 4 takes 20-80 s here, longer than this test waits for the pause
+                "--no-compile",
             )
         )
         .stdout.strip()

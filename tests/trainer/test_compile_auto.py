@@ -150,6 +150,29 @@ def test_a_run_compiles_its_blocks_mid_run_when_auto_says_so(
     assert remembered["newest"]["speedup"] > 0 and len(remembered) == 2  # this shape, and the newest
 
 
+def test_a_pause_asked_for_while_compile_auto_decides_stops_before_the_compile(
+    tmp_path: Path,
+    tiny_model: Any,
+    tiny_train: Any,
+    shakespeare_data: Any,
+    byte_tokenizer: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The service reads cancel and pause requests when it writes a decision's note: a pause asked
+    for just then used to wait for the step the decision compiles (76 s on a 2-core VM)."""
+    monkeypatch.setitem(compile_memory.REGIONAL_COMPILE, "cpu", (0.0, 1.12))  # compiling pays: "on"
+
+    class PausedWithTheNote(Notes):
+        def should_stop(self) -> str | None:
+            return "pause" if self.notes else None
+
+    callbacks = PausedWithTheNote()
+    cfg = tiny_train(max_steps=50, compile=None, checkpoint_every=0, eval_every=0)
+    result = train(tiny_model(), cfg, shakespeare_data, tmp_path / "run", callbacks, tokenizer=byte_tokenizer)
+    assert callbacks.notes[0].startswith(f"torch.compile on at step {COMPILING_STEP}"), callbacks.notes
+    assert result.stop_reason == "pause" and result.step == COMPILING_STEP
+
+
 StepSeconds = Callable[[int, bool], float]  # (step, runs compiled) -> how long the step took
 Driven = tuple[list[Choice | None], list[bool]]  # the decisions, and which steps ran compiled
 PAIRS = trial_pairs(10_000)

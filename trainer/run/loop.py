@@ -120,7 +120,8 @@ def train(
     stop: StopReason | None = None
     try:
         while run.step < run.total_steps and (stop := report.stop_requested()) is None:
-            between_steps(run, report)
+            if between_steps(run, report) and (stop := report.stop_requested()) is not None:
+                break  # asked while deciding: not after the compile (a minute) the next step would run
             # the step: the learning rate of this step, a batch, forward/backward and the update
             lr = lr_at(run.step, cfg, run.total_steps)
             set_lr(run.optimizer, lr)
@@ -166,12 +167,16 @@ def _model_step(run: TrainRun, stop_reason: StopReason, final: Path | None) -> i
     return int(read_state(final)["step"])
 
 
-def between_steps(run: TrainRun, report: Report) -> None:
+def between_steps(run: TrainRun, report: Report) -> bool:
     """A checkpoint written in the background goes to the callbacks; compile auto decides once it
-    has timed the first steps (trainer.run.state.TrainRun.between_steps). Not training time."""
+    has timed the first steps (trainer.run.state.TrainRun.between_steps). Not training time.
+    Returns whether something was decided (its note written: the service reads a stop asked for
+    with it)."""
     with report.not_training():
         if (decided := run.between_steps()) is not None:
             report.note(decided)
+            return True
+    return False
 
 
 def after_step(run: TrainRun, report: Report, lr: float, result: StepResult) -> None:
