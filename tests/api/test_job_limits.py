@@ -175,7 +175,7 @@ def test_admission_plans_for_the_dropout_auto_will_choose_on_small_data(tmp_path
     # probabilities (ctx x ctx per head) for the backward pass
     err = refusal(model, TrainConfig(), tmp_path)
     assert "with dropout 0.2, which keeps attention's probabilities on the CPU" in err.message
-    assert err.param == "batch_size"
+    assert err.param == "batch_size" and ", dropout=0 (it then needs about " in err.message, err.message
     check(model, TrainConfig(dropout=0.0), tmp_path)  # the same job without dropout fits
 
 
