@@ -149,11 +149,22 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if args.chat:  # Ctrl-C ends either (cli.main: "interrupted", INTERRUPTED)
         chat(model, tokenizer, _user_lines(args.prompt), args.stop, args.system, args.seed, **sampling)
     else:
-        print(args.prompt, end="", flush=True)
+        _show(args.prompt)
         for piece in stream_text(model, tokenizer, args.prompt, args.stop, "", seed=args.seed, **sampling):
-            print(piece, end="", flush=True)
+            _show(piece)
         print()
     return 0
+
+
+# a model's text may hold control characters (ESC, BS, CR...): on a terminal they would move the
+# cursor, recolour or erase what is shown, so they are shown as their control pictures (ESC as ␛);
+# piped output keeps the exact text
+_CONTROLS = {c: chr(0x2400 + c) for c in range(32) if chr(c) not in "\n\t"} | {0x7F: "\u2421"}
+_CONTROLS |= {c: "\ufffd" for c in range(0x80, 0xA0)}  # C1 controls: some terminals obey them too
+
+
+def _show(piece: str) -> None:
+    print(piece.translate(_CONTROLS) if sys.stdout.isatty() else piece, end="", flush=True)
 
 
 def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -193,7 +204,7 @@ def chat(
         at = None if seed is None else seed + turn
         prompt = chat_prompt(messages)
         for piece in stream_text(model, tokenizer, prompt, [*stops, CHAT_STOP], "\n", seed=at, **sampling):
-            print(piece, end="", flush=True)
+            _show(piece)
             reply.append(piece)
         print()
         messages.append({"role": "assistant", "content": "".join(reply)})

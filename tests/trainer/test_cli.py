@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -287,3 +288,25 @@ def test_the_samples_after_training_start_from_the_first_records_prompt() -> Non
     assert chat.startswith("<|system|>\n") and chat.endswith("\n<|assistant|>\n") and "<|user|>\n" in chat
     assert _first_prompt(data / "sample_prompt_completion.jsonl") == "Q: Tell me about water.\nA:"
     assert _first_prompt(data / "tiny_shakespeare_100k.txt") == "First Citizen:"
+
+
+class _Terminal(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_sample_shows_control_characters_as_pictures_on_a_terminal(
+    tty: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model's ESC, BS or CR used to reach the terminal and act on it; a pipe keeps the text."""
+    from trainer import sample_cli
+
+    out = _Terminal(tty)
+    monkeypatch.setattr(sys, "stdout", out)
+    sample_cli._show("a\x1b[2Jb\x08\r\n\tc\x9bd")
+    assert out.getvalue() == ("a\u241b[2Jb\u2408\u240d\n\tc\ufffdd" if tty else "a\x1b[2Jb\x08\r\n\tc\x9bd")
