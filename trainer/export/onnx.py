@@ -13,8 +13,10 @@ service's chat format, trainer.data.chat).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -75,26 +77,37 @@ def write_onnx(
     seq = torch.export.Dim("seq", min=1, max=cfg.ctx)
 
     def write(tmp: Path) -> None:
-        # The exporter logs that torchvision ops are unavailable; irrelevant here, so keep it quiet.
-        registration_log = logging.getLogger("torch.onnx._internal.exporter._registration")
-        level = registration_log.level
-        registration_log.setLevel(logging.ERROR)
-        try:
-            with warnings.catch_warnings(), torch.no_grad():
-                warnings.simplefilter("ignore")  # exporter deprecation chatter
-                program = torch.onnx.export(
-                    wrapper,
-                    (example,),
-                    input_names=["input_ids"],
-                    output_names=["logits"],
-                    dynamic_shapes={"input_ids": {0: batch, 1: seq}},
-                    dynamo=True,
-                    verbose=False,
-                )
-        finally:
-            registration_log.setLevel(level)
-        assert program is not None  # the dynamo exporter returns its program
-        program.model.metadata_props.update(metadata(cfg, tokenizer))  # written with the graph, once
-        program.save(str(tmp), external_data=False)
+        with _quiet(*CHATTY_LOGGERS), warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # exporter deprecation chatter
+            program = torch.onnx.export(
+                wrapper,
+                (example,),
+                input_names=["input_ids"],
+                output_names=["logits"],
+                dynamic_shapes={"input_ids": {0: batch, 1: seq}},
+                dynamo=True,
+                verbose=False,
+            )
+            assert program is not None  # the dynamo exporter returns its program
+            program.model.metadata_props.update(metadata(cfg, tokenizer))  # written with the graph, once
+            program.save(str(tmp), external_data=False)
 
     return write_atomically(out, write)
+
+
+# The exporter logs that torchvision ops are unavailable, and onnx_ir a line per initializer it
+# deduplicates (130 for llama-tiny): noise in a worker's log, so only their errors show.
+CHATTY_LOGGERS = ("torch.onnx._internal.exporter._registration", "onnx_ir")
+
+
+@contextlib.contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)

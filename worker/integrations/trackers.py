@@ -111,7 +111,8 @@ class Trackers:
                 try:
                     getattr(tracker, op)(arg)
                 except Exception as exc:  # any failure of a tracker turns it off, never the job
-                    log.info("tracker %s failed in %s", tracker.label, op, exc_info=True)
+                    # the warning below says why; the traceback only where debugging asks for it
+                    log.debug("tracker %s failed in %s", tracker.label, op, exc_info=True)
                     self._turn_off(tracker, describe(exc))
             if op == "finish":
                 return
