@@ -293,8 +293,9 @@ def _memory_fix(
 
 
 def _dropout_fix(model_cfg: ModelConfig, train_cfg: TrainConfig, device: Device, limit: int) -> str:
-    """", dropout=0 (...)" where the job fits without dropout: on the CPU its masks keep attention's
-    probabilities, often the largest activation (llama-42m on 1 MB of text: 23 GiB with it, 8 without)."""
+    """The advice `, dropout=0 (...)` where the job fits without dropout: on the CPU its masks keep
+    attention's probabilities, often the largest activation (llama-42m on 1 MB of text: 23 GiB with
+    it, 8 without)."""
     if not train_cfg.dropout or device != "cpu":
         return ""
     without = estimate_memory(model_cfg, train_cfg.model_copy(update={"dropout": 0.0}), device)
