@@ -15,7 +15,9 @@ thread, never on the event loop) and yields what the worker appended to `output`
 worker holds back what a stop sequence could still take), and None after each `keepalive` seconds
 with nothing to yield (the stream sends a `: keep-alive` comment); when the row is `done` it sets
 `result` (finish reason, token counts). `failed` is a 500 `inference_failed` with the worker's
-message; a worker whose heartbeat stopped for inference_lease_seconds is a 503
+message; `unavailable` (the worker could not read the model's weights: the blob store is down) is
+a 503 `storage_unavailable` with Retry-After, the answer an upload or a download gets in an outage
+(api/store_errors.py); a worker whose heartbeat stopped for inference_lease_seconds is a 503
 `inference_worker_lost` naming it (api/inference_liveness.py). `close()` deletes the row, whatever happened: at the end, on an error, when the client
 went away (the route checks `request.is_disconnected()` between polls); a worker still generating
 notices the missing row at its next write and stops.
@@ -41,6 +43,7 @@ from api.errors import APIError, quote_input
 from api.inference_liveness import HeartbeatWatch, busy, workers_alive
 from api.queries import owned_model
 from api.quotas import check_completions
+from api.store_errors import RETRY_AFTER_SECONDS as STORE_RETRY_AFTER_SECONDS
 from core.models import InferenceRequest
 from core.settings import Settings
 
@@ -50,6 +53,10 @@ POLL_SECONDS = 0.05
 # past inference_wait_seconds + max_inference_seconds, a worker that took the request died with it
 RESULT_GRACE_SECONDS = 30.0
 WORKER_HINT = "start one with `fromscratch worker --queues inference` (`fromscratch serve` runs one)"
+WEIGHTS_UNAVAILABLE_MESSAGE = (
+    "The model's weights could not be loaded: the file store is temporarily unavailable. "
+    "Retry the request in a few seconds."
+)
 
 
 @dataclass(frozen=True)
@@ -160,12 +167,8 @@ class InferenceRun:
                     state.finish_reason or "stop", state.prompt_tokens, state.completion_tokens
                 )
                 return
-            if state.status == "failed":
-                raise APIError(
-                    500,
-                    f"The inference worker could not complete the request: {quote_input(state.error, 500)}",
-                    code="inference_failed",
-                )
+            if state.status in ("failed", "unavailable"):
+                raise _ended_without_text(state)
             if time.monotonic() >= deadline:
                 raise APIError(
                     503,
@@ -231,6 +234,23 @@ class InferenceRun:
         with self.factory() as session:
             session.execute(delete(InferenceRequest).where(InferenceRequest.id == self.id))
             session.commit()
+
+
+def _ended_without_text(state: RowState) -> APIError:
+    """The error of a request the worker gave up on: the blob store down (an outage: 503), or a fault."""
+    if state.status == "unavailable":
+        log.warning("completion answered 503: the inference worker met a blob store outage (%s)", state.error)
+        return APIError(
+            503,
+            WEIGHTS_UNAVAILABLE_MESSAGE,
+            code="storage_unavailable",
+            headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS)},
+        )
+    return APIError(
+        500,
+        f"The inference worker could not complete the request: {quote_input(state.error, 500)}",
+        code="inference_failed",
+    )
 
 
 def _insert(

@@ -291,7 +291,8 @@ class InferenceRequest(Base):
     model_id: Mapped[str] = mapped_column(String(200))
     blob_id: Mapped[str] = mapped_column(String(40))  # the checkpoint blob holding the weights
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)  # prompt, max_tokens, temperature, ...
-    status: Mapped[str] = mapped_column(String(16), default="queued")  # queued|running|done|failed
+    # queued|running|done|failed, or unavailable: the blob store was down when the model was loaded
+    status: Mapped[str] = mapped_column(String(16), default="queued")
     output: Mapped[str] = mapped_column(Text, default="")
     piece_lengths: Mapped[str] = mapped_column(Text, default="")
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)

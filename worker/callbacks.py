@@ -63,8 +63,9 @@ FLUSH_ROWS = 50  # flush the metric buffer when it holds this many steps, whatev
 # them too (in its UPDATE), so with flushes at least this often no separate query is made.
 STOP_CHECK_SECONDS = 1.0
 
-# why the run is being stopped (the first reason seen wins)
+# why the run is being stopped (the first reason seen wins, but a cancel overrides a pause or shutdown)
 StopCause = Literal["cancel", "pause", "shutdown", "lease_lost"]
+OVERRIDDEN_BY_CANCEL: tuple[StopCause | None, ...] = (None, "pause", "shutdown")
 
 
 class ServiceCallbacks(Callbacks):
@@ -121,7 +122,9 @@ class ServiceCallbacks(Callbacks):
         self.first_step_written = False  # the first loss of a run is written at once (time to first loss)
         self.metrics_db = DbRetry("metrics writes", db_retry_seconds)
         self.checkpoint_db = DbRetry("checkpoint writes", db_retry_seconds)
-        self.uploads = CheckpointUploads(scratch / "uploading", db_retry_seconds)
+        # asked while an upload retries through an outage: a job cancelled (or lost) needs no checkpoint
+        cancelled = lambda: self.should_stop() == "stop"  # noqa: E731
+        self.uploads = CheckpointUploads(scratch / "uploading", db_retry_seconds, cancelled)
         self.requests_db = DbRetry("cancel/pause checks", action="paused")  # metrics writes give up
         self.system = SystemSampler()  # CPU, memory, device: on each flush's newest row
 
@@ -226,7 +229,8 @@ class ServiceCallbacks(Callbacks):
         """Until the checkpoint upload in flight is stored (its error raises here); then, given the
         trainer's side of the costs, one event saying what the background checkpoints cost."""
         try:
-            self.uploads.wait()
+            if not self.uploads.wait():
+                return  # abandoned: the job was cancelled while the upload retried through an outage
         except LeaseLost:
             self._lose_lease()
             return
@@ -272,7 +276,7 @@ class ServiceCallbacks(Callbacks):
     def should_stop(self) -> Literal["stop", "pause"] | None:
         if self.lease_lost.is_set():
             self._lose_lease()
-        if self.cause is None:
+        if self.cause in OVERRIDDEN_BY_CANCEL:  # after a pause, still read: a cancel overrides it
             now = time.monotonic()
             if now - self.last_check >= self.stop_check_seconds:
                 self.last_check = now
@@ -362,11 +366,8 @@ class ServiceCallbacks(Callbacks):
         def read() -> None:
             nonlocal row
             with self.session_factory() as session:
-                row = session.execute(
-                    select(Job.cancel_requested, Job.pause_requested, Job.lease_owner).where(
-                        Job.id == self.job_id
-                    )
-                ).one_or_none()
+                query = select(Job.cancel_requested, Job.pause_requested, Job.lease_owner)
+                row = session.execute(query.where(Job.id == self.job_id)).one_or_none()
 
         try:
             if not self.requests_db.try_once(read):
@@ -380,12 +381,11 @@ class ServiceCallbacks(Callbacks):
             self._take_requests(Requests(cancel=bool(row.cancel_requested), pause=bool(row.pause_requested)))
 
     def _take_requests(self, requests: Requests) -> None:
-        """A cancel or pause the owner asked for becomes the run's stop cause (the first one wins)."""
-        if self.cause is not None:
-            return
-        if requests.cancel:
+        """A cancel or pause the owner asked for becomes the run's stop cause: the first one wins, but
+        a cancel (final) overrides a pause or shutdown, which may be waiting on an upload's outage."""
+        if requests.cancel and self.cause in OVERRIDDEN_BY_CANCEL:
             self.cause = "cancel"
-        elif requests.pause:
+        elif requests.pause and self.cause is None:
             self.cause = "pause"
 
     def _lose_lease(self) -> None:

@@ -10,11 +10,22 @@ server) retries for `retry_seconds`; past that, `DatabaseUnavailable` is raised 
 thread at the next hand-over or at `wait()`, and the attempt is given up: the job resumes from
 the checkpoint stored before. A job's end (`wait()`: the final checkpoint, a pause, a shutdown)
 waits for the upload in flight.
+
+A cancel does not wait for storage to come back: a cancelled job needs no checkpoint. While an
+upload retries through an outage, a wait for it (the next checkpoint's hand-over, or the job's end)
+asks `cancelled()` every CHECK_SECONDS; once that says yes the upload is abandoned: the wait
+returns False at once, the retry loop stops before its next try (worker.db_retry.RetryStopped,
+dropped with the thread) and nothing more is uploaded. A try already in progress ends on its own
+(botocore's timeouts); should it still succeed, the checkpoint's row is written only while this
+worker holds the job, else its blobs are deleted (worker.checkpoint_store). A pause or a shutdown
+is no cancel: it waits, as its resume needs its checkpoint stored.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,22 +40,39 @@ from worker.db_retry import DbRetry
 if TYPE_CHECKING:
     from trainer.run.checkpoint_writer import CheckpointTimes
 
+log = logging.getLogger(__name__)
+
 StoreFolder = Callable[[int, Path, DbRetry], None]  # (step, staged folder, its retry) -> stored
+CHECK_SECONDS = 0.25  # how often a wait for an upload that retries through an outage asks for a cancel
 
 
 class CheckpointUploads:
-    def __init__(self, staging: Path, retry_seconds: float) -> None:
+    def __init__(
+        self, staging: Path, retry_seconds: float, cancelled: Callable[[], bool] | None = None
+    ) -> None:
+        """`cancelled()`: whether the job no longer needs its checkpoints (cancelled, or no longer
+        this worker's); asked on the caller's thread, only while an upload retries."""
         self.staging = staging
+        self.cancelled = cancelled or (lambda: False)
+        self.abandoned = threading.Event()  # set once: the upload in flight is given up, none follow
         self.retry = DbRetry(
-            "checkpoint uploads", retry_seconds, retryable=is_store_outage, what=_what_was_away
+            "checkpoint uploads",
+            retry_seconds,
+            retryable=is_store_outage,
+            what=_what_was_away,
+            stop=self.abandoned,
         )
         self._background = OneAtATime("checkpoint-upload", nice=BACKGROUND_NICE)
+        self._finished = threading.Event()  # the upload in flight (if any) has ended
+        self._finished.set()
         self.count = 0
 
-    def submit(self, folders: list[tuple[int, Path]], store: StoreFolder) -> None:
+    def submit(self, folders: list[tuple[int, Path]], store: StoreFolder) -> bool:
         """Stage the (step, folder) checkpoints now and store them in the background, in order,
-        once the upload in flight is done (its error raises here)."""
-        self._background.wait()
+        once the upload in flight is done (its error raises here). False, with nothing staged, when
+        the uploads were abandoned (see `wait`)."""
+        if not self.wait():
+            return False
         staged = [(step, self._stage(step, folder)) for step, folder in folders]
 
         def upload() -> None:
@@ -54,21 +82,43 @@ class CheckpointUploads:
             finally:
                 for _, folder in staged:
                     shutil.rmtree(folder, ignore_errors=True)
+                self._finished.set()
 
         self.count += len(staged)
+        self._finished.clear()
         self._background.start(upload)
+        return True
 
     def _stage(self, step: int, folder: Path) -> Path:
         # the folder's name is its name in the tar (step-XXXXXXXX or best)
         return copy_checkpoint(folder, self.staging / f"{step:08d}" / folder.name)
 
-    def wait(self) -> None:
-        """Until the upload in flight is stored (its error raises here)."""
+    def wait(self) -> bool:
+        """Until the upload in flight is stored (its error raises here): True. False when the job
+        was cancelled while the upload retried through an outage: it is abandoned, not waited for."""
+        if self.abandoned.is_set():
+            return False
+        while not self._finished.wait(CHECK_SECONDS):
+            if self.retry.outage.down and self.cancelled():
+                self._abandon()
+                return False
         self._background.wait()
+        return True
+
+    def _abandon(self) -> None:
+        log.warning(
+            "checkpoint upload from %s abandoned while the %s was unreachable: the job no longer needs it "
+            "(cancelled, or no longer this worker's)",
+            self.staging,
+            self.retry.outage.what,
+        )
+        self.abandoned.set()  # the retry loop stops before its next try; its thread is not waited for
 
     def close(self) -> None:
-        """When the attempt is failing anyway: let the upload in flight finish, drop its error."""
-        self._background.close()
+        """When the attempt is failing anyway: let the upload in flight finish (unless abandoned),
+        drop its error."""
+        if not self.abandoned.is_set():
+            self._background.close()
 
     @property
     def seconds(self) -> float:

@@ -13,6 +13,8 @@ Two ways to use it:
   without them);
 - `try_once(fn)` tries at most once, and not before the backoff after the last failure has passed
   (metrics: the rows stay buffered and training goes on while the database is away).
+`call` can be told to give up early: a `stop` event set while it retries ends the wait before the
+next try with `RetryStopped` (a cancelled job's checkpoint upload: worker.checkpoint_uploads).
 An outage is logged as two lines per component (core.db_faults.OutageLog), not a traceback a try.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -43,6 +46,14 @@ class DatabaseUnavailable(Exception):
         self.component, self.seconds, self.what = component, seconds, what
 
 
+class RetryStopped(Exception):
+    """`call` stopped retrying because its `stop` event was set: the caller no longer needs the write."""
+
+    def __init__(self, component: str) -> None:
+        super().__init__(f"{component}: stopped retrying (no longer needed)")
+        self.component = component
+
+
 class DbRetry:
     def __init__(
         self,
@@ -52,18 +63,22 @@ class DbRetry:
         *,
         retryable: Callable[[BaseException], bool] = is_connection_error,
         what: str | Callable[[BaseException], str] = "the database",
+        stop: threading.Event | None = None,
     ) -> None:
         """`retryable`: the errors an outage raises (the database's connection errors unless given);
-        `what` names what was away, in DatabaseUnavailable's message."""
+        `what` names what was away, in DatabaseUnavailable's message; `stop`, once set, makes `call`
+        raise RetryStopped instead of trying again (it wakes a wait between tries at once)."""
         self.component = component
         self.budget = budget
         self.retryable, self.what = retryable, what
         self.outage = OutageLog(component, log, action)
         self._failures = 0
         self._next_try = 0.0
+        self._stop = stop or threading.Event()  # never set unless given
 
     def call(self, fn: Callable[[], T]) -> T:
-        """fn() until it succeeds; raises DatabaseUnavailable past the budget."""
+        """fn() until it succeeds; raises DatabaseUnavailable past the budget, RetryStopped once `stop`
+        is set (a try in progress is not interrupted: the next one is not made)."""
         while True:
             try:
                 result = fn()
@@ -71,7 +86,8 @@ class DbRetry:
                 if not self.retryable(error):
                     raise
                 self._failed(error)
-                time.sleep(max(0.0, self._next_try - time.monotonic()))
+                if self._stop.wait(max(0.0, self._next_try - time.monotonic())):
+                    raise RetryStopped(self.component) from error
                 continue
             self._succeeded()
             return result

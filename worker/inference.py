@@ -18,7 +18,10 @@ The API inserts an `inference_requests` row (`queued`, its `params`) and sends i
 4. finish: `done` with `prompt_tokens` (the prompt's tokens; an empty prompt starts from BOS, not
    counted), `completion_tokens` (tokens generated, a stop sequence's included) and
    `finish_reason` (`stop`: EOS or a stop sequence; `length`: max_tokens, or max_inference_seconds
-   ran out). Any exception: `failed` with the message in `error`.
+   ran out). Any exception: `failed` with the message in `error`; but the blob store unreachable
+   while the model is loaded (core.blob_errors.is_store_outage: S3 down, after botocore's own
+   retries) is `unavailable`, an outage to wait out, which the API answers 503 `storage_unavailable`
+   with Retry-After (api/inference.py), not a 500; the worker logs one line for it, no traceback.
 
 Housekeeping: rows older than the longest an API waits for one (inference_wait_seconds +
 max_inference_seconds + STALE_GRACE_SECONDS) are left only by an API process that died mid-request;
@@ -38,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.blob_errors import is_store_outage
+from core.db_faults import describe
 from core.models import InferenceRequest, utcnow
 from core.row_heartbeat import RowHeartbeat
 from core.settings import Settings
@@ -83,29 +88,52 @@ def run_inference(request_id: str, settings: Settings, worker: str = "") -> None
         heartbeat.discard(request_id)
 
 
+class StoreUnavailable(Exception):
+    """The blob store was unreachable while the model's checkpoint was read (an outage)."""
+
+
 def _serve(request_id: str, params: tuple[str, dict[str, Any]], settings: Settings, res: Resources) -> None:
     started = time.monotonic()
     try:
         blob_id, body = params
-        from worker.model_cache import model_cache
-
-        cache = model_cache(settings.max_loaded_models, settings.inference_device)
-        model, tokenizer = cache.get(blob_id, res.store, settings.work_path)
+        model, tokenizer = _load(blob_id, settings, res)
         outcome = generate_into_row(
             res.session_factory, request_id, model, tokenizer, body, started + settings.max_inference_seconds
         )
+    except StoreUnavailable as exc:  # an outage, not a fault: one line
+        log.warning("inference %s: the model could not be loaded: %s", request_id, exc)
+        _end_row(res.session_factory, request_id, "unavailable", str(exc))
+        return
     except Exception as exc:
         log.warning("inference %s failed", request_id, exc_info=True)
-        message = describe_failure(exc)
-        with res.session_factory() as session:
-            session.execute(
-                update(InferenceRequest)
-                .where(InferenceRequest.id == request_id)
-                .values(status="failed", error=message, updated_at=utcnow())
-            )
-            session.commit()
+        _end_row(res.session_factory, request_id, "failed", describe_failure(exc))
         return
     log.info("inference %s: %s in %.2fs", request_id, outcome, time.monotonic() - started)
+
+
+def _end_row(session_factory: sessionmaker[Session], request_id: str, status: str, error: str) -> None:
+    """The request ended without its completion: `failed` or `unavailable`, saying why in `error`."""
+    with session_factory() as session:
+        session.execute(
+            update(InferenceRequest)
+            .where(InferenceRequest.id == request_id)
+            .values(status=status, error=error, updated_at=utcnow())
+        )
+        session.commit()
+
+
+def _load(blob_id: str, settings: Settings, res: Resources) -> tuple[Llama, Tokenizer]:
+    """The model of checkpoint blob `blob_id` (this process's cache); StoreUnavailable when the blob
+    store could not be reached to read it."""
+    from worker.model_cache import model_cache
+
+    cache = model_cache(settings.max_loaded_models, settings.inference_device)
+    try:
+        return cache.get(blob_id, res.store, settings.work_path)
+    except Exception as exc:
+        if is_store_outage(exc):
+            raise StoreUnavailable(f"the blob store is unreachable: {describe(exc)}") from exc
+        raise
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -4,12 +4,14 @@ gives up past its budget, an outage is two log lines, and a job's error never qu
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import exc as sa_exc
 
 from core.db_faults import is_connection_error
-from worker.db_retry import DatabaseUnavailable, DbRetry
+from worker.db_retry import DatabaseUnavailable, DbRetry, RetryStopped
 from worker.failures import classify_exception
 
 
@@ -83,6 +85,41 @@ def test_gives_up_past_the_budget() -> None:
         DbRetry("checkpoint writes", budget=0.3).call(write)
     assert isinstance(raised.value.__cause__, sa_exc.OperationalError)
     assert raised.value.seconds >= 0.3
+
+
+def test_a_stop_ends_the_retries_long_before_the_budget() -> None:
+    """A cancelled job's checkpoint upload (worker.checkpoint_uploads): the stop event, set while
+    `call` waits between tries, ends it with RetryStopped instead of the next try."""
+    stop = threading.Event()
+    tries: list[int] = []
+    first_failed = threading.Event()
+
+    def write() -> None:
+        tries.append(1)
+        first_failed.set()
+        raise _operational()
+
+    retry = DbRetry("checkpoint uploads", budget=3600, stop=stop)
+    outcome: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _keep_error(outcome, retry, write), daemon=True)
+    thread.start()
+    assert first_failed.wait(timeout=60)
+    stop.set()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the retries went on after the stop"
+    assert len(outcome) == 1 and isinstance(outcome[0], RetryStopped), outcome
+    assert isinstance(outcome[0].__cause__, sa_exc.OperationalError)
+    tried = len(tries)
+    with pytest.raises(RetryStopped):  # once stopped, a failed try is not tried again
+        retry.call(write)
+    assert len(tries) == tried + 1
+
+
+def _keep_error(outcome: list[BaseException], retry: DbRetry, write: Callable[[], None]) -> None:
+    try:
+        retry.call(write)
+    except BaseException as error:
+        outcome.append(error)
 
 
 def test_try_once_waits_out_the_backoff_without_blocking() -> None:
