@@ -60,13 +60,16 @@ def renew_lease(session: Session, job_id: str, worker_id: str, lease_seconds: fl
     return result.rowcount == 1  # type: ignore[attr-defined]
 
 
+SHUT_DOWN_EVENT = "The worker shut down; the job goes back to the head of the queue"
+
+
 def hand_back(session: Session, job: Job) -> Job:
     """A worker shutting down gives its held job back: `queued`, lease released, and the claim not
     counted as an attempt (a hand-off is not a failure). The caller commits, then sends the job's
     message to the head of its queue: the job had its turn."""
     transition(session, job, JobStatus.QUEUED, attempts=max(job.attempts - 1, 0))
     if job.status == JobStatus.QUEUED:  # not when it was cancelled meanwhile (the hold just ended)
-        add_event(session, job.id, "The worker shut down; the job goes back to the head of the queue")
+        add_event(session, job.id, SHUT_DOWN_EVENT)
     return job
 
 

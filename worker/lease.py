@@ -95,6 +95,19 @@ def _claim_under_quota(
         return True
 
 
+def hand_back_message(session_factory: sessionmaker[Session], job_id: str) -> None:
+    """A message taken while this worker shuts down: its job, still waiting, is left unclaimed and
+    its message goes back to the head of the queue, for another worker (or this one, restarted).
+    Claimed, it would only be handed back again, with a second 'worker shut down' event."""
+    with session_factory() as session:
+        job = session.get(Job, job_id)
+        waiting = job is not None and job.status in CLAIMABLE and job.lease_owner is None
+        queue = job.queue if job is not None else ""
+    if waiting:
+        log.info("worker shutting down: job %s left to another worker", job_id)
+        _send_back(job_id, queue)
+
+
 def _send_back(job_id: str, queue: str) -> None:
     """The message of a job still waiting goes back to the head of its queue (it had its turn);
     should the broker fail, the reaper's lost-message pass sends it later."""

@@ -63,8 +63,8 @@ from pathlib import Path
 from core.settings import Settings
 from core.status import JobStatus
 from worker.job_run import JobRun
-from worker.lease import Heartbeat, claim
-from worker.process import new_worker_id, resources
+from worker.lease import Heartbeat, claim, hand_back_message
+from worker.process import new_worker_id, resources, shutdown_event
 from worker.running_quota import resend_deferred
 
 
@@ -72,6 +72,9 @@ def run_job(job_id: str, settings: Settings, *, worker_id: str | None = None) ->
     """Claim and run one job. Returns the status the job ended in, or None when the message was
     dropped (job not claimable) or the lease was lost. Never raises for a job's own failure."""
     res = resources(settings)
+    if shutdown_event.is_set():  # the message came after this worker's SIGTERM: leave it to another
+        hand_back_message(res.session_factory, job_id)
+        return None
     worker_id = worker_id or new_worker_id()
     max_running = settings.max_running_jobs_per_key
     claimed = claim(res.session_factory, job_id, worker_id, settings.lease_seconds, max_running)

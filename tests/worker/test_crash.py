@@ -10,9 +10,19 @@ import signal
 
 import pytest
 
+from core.job_leases import SHUT_DOWN_EVENT
 from core.jobstates import request_cancel, request_pause, resume
 from core.models import Job
-from tests.fixtures.service import get_job, make_job, send_job, wait_for_status, wait_until
+from tests.fixtures.service import (
+    ServiceProcess,
+    env_from_settings,
+    fromscratch_cmd,
+    get_job,
+    make_job,
+    send_job,
+    wait_for_status,
+    wait_until,
+)
 from tests.worker.helpers import assert_clean_series, checkpoint_rows, event_messages, long_run, metric_rows
 
 FAST_LEASE = dict(lease_seconds=5.0, heartbeat_seconds=1.0, reaper_interval_seconds=1.0)
@@ -126,8 +136,29 @@ def test_sigterm_checkpoints_and_requeues_the_running_job(
     job = get_job(session_factory, job_id)
     assert job.status == "queued" and job.lease_owner is None
     assert checkpoint_rows(session_factory, job_id)[-1].step == job.step
+    # handed back once: the message sent back is not taken again by the worker shutting down
+    assert event_messages(session_factory, job_id).count(SHUT_DOWN_EVENT) == 1, worker_proc.output()
 
     worker_proc.start()
     done = wait_for_status(session_factory, job_id, "succeeded", diagnostics=worker_proc.output)
     assert done.step == total
     assert_clean_series(metric_rows(session_factory, job_id), total_steps=total)
+
+
+def test_a_worker_shutting_down_does_not_take_back_the_job_it_handed_back(
+    sqlite_settings, sqlite_session_factory, tmp_path
+) -> None:
+    """`fromscratch serve`'s broker (kombu's SQL transport) gives a worker in its warm shutdown the
+    message it has just sent back: the worker claimed the job again only to hand it back again."""
+    env = env_from_settings(sqlite_settings)
+    cmd = fromscratch_cmd("worker", "--queues", sqlite_settings.worker_queues, "--loglevel", "info")
+    worker = ServiceProcess(cmd=cmd, env=env, log_path=tmp_path / "worker.log").start()
+    try:
+        job_id = make_job(sqlite_settings, sqlite_session_factory, train=long_run(100_000, compile=False))
+        _wait_for_step(sqlite_session_factory, job_id, 5, worker)
+        assert worker.stop(timeout=60) == 0
+    finally:
+        worker.stop()
+    job = get_job(sqlite_session_factory, job_id)
+    assert job.status == "queued" and job.lease_owner is None
+    assert event_messages(sqlite_session_factory, job_id).count(SHUT_DOWN_EVENT) == 1, worker.output()
