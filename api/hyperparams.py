@@ -160,8 +160,16 @@ def resolve(
     }
     for name in raw:
         if name not in shown:
-            shown[name] = raw[name]
+            shown[name] = _as_typed(raw[name], accepted[name])
     return Resolved(model_cfg, train_cfg, shown)
+
+
+def _as_typed(value: Any, accepted: schema.Hyperparameter) -> Any:
+    """A value as the job shows it: an integral float given for an integer (5.0) as the integer the
+    config holds, else as given."""
+    if accepted.kind == "int" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 MIN_USEFUL_CTX = 16  # a shorter context is not worth suggesting: the data is what is too small

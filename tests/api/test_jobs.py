@@ -101,6 +101,10 @@ def test_method_supervised_and_multiplier(client: TestClient, tenant: Tenant, fi
     assert job["config"]["train"]["learning_rate"] == pytest.approx(2e-3)
     assert job["config"]["train"]["n_epochs"] == 3
     assert job["hyperparameters"]["n_epochs"] == 3
+    # an integral float for an integer is shown as the integer the config holds
+    body = {"model": "llama-tiny", "training_file": file_id, "hyperparameters": {"max_steps": 5.0}}
+    shown = create(client, tenant, body).json()["hyperparameters"]["max_steps"]
+    assert shown == 5 and type(shown) is int, shown
     # the multiplier scales the optimizer's own default: L-BFGS's is 1, not AdamW's 1e-3
     lbfgs = {"optimizer": "lbfgs", "learning_rate_multiplier": 2}
     resp = create(client, tenant, {"model": "llama-tiny", "training_file": file_id, "hyperparameters": lbfgs})
