@@ -8,13 +8,16 @@ import shutil
 import sys
 import tarfile
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from client.commands.output import format_size, format_time, make_console, print_json, print_rows
 from client.commands.runner import EXIT_OK, CommandError, connect
 from core.archives import extract_all
 from core.exports import DOWNLOADS
 from trainer.config.export_formats import ExportFormatSpec
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 DEFAULT_WAIT = 600.0  # seconds `models download` waits for a worker to prepare an export
 
@@ -56,7 +59,8 @@ def cmd_models_download(args: argparse.Namespace) -> int:
         ) as bar,
     ):
         label = f"{args.id} ({args.format}{'' if args.dtype == 'f32' else ' ' + args.dtype})"
-        task = bar.add_task(label, total=None)
+        # the bar shows once the server has answered: not before an error (a 404 printed an empty one)
+        task = _LazyTask(bar, label)
         waited: float | None = None
 
         def on_preparing(seconds: float) -> None:
@@ -65,14 +69,14 @@ def cmd_models_download(args: argparse.Namespace) -> int:
             if waited is None and not bar.console.is_terminal:  # no live display: one line instead
                 bar.console.print(f"preparing {args.format}… (a worker is making the export)")
             waited = seconds
-            bar.update(task, description=f"preparing {args.format}… {seconds:.0f}s")
+            bar.update(task.id, description=f"preparing {args.format}… {seconds:.0f}s")
 
         def on_start(total: int | None, filename: str | None) -> None:
             if waited is not None:
-                bar.update(task, description=label)
+                bar.update(task.id, description=label)
                 bar.console.print(f"{args.format} export prepared after {waited:.0f}s")
             part.open(filename or f"{args.id.replace(':', '_')}.{_download(args.format).extension}")
-            bar.update(task, total=total)
+            bar.update(task.id, total=total)
 
         try:
             client.download_model(
@@ -80,7 +84,7 @@ def cmd_models_download(args: argparse.Namespace) -> int:
                 args.format,
                 write=part.write,
                 on_start=on_start,
-                progress=lambda n: bar.advance(task, n),
+                progress=lambda n: bar.advance(task.id, n),
                 dtype=args.dtype,
                 wait=args.wait,
                 on_preparing=on_preparing,
@@ -94,6 +98,20 @@ def cmd_models_download(args: argparse.Namespace) -> int:
     print(f"saved {final} ({format_size(size)})", file=sys.stderr)
     print(final)
     return EXIT_OK
+
+
+class _LazyTask:
+    """A progress bar's task, added when first used."""
+
+    def __init__(self, bar: Progress, label: str) -> None:
+        self.bar, self.label = bar, label
+        self._id: TaskID | None = None
+
+    @property
+    def id(self) -> TaskID:
+        if self._id is None:
+            self._id = self.bar.add_task(self.label, total=None)
+        return self._id
 
 
 def unpack_folder(tar_path: Path, output: str | None) -> Path:

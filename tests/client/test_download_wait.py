@@ -76,6 +76,13 @@ def test_cli_download_waits_for_the_inference_worker(
         owner = key.owner_id
     _, model_id = Factory(settings, session_factory).finished_model(owner, tar_bytes=tiny_checkpoint_tar)
 
+    # an unknown model: the error alone, no empty progress bar before it
+    missing = cli(live_server, "models", "download", "ft:llama-tiny:nope")
+    assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
+        line for line in missing.stderr.strip().splitlines() if "bytes" not in line and "━" not in line
+    ], missing.stderr
+    assert "ft:llama-tiny:nope" in missing.stderr, missing.stderr
+
     # a limit shorter than one Retry-After: the first 202 is the answer, one error line, exit 1
     hurried = cli(live_server, "models", "download", model_id, "--format", "hf", "--wait", "0.5")
     assert hurried.returncode == 1
