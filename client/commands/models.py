@@ -42,22 +42,9 @@ def cmd_models_download(args: argparse.Namespace) -> int:
     server has not made yet is prepared by a worker first: the command waits for it (`--wait`). A
     folder format (hf, checkpoint) arrives as one tar and is unpacked into its folder (`--tar`
     keeps the tar)."""
-
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
     unpack = _download(args.format).is_folder and not args.tar
     part = _PartFile(_tar_folder(args.output) if unpack else args.output)
-    with (
-        connect(args) as client,
-        Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=make_console(stderr=True),
-        ) as bar,
-    ):
+    with connect(args) as client, _download_bar() as bar:
         label = f"{args.id} ({args.format}{'' if args.dtype == 'f32' else ' ' + args.dtype})"
         # the bar shows once the server has answered: not before an error (a 404 printed an empty one)
         task = _LazyTask(bar, label)
@@ -98,6 +85,19 @@ def cmd_models_download(args: argparse.Namespace) -> int:
     print(f"saved {final} ({format_size(size)})", file=sys.stderr)
     print(final)
     return EXIT_OK
+
+
+def _download_bar() -> Progress:
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=make_console(stderr=True),
+    )
 
 
 class _LazyTask:
