@@ -3,8 +3,10 @@ shapes (so the `openai` SDK sends and parses them unchanged).
 
 Requests refuse unknown fields (400 "Unrecognized request argument", naming it). OpenAI's fields
 this service does not implement are accepted at their default values only; any other value is a
-400 naming the field (`unsupported()`, code `unsupported_parameter`): logprobs, echo, best_of > 1,
-suffix, and for chat tools and response formats other than text. `n` must be 1. presence_penalty,
+400 naming the field (`unsupported()`, code `unsupported_parameter`): best_of > 1, suffix, and for
+chat tools and response formats other than text. logprobs (completions 0..5, chat top_logprobs
+0..20 with logprobs true), echo and, with echo, max_tokens 0 (scoring only) work as OpenAI's
+(api/logprob_shapes.py). `n` must be 1. presence_penalty,
 frequency_penalty and logit_bias work as OpenAI's (trainer.sampling.Penalties; logit_bias's token ids
 are checked against the model's vocabulary when the request is queued). `user` and `metadata` are
 accepted and ignored. `top_k` is our extension (OpenAI has none).
@@ -18,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
 
+from api.logprob_shapes import ChatLogprobs, CompletionLogprobs
 from api.request_models import INT64_MAX, INT64_MIN, MAX_PROMPT_CHARS
 from trainer.data.chat import ChatRole
 
@@ -222,18 +225,16 @@ class CompletionRequest(SamplingFields):
 
     prompt: Prompt = ""
     max_tokens: int | None = Field(
-        16, ge=1, le=INT64_MAX, description="tokens to generate at most (default 16)"
+        16, ge=0, le=INT64_MAX, description="tokens to generate at most (default 16; 0 only with echo)"
     )
-    logprobs: int | None = Field(None, ge=0, le=5, description="not supported: leave out")
-    echo: bool | None = Field(None, description="only false is supported")
+    logprobs: int | None = Field(
+        None, ge=0, le=5, description="the tokens' logprobs, and this many likeliest tokens at each position"
+    )
+    echo: bool | None = Field(None, description="the prompt before the completion (with its logprobs)")
     best_of: int | None = Field(None, ge=1, le=20, description="only 1 is supported")
     suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description="not supported: leave out")
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.logprobs is not None:
-            return "logprobs", "logprobs is not supported: leave it out"
-        if self.echo:
-            return "echo", "echo is not supported: leave it out or false"
         if self.best_of not in (None, 1):
             return "best_of", "best_of is not supported: leave it out or 1"
         if self.suffix:
@@ -294,8 +295,10 @@ class ChatCompletionRequest(SamplingFields):
         description="tokens to generate at most (max_tokens is the older name); when neither is given, "
         "what the model's context leaves after the prompt, at most the server's bound",
     )
-    logprobs: bool | None = Field(None, description="only false is supported")
-    top_logprobs: int | None = Field(None, ge=0, le=20, description="not supported: leave out")
+    logprobs: bool | None = Field(None, description="the logprobs of the reply's tokens")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=20, description="with logprobs, the likeliest tokens at each position"
+    )
     response_format: ResponseFormat | None = Field(None, description='only {"type": "text"} is supported')
     tools: list[dict[str, Any]] | None = Field(
         None, max_length=128, description="not supported: leave out or []"
@@ -318,10 +321,8 @@ class ChatCompletionRequest(SamplingFields):
         return messages
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.logprobs:
-            return "logprobs", "logprobs is not supported: leave it out or false"
-        if self.top_logprobs is not None:
-            return "top_logprobs", "top_logprobs is not supported: leave it out"
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs: true"
         if self.response_format is not None and self.response_format.type != "text":
             return "response_format", 'only response_format {"type": "text"} is supported'
         if self.tools:
@@ -349,7 +350,7 @@ class Usage(BaseModel):
 class CompletionChoice(BaseModel):
     text: str
     index: int = 0
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = Field(description="stop: EOS or a stop sequence; length: max_tokens")
 
 
@@ -374,7 +375,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason
 
 

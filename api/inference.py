@@ -26,6 +26,7 @@ notices the missing row at its next write and stops.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -71,6 +72,7 @@ class RowState:
     status: str
     new_output: str  # what was appended to `output` after the characters already relayed
     new_lengths: str  # what was appended to `piece_lengths` after what was already read
+    new_logprobs: str  # what was appended to `token_logprobs` after what was already read
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
@@ -105,6 +107,9 @@ class InferenceRun:
         self.id = row_id
         self.relayed = 0  # characters of `output` yielded so far
         self.lengths_read = 0  # characters of `piece_lengths` read so far
+        self.logprobs_read = 0  # characters of `token_logprobs` read so far
+        self.unattached: list[dict[str, Any]] = []  # token records read, their text not yet yielded
+        self.attached: list[dict[str, Any]] = []  # token records of the text yielded, not yet taken
         self.result: InferenceResult | None = None
         self.started = time.monotonic()
         self.closed = False
@@ -156,18 +161,22 @@ class InferenceRun:
                 raise APIError(
                     500, "The completion was withdrawn before it finished.", code="inference_failed"
                 )
+            self.unattached += [json.loads(line) for line in state.new_logprobs.splitlines() if line]
+            self.logprobs_read += len(state.new_logprobs)
             for piece in split_pieces(state.new_output, state.new_lengths):
                 self.relayed += len(piece)
+                self._attach()
                 last_yield = time.monotonic()
                 yield piece
             self.lengths_read += len(state.new_lengths)
             self.watch.seen(state.worker, state.heartbeat_at)
             if state.status == "done":
+                self._attach(everything=True)
                 self.result = InferenceResult(
                     state.finish_reason or "stop", state.prompt_tokens, state.completion_tokens
                 )
                 return
-            if state.status in ("failed", "unavailable"):
+            if state.status in ("failed", "unavailable", "invalid"):
                 raise _ended_without_text(state)
             if time.monotonic() >= deadline:
                 raise APIError(
@@ -183,6 +192,20 @@ class InferenceRun:
             if is_disconnected is not None and await is_disconnected():
                 raise ClientGone(self.id)
             await asyncio.sleep(POLL_SECONDS)
+
+    def _attach(self, everything: bool = False) -> None:
+        """The token records whose text ends within what was yielded go with it (all at the end)."""
+        n = len(self.unattached)
+        if not everything:
+            n = next((i for i, r in enumerate(self.unattached) if r["e"] > self.relayed), n)
+        self.attached += self.unattached[:n]
+        del self.unattached[:n]
+
+    def take_tokens(self) -> list[dict[str, Any]]:
+        """The token records (worker/token_logprobs.py) of the text yielded since the last call:
+        after a piece, its tokens; after the end, the rest."""
+        taken, self.attached = self.attached, []
+        return taken
 
     async def close(self) -> None:
         """Delete the row (also while the request is being cancelled: shielded)."""
@@ -204,6 +227,7 @@ class InferenceRun:
                     InferenceRequest.status,
                     func.substr(InferenceRequest.output, self.relayed + 1),
                     func.substr(InferenceRequest.piece_lengths, self.lengths_read + 1),
+                    func.substr(InferenceRequest.token_logprobs, self.logprobs_read + 1),
                     InferenceRequest.finish_reason,
                     InferenceRequest.prompt_tokens,
                     InferenceRequest.completion_tokens,
@@ -214,7 +238,7 @@ class InferenceRun:
             ).one_or_none()
         if row is None:
             return None
-        return RowState(row[0], row[1] or "", row[2] or "", *row[3:])
+        return RowState(row[0], row[1] or "", row[2] or "", row[3] or "", *row[4:])
 
     def _alive(self) -> tuple[int, int]:
         with self.factory() as session:
@@ -237,7 +261,11 @@ class InferenceRun:
 
 
 def _ended_without_text(state: RowState) -> APIError:
-    """The error of a request the worker gave up on: the blob store down (an outage: 503), or a fault."""
+    """The error of a request the worker gave up on: the blob store down (an outage: 503), a request
+    it could not serve as asked (`invalid`: an echoed prompt to score past the model's context, a 400
+    naming `prompt`), or a fault."""
+    if state.status == "invalid":
+        return APIError(400, state.error or "invalid request", param="prompt", code="context_length_exceeded")
     if state.status == "unavailable":
         log.warning("completion answered 503: the inference worker met a blob store outage (%s)", state.error)
         return APIError(

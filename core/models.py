@@ -291,10 +291,14 @@ class InferenceRequest(Base):
     model_id: Mapped[str] = mapped_column(String(200))
     blob_id: Mapped[str] = mapped_column(String(40))  # the checkpoint blob holding the weights
     params: Mapped[dict[str, Any]] = mapped_column(default=dict)  # prompt, max_tokens, temperature, ...
-    # queued|running|done|failed, or unavailable: the blob store was down when the model was loaded
+    # queued|running|done|failed, or unavailable: the blob store was down when the model was loaded;
+    # invalid: the request cannot be served as asked (an echoed prompt past the context to score)
     status: Mapped[str] = mapped_column(String(16), default="queued")
     output: Mapped[str] = mapped_column(Text, default="")
     piece_lengths: Mapped[str] = mapped_column(Text, default="")
+    # asked for logprobs: one JSON line per reported token (worker/token_logprobs.py), appended with
+    # the text it belongs to
+    token_logprobs: Mapped[str] = mapped_column(Text, default="")
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     finish_reason: Mapped[str | None] = mapped_column(String(16), default=None)  # stop | length

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from trainer.logprobs import LogprobRecorder
 from trainer.model.decoders import Decoder, decoder_for
 from trainer.model.llama import Llama
 
@@ -117,9 +118,12 @@ def stream_ids(
     seed: int | None = None,
     eos_id: int | None = None,
     penalties: Penalties | None = None,
+    recorder: LogprobRecorder | None = None,
 ) -> Generator[int, None, None]:
     """Yield up to max_new_tokens new ids continuing `ids`, one at a time as each is sampled,
-    stopping before `eos_id` (which is not yielded), the logits adjusted by `penalties`. `ids` must
+    stopping before `eos_id` (which is not yielded), the logits adjusted by `penalties`. With a
+    `recorder` (trainer.logprobs) each token's logprobs under the raw logits are recorded: its
+    `pop()` after each id yielded gives that id's. `ids` must
     not be empty (start from BOS for no prompt). The one decoding loop: generate_ids and complete
     collect it; the inference worker streams it. The model must not be training meanwhile (several
     threads may share it in eval mode); closing the generator early stops the decoding."""
@@ -138,6 +142,8 @@ def stream_ids(
         return sample_token(logits, temperature, top_k, top_p, generator)
 
     pick = penalties.picker(sample, model.cfg.vocab_size, device) if penalties else sample
+    if recorder is not None:
+        pick = recorder.wrap(pick)
 
     # the pool's decoder goes back when this generator ends or is closed
     with decoder_for(model) as decoder:

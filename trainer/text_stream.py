@@ -28,6 +28,8 @@ class TextStream:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""  # decoded, not yet published: a possible beginning of a stop sequence
         self.stopped = False  # a stop sequence was found: nothing more is published
+        self.decoded = 0  # characters decoded so far, published or not (a token's text ends here)
+        self.published = 0  # characters returned so far
 
     def push(self, data: bytes) -> str:
         """Add the bytes of one generated token; returns the text that became final."""
@@ -42,6 +44,12 @@ class TextStream:
         return self._release(self._decoder.decode(b"", final=True), final=True)
 
     def _release(self, text: str, final: bool) -> str:
+        self.decoded += len(text)
+        out = self._cut(text, final)
+        self.published += len(out)
+        return out
+
+    def _cut(self, text: str, final: bool) -> str:
         pending = self._pending + text.replace("\x00", "\ufffd")
         cut = first_stop(pending, self.stops)
         if cut is not None:

@@ -23,6 +23,11 @@ The API inserts an `inference_requests` row (`queued`, its `params`) and sends i
    retries) is `unavailable`, an outage to wait out, which the API answers 503 `storage_unavailable`
    with Retry-After (api/inference.py), not a 500; the worker logs one line for it, no traceback.
 
+With `params.logprobs` (the likeliest tokens to list, 0 for none) each token's logprobs go to the
+row's `token_logprobs` with its text (worker/token_logprobs.py); `params.echo` puts the prompt first
+in `output` (scored too with logprobs: at most the model's context of it, else the row ends `invalid`,
+which the API answers 400 naming `prompt`).
+
 Housekeeping: rows older than the longest an API waits for one (inference_wait_seconds +
 max_inference_seconds + STALE_GRACE_SECONDS) are left only by an API process that died mid-request;
 the first request a worker process takes every SWEEP_EVERY_SECONDS deletes them.
@@ -48,9 +53,13 @@ from core.row_heartbeat import RowHeartbeat
 from core.settings import Settings
 from trainer.data.chat import CHAT_STOP, chat_prompt
 from trainer.text_stream import TextStream
+from worker.token_logprobs import PromptTooLong, TokenTracker, lines, prompt_entries
 
 if TYPE_CHECKING:
+    from collections.abc import Generator
+
     from trainer.data.tokenizers import Tokenizer
+    from trainer.logprobs import LogprobRecorder
     from trainer.model.llama import Llama
     from worker.process import Resources
 
@@ -100,6 +109,9 @@ def _serve(request_id: str, params: tuple[str, dict[str, Any]], settings: Settin
         outcome = generate_into_row(
             res.session_factory, request_id, model, tokenizer, body, started + settings.max_inference_seconds
         )
+    except PromptTooLong as exc:  # the request's fault: a 400 naming `prompt`
+        _end_row(res.session_factory, request_id, "invalid", str(exc))
+        return
     except StoreUnavailable as exc:  # an outage, not a fault: one line
         log.warning("inference %s: the model could not be loaded: %s", request_id, exc)
         _end_row(res.session_factory, request_id, "unavailable", str(exc))
@@ -182,6 +194,8 @@ class RowWriter:
         self.session_factory, self.request_id = session_factory, request_id
         self.buffer = ""
         self.lengths = ""  # "3,1," : the pieces of `buffer`, appended to the row's piece_lengths
+        self.logprobs = ""  # JSON lines of tokens' logprobs, appended to the row's token_logprobs
+        self.written = 0  # characters of text added so far
         self.last_flush = time.monotonic()
 
     def add(self, piece: str) -> None:
@@ -189,6 +203,11 @@ class RowWriter:
         if piece:
             self.buffer += piece
             self.lengths += f"{len(piece)},"
+            self.written += len(piece)
+
+    def add_logprobs(self, entries: list[dict[str, Any]]) -> None:
+        """Buffer reported tokens (worker/token_logprobs.py), written with the text."""
+        self.logprobs += lines(entries)
 
     def due(self) -> bool:
         return time.monotonic() - self.last_flush >= FLUSH_SECONDS
@@ -199,6 +218,8 @@ class RowWriter:
         if self.buffer:
             changes["output"] = InferenceRequest.output + self.buffer
             changes["piece_lengths"] = InferenceRequest.piece_lengths + self.lengths
+        if self.logprobs:
+            changes["token_logprobs"] = InferenceRequest.token_logprobs + self.logprobs
         with self.session_factory() as session:
             result = session.execute(
                 update(InferenceRequest)
@@ -206,7 +227,7 @@ class RowWriter:
                 .values(**changes)
             )
             session.commit()
-        self.buffer = self.lengths = ""
+        self.buffer = self.lengths = self.logprobs = ""
         self.last_flush = time.monotonic()
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
@@ -220,6 +241,7 @@ def generate_into_row(
     deadline: float,
 ) -> str:
     """Generate the completion into the row; returns a line for the log."""
+    from trainer.logprobs import LogprobRecorder
     from trainer.sampling import Penalties, stream_ids
 
     prompt, stops = prompt_and_stops(params)
@@ -227,9 +249,11 @@ def generate_into_row(
     max_tokens = int(params["max_tokens"])
     if params.get("fill_context"):  # a chat that named no bound: until the context is full
         max_tokens = min(max_tokens, max(1, model.cfg.ctx - len(prompt_ids)))
-    chat = params.get("messages") is not None
-    text = TextStream(stops, trailing="\n" if chat else "")  # a reply ends before the template's "\n"
+    top = params.get("logprobs")  # None: no logprobs asked for
     writer = RowWriter(session_factory, request_id)
+    if params.get("echo"):
+        echo_prompt(writer, model, tokenizer, prompt, prompt_ids, top)
+    recorder = LogprobRecorder(int(top)) if top is not None else None
     tokens = stream_ids(
         model,
         prompt_ids or [tokenizer.bos_id],
@@ -244,13 +268,55 @@ def generate_into_row(
             presence=float(params.get("presence_penalty") or 0.0),
             logit_bias={int(k): float(v) for k, v in (params.get("logit_bias") or {}).items()},
         ),
+        recorder=recorder,
     )
+    tracker = TokenTracker(tokenizer, writer.written) if recorder is not None else None
+    chat = params.get("messages") is not None
+    text = TextStream(stops, trailing="\n" if chat else "")  # a reply ends before the template's "\n"
+    return _decode_into(
+        writer, text, tokens, tokenizer, deadline, max_tokens, len(prompt_ids), recorder, tracker
+    )
+
+
+def echo_prompt(
+    writer: RowWriter, model: Llama, tokenizer: Tokenizer, prompt: str, ids: list[int], top: int | None
+) -> None:
+    """echo: the prompt opens the output; with logprobs, its tokens scored in one forward (at most
+    the model's context of them: PromptTooLong otherwise, a 400 naming `prompt`)."""
+    from trainer.logprobs import score
+
+    if top is not None:
+        if len(ids) > model.cfg.ctx:
+            raise PromptTooLong(
+                f"prompt: its {len(ids)} tokens exceed the model's context of {model.cfg.ctx} tokens; "
+                "echo with logprobs scores the whole prompt, so it must fit"
+            )
+        writer.add_logprobs(prompt_entries(tokenizer, ids, score(model, ids, int(top))))
+    writer.add(prompt.replace("\x00", "\ufffd"))
+
+
+def _decode_into(
+    writer: RowWriter,
+    text: TextStream,
+    tokens: Generator[int, None, None],
+    tokenizer: Tokenizer,
+    deadline: float,
+    max_tokens: int,
+    prompt_tokens: int,
+    recorder: LogprobRecorder | None,
+    tracker: TokenTracker | None,
+) -> str:
+    """generate_into_row's loop: tokens -> final text (and their logprobs) in the row."""
     n = 0
-    finish_reason = "stop"  # EOS, unless the loop says otherwise
+    finish_reason = "stop" if max_tokens else "length"  # EOS, unless the loop says otherwise
     try:
         for token in tokens:
             n += 1
+            start = text.decoded
             writer.add(text.push(tokenizer.token_bytes(token)))
+            if recorder is not None and tracker is not None:
+                tracker.add(token, recorder.pop(), start, text.decoded)
+                writer.add_logprobs(tracker.ready(text.published))
             if text.stopped:
                 break
             if n == max_tokens or time.monotonic() >= deadline:
@@ -261,12 +327,14 @@ def generate_into_row(
     finally:
         tokens.close()
     writer.add(text.finish())
+    if tracker is not None:
+        writer.add_logprobs(tracker.rest(text))
     done = writer.flush(
-        status="done", prompt_tokens=len(prompt_ids), completion_tokens=n, finish_reason=finish_reason
+        status="done", prompt_tokens=prompt_tokens, completion_tokens=n, finish_reason=finish_reason
     )
     if not done:
         return f"{n} tokens, then the request was withdrawn"
-    return f"{len(prompt_ids)} prompt + {n} completion tokens, finish_reason {finish_reason}"
+    return f"{prompt_tokens} prompt + {n} completion tokens, finish_reason {finish_reason}"
 
 
 _last_sweep = 0.0

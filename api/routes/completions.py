@@ -38,6 +38,7 @@ from api.completion_models import (
 from api.deps import CurrentKey, SettingsDep
 from api.errors import APIError, ErrorResponse
 from api.inference import ClientGone, InferenceResult, InferenceRun, collect, start_inference
+from api.logprob_shapes import chat_logprobs, completion_logprobs
 from api.request_models import GenerateRequest
 from api.request_text import json_router
 from api.schemas import GenerateResponse
@@ -45,6 +46,7 @@ from api.stream_limits import holding, stream_limits
 from core.models import ApiKey
 from core.settings import Settings
 
+Tokens = list[dict[str, Any]] | None  # a chunk's token records (api/inference.py take_tokens)
 router = json_router(prefix="/v1", tags=["completions"])
 
 # 200 is JSON, or SSE with stream: true; a `model` that names none of yours is a 404 (as OpenAI answers)
@@ -148,23 +150,43 @@ async def create_completion(
     body: CompletionRequest, request: Request, key: CurrentKey, settings: SettingsDep
 ) -> Response | Completion:
     check_supported(body)
+    if body.max_tokens == 0 and not body.echo:
+        raise APIError(
+            400,
+            "max_tokens: 0 generates nothing; it is allowed with echo: true only (scoring the prompt)",
+            param="max_tokens",
+            code="invalid_value",
+        )
     params = {
         "prompt": body.prompt,
         # null reads as not given: OpenAI's default of 16
-        "max_tokens": max_tokens_of("max_tokens", body.max_tokens or DEFAULT_MAX_TOKENS, settings),
+        "max_tokens": max_tokens_of(
+            "max_tokens", DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens, settings
+        ),
+        "logprobs": body.logprobs,
+        "echo": bool(body.echo),
         **body.sampling_params(),
     }
     run, release = await _start(request, key, bool(body.stream), body.model, params)
     cid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
 
-    def chunk(text: str, finish_reason: str | None) -> dict[str, Any]:
+    def logprobs(tokens: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return None if body.logprobs is None else completion_logprobs(tokens, body.logprobs)
+
+    def chunk(text: str, finish_reason: str | None, tokens: Tokens = None) -> dict[str, Any]:
+        choice = {
+            "text": text,
+            "index": 0,
+            "logprobs": logprobs(tokens or []),
+            "finish_reason": finish_reason,
+        }
         data: dict[str, Any] = {
             "id": cid,
             "object": "text_completion",
             "created": created,
             "model": body.model,
             "system_fingerprint": None,
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [choice],
         }
         if body.include_usage:
             data["usage"] = None
@@ -173,13 +195,12 @@ async def create_completion(
     if body.stream:
         return event_stream(run, _events(run, request, chunk, body.include_usage), release)
     text, result = await finished_text(run, request)
-    return Completion(
-        id=cid,
-        created=created,
-        model=body.model,
-        choices=[CompletionChoice(text=text, finish_reason=result.finish_reason)],  # type: ignore[arg-type]
-        usage=usage_of(result),
+    choice = CompletionChoice(
+        text=text,
+        finish_reason=result.finish_reason,  # type: ignore[arg-type]
+        logprobs=logprobs(run.take_tokens()),  # type: ignore[arg-type]
     )
+    return Completion(id=cid, created=created, model=body.model, choices=[choice], usage=usage_of(result))
 
 
 async def _start(
@@ -198,20 +219,21 @@ async def _start(
 async def _events(
     run: InferenceRun,
     request: Request,
-    chunk: Callable[[str, str | None], dict[str, Any]],
+    chunk: Callable[[str, str | None, Tokens], dict[str, Any]],
     include_usage: bool,
     first: dict[str, Any] | None = None,
 ) -> AsyncGenerator[str, None]:
     """Chunks of the deltas, then one with the finish reason, the usage chunk, [DONE]. `chunk(text,
-    finish_reason)` shapes one; `first` is sent before the text (chat: the role)."""
+    finish_reason, tokens)` shapes one (tokens: the records of its tokens' logprobs, api/inference.py);
+    `first` is sent before the text (chat: the role)."""
     if first is not None:
         yield event(first)
     async for delta in run.deltas(request.is_disconnected, run.settings.sse_keepalive_seconds):
-        yield KEEPALIVE if delta is None else event(chunk(delta, None))
+        yield KEEPALIVE if delta is None else event(chunk(delta, None, run.take_tokens()))
     assert run.result is not None
-    yield event(chunk("", run.result.finish_reason))
+    yield event(chunk("", run.result.finish_reason, run.take_tokens()))
     if include_usage:
-        yield event({**chunk("", None), "choices": [], "usage": usage_of(run.result).model_dump()})
+        yield event({**chunk("", None, None), "choices": [], "usage": usage_of(run.result).model_dump()})
     yield DONE
 
 
@@ -232,12 +254,19 @@ async def create_chat_completion(
         "max_tokens": max_tokens_of(field, limit, settings),
         # not given: the reply may take what the model's context leaves after the prompt (OpenAI's)
         "fill_context": limit is None,
+        "logprobs": (body.top_logprobs or 0) if body.logprobs else None,
         **body.sampling_params(),
     }
     run, release = await _start(request, key, bool(body.stream), body.model, params)
     cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
 
-    def chunk(text: str, finish_reason: str | None, delta: dict[str, Any] | None = None) -> dict[str, Any]:
+    def logprobs(tokens: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return chat_logprobs(tokens) if body.logprobs else None
+
+    def chunk(
+        text: str, finish_reason: str | None, tokens: Tokens = None, delta: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        lp = None if delta is not None else logprobs(tokens or [])
         if delta is None:
             delta = {"content": text} if finish_reason is None else {}
         data: dict[str, Any] = {
@@ -246,25 +275,22 @@ async def create_chat_completion(
             "created": created,
             "model": body.model,
             "system_fingerprint": None,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}],
         }
         if body.include_usage:
             data["usage"] = None
         return data
 
     if body.stream:
-        first = chunk("", None, {"role": "assistant", "content": ""})
+        first = chunk("", None, delta={"role": "assistant", "content": ""})
         return event_stream(run, _events(run, request, chunk, body.include_usage, first), release)
     text, result = await finished_text(run, request)
-    return ChatCompletion(
-        id=cid,
-        created=created,
-        model=body.model,
-        choices=[
-            ChatChoice(message=AssistantMessage(content=text), finish_reason=result.finish_reason)  # type: ignore[arg-type]
-        ],
-        usage=usage_of(result),
+    choice = ChatChoice(
+        message=AssistantMessage(content=text),
+        finish_reason=result.finish_reason,  # type: ignore[arg-type]
+        logprobs=logprobs(run.take_tokens()),  # type: ignore[arg-type]
     )
+    return ChatCompletion(id=cid, created=created, model=body.model, choices=[choice], usage=usage_of(result))
 
 
 # ------------------------------------------------------------------------------ generate (ours)

@@ -49,8 +49,10 @@ def chat_body(model: str, **extra: Any) -> dict[str, Any]:
         (COMPLETIONS, {"temperature": 2.5}, "temperature"),
         (COMPLETIONS, {"top_p": 1.5}, "top_p"),
         (COMPLETIONS, {"seed": 2**64}, "seed"),
-        (COMPLETIONS, {"logprobs": 1}, "logprobs"),
-        (COMPLETIONS, {"echo": True}, "echo"),
+        (COMPLETIONS, {"logprobs": 6}, "logprobs"),  # OpenAI's bound: 5
+        (COMPLETIONS, {"logprobs": -1}, "logprobs"),
+        (COMPLETIONS, {"echo": "yes"}, "echo"),
+        (COMPLETIONS, {"max_tokens": 0, "echo": False}, "max_tokens"),  # 0 only scores an echoed prompt
         (COMPLETIONS, {"best_of": 2}, "best_of"),
         (COMPLETIONS, {"suffix": "end"}, "suffix"),
         (COMPLETIONS, {"logit_bias": {"50256": -100}}, "logit_bias"),  # past the model's 258 tokens
@@ -59,7 +61,9 @@ def chat_body(model: str, **extra: Any) -> dict[str, Any]:
         (COMPLETIONS, {"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
         (COMPLETIONS, {"presence_penalty": 2.5}, "presence_penalty"),
         (CHAT, {"frequency_penalty": -3}, "frequency_penalty"),
-        (CHAT, {"logprobs": True}, "logprobs"),
+        (CHAT, {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),  # OpenAI's bound: 20
+        (CHAT, {"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+        (CHAT, {"logprobs": 1}, "logprobs"),  # a boolean
         (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
         (COMPLETIONS, {"stream_options": {"include_usage": True}}, "stream_options"),

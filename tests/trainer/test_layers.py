@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("trainer.data",),
     ("trainer.optim", "trainer.checkpoint", "trainer.checkpoint_snapshot"),
     ("trainer.run",),
-    ("trainer.distributed", "trainer.export", "trainer.sampling"),
+    ("trainer.distributed", "trainer.export", "trainer.sampling", "trainer.logprobs"),
     ("trainer.cli", "trainer"),
 ]
 
