@@ -56,6 +56,8 @@ def parse_metadata_filter(items: list[tuple[str, str]]) -> MetadataFilter:
         if not (name.startswith(PREFIX) and name.endswith(SUFFIX)):
             continue
         key = name[len(PREFIX) : -len(SUFFIX)]
+        if "][" in key:  # metadata[a][b]=v: a nested object, where metadata values are strings
+            raise _bad(f"{name}: metadata values are strings; filter with metadata[key]=value", name)
         if not key or len(key) > MAX_KEY_CHARS:
             raise _bad(f"metadata keys are 1 to {MAX_KEY_CHARS} characters (got {quote_input(key)})", name)
         if len(value) > MAX_VALUE_CHARS:

@@ -155,6 +155,7 @@ def check_metadata_filter(client: TestClient, secret: str, factory: Factory, own
         (f"metadata[k]={'v' * 513}", "metadata[k]"),
         ("metadata[k]=1&metadata[k]=2", "metadata[k]"),
         ("metadata=null&metadata[k]=v", "metadata"),
+        ("metadata[a][b]=v", "metadata[a][b]"),  # nested: metadata values are strings
     ]:
         r = client.get(f"{JOBS}?{query}", headers=auth)
         assert assert_envelope(r, 400)["param"] == param, query
