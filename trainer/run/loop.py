@@ -119,9 +119,12 @@ def train(
     run.model.train()
     stop: StopReason | None = None
     try:
-        while run.step < run.total_steps and (stop := report.stop_requested()) is None:
-            if between_steps(run, report) and (stop := report.stop_requested()) is not None:
-                break  # asked while deciding: not after the compile (a minute) the next step would run
+        while run.step < run.total_steps:
+            between_steps(run, report)
+            # asked after what was decided between steps: a stop asked while compile auto decided
+            # comes before the compile (a minute) that the next step would run
+            if (stop := report.stop_requested()) is not None:
+                break
             # the step: the learning rate of this step, a batch, forward/backward and the update
             lr = lr_at(run.step, cfg, run.total_steps)
             set_lr(run.optimizer, lr)
@@ -167,16 +170,12 @@ def _model_step(run: TrainRun, stop_reason: StopReason, final: Path | None) -> i
     return int(read_state(final)["step"])
 
 
-def between_steps(run: TrainRun, report: Report) -> bool:
+def between_steps(run: TrainRun, report: Report) -> None:
     """A checkpoint written in the background goes to the callbacks; compile auto decides once it
-    has timed the first steps (trainer.run.state.TrainRun.between_steps). Not training time.
-    Returns whether something was decided (its note written: the service reads a stop asked for
-    with it)."""
+    has timed the first steps (trainer.run.state.TrainRun.between_steps). Not training time."""
     with report.not_training():
         if (decided := run.between_steps()) is not None:
-            report.note(decided)
-            return True
-    return False
+            report.note(decided)  # the service reads stop requests as it writes it
 
 
 def after_step(run: TrainRun, report: Report, lr: float, result: StepResult) -> None:
