@@ -94,6 +94,8 @@ def test_delete_model_removes_it_from_the_pickers(new_page: Any, static_url: str
     api.on("DELETE", f"/models/{MODEL}", ok({"id": MODEL, "object": "model", "deleted": True}))
     sign_in_with_stub(page, static_url, f"#/jobs/{JOB_ID}")
     page.wait_for_selector("#btn-delete-model:visible")
+    # the checkpoints arrive by a request of their own, maybe after the model's check
+    page.wait_for_selector(f"#gen-model option[value='{CHECKPOINT}']", state="attached")
     assert picker_models(page) == [MODEL, CHECKPOINT]
 
     page.click("#btn-delete-model")
@@ -101,6 +103,7 @@ def test_delete_model_removes_it_from_the_pickers(new_page: Any, static_url: str
     assert api.calls[f"DELETE /models/{MODEL}"] == 0  # one click deletes nothing
     page.click("#btn-delete-model")
     page.wait_for_selector("#model-deleted")
+    page.wait_for_selector(f"#gen-model option[value='{MODEL}']", state="detached")
     assert api.calls[f"DELETE /models/{MODEL}"] == 1
     assert picker_models(page) == [CHECKPOINT]
     assert page.eval_on_selector_all("#dl-model option", "os => os.map(o => o.value)") == [CHECKPOINT]
