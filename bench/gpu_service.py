@@ -2,7 +2,8 @@
 step): `fromscratch serve` as a user starts it, with no device setting, then a job without `device`
 (it must be placed on the GPU queue: api/placement.py), a checkpoint every `--checkpoint-every`
 steps (their cost in the background, from the job's "Checkpoints in the background" event), and a
-completion of the trained model (the inference worker must decode on CUDA: GET /v1/workers).
+completion of the trained model (the inference worker must decode on CUDA: GET /v1/workers), and
+its logprobs recorded while decoding against one forward over the same text.
 
     python3 bench/gpu_service.py                          # on the GPU box: llama-42m, 300 steps
     .venv/bin/python bench/gpu_service.py --smoke --device cpu   # here: llama-tiny, CPU expected
@@ -97,6 +98,44 @@ def completion(svc: Service, model: str, args: argparse.Namespace) -> None:
     )
 
 
+LOGPROB_TOLERANCE = 0.05  # nats: bf16 on CUDA; the same computation, one token at a time or in one pass
+
+
+def logprobs_agree(svc: Service, model: str) -> None:
+    """The logprobs recorded while decoding (beside the graphed decoder on CUDA) against those of
+    one forward over the same text (echo scoring): the same model and tokens, so the same numbers."""
+    # printable ASCII only (the byte tokenizer's ids are the bytes): text that encodes back to the
+    # same tokens, however little the model learned; logprobs are the raw logits', bias or not
+    ascii_only = {str(b): -100 for b in (*range(9), *range(11, 32), *range(127, 256))}
+    body = {
+        "model": model,
+        "prompt": "ROMEO:",
+        "max_tokens": 16,
+        "temperature": 0.8,
+        "seed": 1,
+        "logprobs": 1,
+        "logit_bias": ascii_only,
+    }
+    decoded = svc.client.post("/v1/completions", json=body).raise_for_status().json()["choices"][0]
+    scoring = {
+        "model": model,
+        "prompt": "ROMEO:" + decoded["text"],
+        "max_tokens": 0,
+        "echo": True,
+        "logprobs": 1,
+    }
+    scored = svc.client.post("/v1/completions", json=scoring).raise_for_status().json()["choices"][0]
+    tokens, logprobs = decoded["logprobs"]["tokens"], decoded["logprobs"]["token_logprobs"]
+    n = len(tokens)
+    if not n or scored["logprobs"]["tokens"][-n:] != tokens:  # e.g. bytes that are no UTF-8 text
+        emit(Row(STEP, "logprobs while decoding vs one forward", "not comparable", goal="equal", met=None))
+        return
+    diff = max(abs(a - b) for a, b in zip(logprobs, scored["logprobs"]["token_logprobs"][-n:], strict=True))
+    print(f"logprobs: {n} decoded tokens, largest difference from one forward {diff:.4f}", flush=True)
+    goal = f"<= {LOGPROB_TOLERANCE}"
+    emit(Row(STEP, "logprobs while decoding vs one forward", diff, "nats", goal, diff <= LOGPROB_TOLERANCE))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="the device the box has")
@@ -122,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     with serve(blob_backend="fs") as svc:
         done = train_job(svc, args)
         completion(svc, done["fine_tuned_model"], args)
+        logprobs_agree(svc, done["fine_tuned_model"])
     return 0
 
 
