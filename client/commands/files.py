@@ -6,31 +6,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from client.commands.output import format_size, format_time, make_console, print_json, print_rows
+from client.commands.output import format_size, format_time, print_json, print_rows, transfer_bar
 from client.commands.runner import EXIT_OK, UsageError, connect
 
 
 def cmd_files_upload(args: argparse.Namespace) -> int:
     """`files upload FILE`: stream the file up with a progress bar; print its id."""
-
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
     path = Path(args.file)
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
     size = path.stat().st_size
-    with (
-        connect(args) as client,
-        Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=make_console(stderr=True),
-            transient=False,
-        ) as bar,
-    ):
+    with connect(args) as client, transfer_bar() as bar:
         task = bar.add_task(f"uploading {path.name}", total=size)
         obj = client.upload_file(path, purpose=args.purpose, progress=lambda n: bar.advance(task, n))
     if args.json:

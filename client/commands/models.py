@@ -10,7 +10,7 @@ import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from client.commands.output import format_size, format_time, make_console, print_json, print_rows
+from client.commands.output import format_size, format_time, print_json, print_rows, transfer_bar
 from client.commands.runner import EXIT_OK, CommandError, connect
 from core.archives import extract_all
 from core.exports import DOWNLOADS
@@ -44,7 +44,7 @@ def cmd_models_download(args: argparse.Namespace) -> int:
     keeps the tar)."""
     unpack = _download(args.format).is_folder and not args.tar
     part = _PartFile(_tar_folder(args.output) if unpack else args.output)
-    with connect(args) as client, _download_bar() as bar:
+    with connect(args) as client, transfer_bar() as bar:
         label = f"{args.id} ({args.format}{'' if args.dtype == 'f32' else ' ' + args.dtype})"
         # the bar shows once the server has answered: not before an error (a 404 printed an empty one)
         task = _LazyTask(bar, label)
@@ -85,19 +85,6 @@ def cmd_models_download(args: argparse.Namespace) -> int:
     print(f"saved {final} ({format_size(size)})", file=sys.stderr)
     print(final)
     return EXIT_OK
-
-
-def _download_bar() -> Progress:
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-    return Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=make_console(stderr=True),
-    )
 
 
 class _LazyTask:

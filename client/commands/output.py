@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.progress import Progress
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -22,6 +23,20 @@ def make_console(stderr: bool = False) -> Console:
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False)
+
+
+def transfer_bar() -> Progress:
+    """A progress bar of bytes sent or received (uploads, downloads), on stderr."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=make_console(stderr=True),
+    )
 
 
 def print_json(obj: Any) -> None:
