@@ -55,9 +55,7 @@ class HeartbeatWatch:
 def workers_alive(session: Session, settings: Settings) -> tuple[int, int]:
     """(inference workers advertised within lease_seconds, completions running with a fresh heartbeat)."""
     now = utcnow()
-    queues = session.scalars(
-        select(Worker.queues).where(Worker.seen_at >= now - timedelta(seconds=settings.lease_seconds))
-    ).all()
+    queues = session.scalars(select(Worker.queues).where(Worker.alive(settings.lease_seconds))).all()
     advertised = sum(INFERENCE_QUEUE in (q or []) for q in queues)
     running = session.scalar(
         select(func.count())

@@ -10,22 +10,19 @@ that queue at all (GPU nodes still starting, or scaled to zero) it waits in the 
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.device_queues import split_queue
-from core.models import Worker, utcnow
+from core.models import Worker
 from core.settings import Settings
 
 
 def _gpu_queue_device_kinds(session: Session, settings: Settings) -> set[str]:
     """The device kinds of the training workers of the gpu queue that advertised themselves within
     the last `lease_seconds` (an inference worker on a GPU does not count: it trains nothing)."""
-    since = utcnow() - timedelta(seconds=settings.lease_seconds)
     found = select(Worker.device_kind, Worker.queues).where(
-        Worker.memory_bytes.is_not(None), Worker.seen_at >= since
+        Worker.memory_bytes.is_not(None), Worker.alive(settings.lease_seconds)
     )
     return {
         kind for kind, queues in session.execute(found) if any(split_queue(q) == ("gpu", 1) for q in queues)

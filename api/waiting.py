@@ -11,31 +11,24 @@ Liveness is what GET /v1/workers shows: a worker row refreshed within `lease_sec
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.models import Job, Worker, utcnow
+from core.models import Job, Worker
 from core.quotas import held_jobs_by_owner
 from core.settings import Settings
-from core.status import CLAIMABLE, JobStatus
-
-
-def _waiting(job: Job) -> bool:
-    return JobStatus(job.status) in CLAIMABLE and job.lease_owner is None
 
 
 def live_queues(session: Session, settings: Settings) -> set[str]:
     """The queues consumed by a worker seen within `lease_seconds`."""
-    since = utcnow() - timedelta(seconds=settings.lease_seconds)
-    rows = session.scalars(select(Worker.queues).where(Worker.seen_at >= since))
+    rows = session.scalars(select(Worker.queues).where(Worker.alive(settings.lease_seconds)))
     return {queue for queues in rows for queue in queues}
 
 
 def waiting_reasons(session: Session, jobs: Iterable[Job], settings: Settings) -> dict[str, str]:
     """job id -> why it cannot start now, for the waiting jobs among `jobs` that cannot."""
-    waiting = [job for job in jobs if _waiting(job)]
+    waiting = [job for job in jobs if job.is_unclaimed]
     if not waiting:
         return {}
     live = live_queues(session, settings)

@@ -8,7 +8,7 @@ ids read as 404.
 from __future__ import annotations
 
 import secrets
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import (
@@ -27,8 +27,12 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    and_,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.elements import ColumnElement
+
+from core.status import CLAIMABLE
 
 
 def utcnow() -> datetime:
@@ -198,6 +202,16 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
+    @property
+    def is_unclaimed(self) -> bool:
+        """Waiting for a worker: in a claimable status, and no worker holds it."""
+        return self.status in CLAIMABLE and self.lease_owner is None
+
+    @classmethod
+    def unclaimed(cls) -> ColumnElement[bool]:
+        """`is_unclaimed` as a condition on `jobs` rows."""
+        return and_(cls.status.in_(CLAIMABLE), cls.lease_owner.is_(None))
+
 
 class Metric(Base):
     """One row per logged step; an evaluation at the same step fills val_loss of that row."""
@@ -337,3 +351,8 @@ class Worker(Base):
     memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)  # per device
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+    @classmethod
+    def alive(cls, lease_seconds: float) -> ColumnElement[bool]:
+        """The rows of live workers: seen within `lease_seconds` (GET /v1/workers lists these)."""
+        return cls.seen_at >= utcnow() - timedelta(seconds=lease_seconds)

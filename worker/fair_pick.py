@@ -23,7 +23,6 @@ from sqlalchemy.orm import Session
 
 from core.models import Job
 from core.quotas import held_jobs_by_owner
-from core.status import CLAIMABLE
 
 NEVER = datetime.min.replace(tzinfo=UTC)  # the last start of an owner never served: before any
 
@@ -32,7 +31,7 @@ def fairest_waiting(session: Session, queue: str, max_running: int) -> list[str]
     """Ids of the jobs waiting on `queue` whose owner may start one now, fairest first."""
     waiting = session.execute(
         select(Job.id, Job.owner_id)
-        .where(Job.queue == queue, Job.status.in_(CLAIMABLE), Job.lease_owner.is_(None))
+        .where(Job.queue == queue, Job.unclaimed())
         .order_by(Job.created_at, Job.id)
     ).all()
     owners = {row.owner_id for row in waiting}

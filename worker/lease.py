@@ -15,7 +15,6 @@ from core.db_faults import OutageLog, is_connection_error
 from core.job_leases import claim_job, renew_lease
 from core.models import Job
 from core.quotas import held_jobs, lock_owner
-from core.status import CLAIMABLE
 from worker.fair_pick import fairest_waiting
 from worker.running_quota import defer_if_owner_busy
 
@@ -41,7 +40,7 @@ def claim(
     the message."""
     with session_factory() as session:
         named = session.get(Job, job_id)
-        waiting = named is not None and named.status in CLAIMABLE and named.lease_owner is None
+        waiting = named is not None and named.is_unclaimed
         queue = named.queue if named is not None else ""
         # a replayed or stale message (its job started, ended or paused) starts nothing
         candidates = fairest_waiting(session, queue, max_running_per_owner) if waiting else []
@@ -101,7 +100,7 @@ def hand_back_message(session_factory: sessionmaker[Session], job_id: str) -> No
     Claimed, it would only be handed back again, with a second 'worker shut down' event."""
     with session_factory() as session:
         job = session.get(Job, job_id)
-        waiting = job is not None and job.status in CLAIMABLE and job.lease_owner is None
+        waiting = job is not None and job.is_unclaimed
         queue = job.queue if job is not None else ""
     if waiting:
         log.info("worker shutting down: job %s left to another worker", job_id)

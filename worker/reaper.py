@@ -193,7 +193,7 @@ class Reaper(threading.Thread):
         """Jobs waiting to be claimed, oldest first."""
         rows = session.execute(
             select(Job.id, Job.queue, Job.owner_id, Job.updated_at)
-            .where(Job.status.in_(CLAIMABLE), Job.lease_owner.is_(None), Job.updated_at < settled)
+            .where(Job.unclaimed(), Job.updated_at < settled)
             .order_by(Job.created_at, Job.id)
         ).all()
         return [WaitingJob(*row) for row in rows]

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.jobstates import ConcurrentUpdate, add_event, transition
 from core.models import Event, Job
 from core.quotas import held_jobs, lock_owner
-from core.status import CLAIMABLE, JobStatus
+from core.status import JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def defer_if_owner_busy(session: Session, job_id: str, max_running: int) -> bool
     written (once per wait) and the caller commits and drops the message. False otherwise; then
     the owner's quota lock is held, and the caller claims the job in this same transaction."""
     job = session.get(Job, job_id)
-    if job is None or job.status not in CLAIMABLE or job.lease_owner is not None:
+    if job is None or not job.is_unclaimed:
         return False  # not claimable anyway: the claim says so
     lock_owner(session, job.owner_id)
     running = held_jobs(session, job.owner_id)
@@ -83,7 +83,7 @@ def deferred_to_resend(
             return []
         waiting = session.execute(
             select(Job.id, Job.queue)
-            .where(Job.owner_id == owner_id, Job.status.in_(CLAIMABLE), Job.lease_owner.is_(None))
+            .where(Job.owner_id == owner_id, Job.unclaimed())
             .order_by(Job.created_at, Job.id)
         ).all()
         return [(w.id, w.queue) for w in waiting if _is_deferred(session, w.id)][:free]

@@ -22,7 +22,6 @@ import logging
 import secrets
 from collections import Counter
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
@@ -38,8 +37,8 @@ from api.errors import error_response
 from core.broker_faults import describe as describe_broker_error
 from core.db_faults import OutageLog, is_connection_error
 from core.db_faults import describe as describe_db_error
-from core.models import Job, Worker, utcnow
-from core.status import CLAIMABLE, JobStatus
+from core.models import Job, Worker
+from core.status import JobStatus
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -59,15 +58,13 @@ class JobsCollector(Collector):
             with self.session_factory() as s:
                 counts = dict(s.execute(select(Job.status, func.count()).group_by(Job.status)).all())
                 waiting = s.execute(
-                    select(Job.queue, func.count())
-                    .where(Job.status.in_(CLAIMABLE), Job.lease_owner.is_(None))
-                    .group_by(Job.queue)
+                    select(Job.queue, func.count()).where(Job.unclaimed()).group_by(Job.queue)
                 ).all()
                 running = s.execute(
                     select(Job.id, Job.queue, Job.tokens_per_s).where(Job.status == JobStatus.RUNNING)
                 ).all()
-                since = utcnow() - timedelta(seconds=self.lease_seconds)
-                workers = s.execute(select(Worker.queues, Worker.device_kind).where(Worker.seen_at >= since))
+                alive = Worker.alive(self.lease_seconds)
+                workers = s.execute(select(Worker.queues, Worker.device_kind).where(alive))
                 live = Counter((queue, kind) for queues, kind in workers for queue in queues)
         except Exception as exc:  # a scrape must not fail because the database is down
             if is_connection_error(exc):

@@ -6,7 +6,6 @@ limits are settings (api/job_limits.py), so a restarting worker never changes wh
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Literal
 
 from fastapi import APIRouter
@@ -15,7 +14,7 @@ from sqlalchemy import select
 
 from api.deps import CurrentKey, SessionDep, SettingsDep
 from api.schemas import ListEnvelope
-from core.models import Job, Worker, utcnow
+from core.models import Job, Worker
 from core.status import JobStatus
 
 router = APIRouter(prefix="/v1", tags=["workers"])
@@ -37,8 +36,9 @@ class WorkerInfo(BaseModel):
     "/workers", response_model=ListEnvelope[WorkerInfo], summary="Workers and their devices (our extension)"
 )
 def list_workers(session: SessionDep, key: CurrentKey, settings: SettingsDep) -> ListEnvelope[WorkerInfo]:
-    fresh = utcnow() - timedelta(seconds=settings.lease_seconds)
-    rows = session.scalars(select(Worker).where(Worker.seen_at >= fresh).order_by(Worker.id)).all()
+    rows = session.scalars(
+        select(Worker).where(Worker.alive(settings.lease_seconds)).order_by(Worker.id)
+    ).all()
     owners = session.scalars(
         select(Job.lease_owner).where(Job.status == JobStatus.RUNNING, Job.lease_owner.is_not(None))
     ).all()
