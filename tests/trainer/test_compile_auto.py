@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -109,7 +109,7 @@ class Notes(Callbacks):
         self.notes.append(message)
 
 
-AutoRun = Callable[[int], tuple[Any, list[str], Path]]
+AutoRun = Callable[..., tuple[Any, list[str], Path]]
 
 
 @pytest.fixture
@@ -122,11 +122,11 @@ def auto_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> AutoRun:
     """A real tiny run of so many steps with compile auto, compiling free (any run pays it back):
-    its result, the notes it printed and its folder."""
+    its result, the notes it printed and its folder (`notes`: callbacks of the test's own)."""
     monkeypatch.setitem(compile_memory.REGIONAL_COMPILE, "cpu", (0.0, 1.12))
 
-    def run(steps: int) -> tuple[Any, list[str], Path]:
-        notes, out = Notes(), tmp_path / "run"
+    def run(steps: int, notes: Notes | None = None) -> tuple[Any, list[str], Path]:
+        notes, out = notes or Notes(), tmp_path / "run"
         cfg = tiny_train(max_steps=steps, compile=None, checkpoint_every=0, eval_every=0)
         result = train(tiny_model(), cfg, shakespeare_data, out, notes, tokenizer=byte_tokenizer)
         return result, notes.notes, out
@@ -150,26 +150,16 @@ def test_a_run_compiles_its_blocks_mid_run_when_auto_says_so(
     assert remembered["newest"]["speedup"] > 0 and len(remembered) == 2  # this shape, and the newest
 
 
-def test_a_pause_asked_for_while_compile_auto_decides_stops_before_the_compile(
-    tmp_path: Path,
-    tiny_model: Any,
-    tiny_train: Any,
-    shakespeare_data: Any,
-    byte_tokenizer: Any,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_pause_asked_for_while_compile_auto_decides_stops_before_the_compile(auto_run: AutoRun) -> None:
     """The service reads cancel and pause requests when it writes a decision's note: a pause asked
     for just then used to wait for the step the decision compiles (76 s on a 2-core VM)."""
-    monkeypatch.setitem(compile_memory.REGIONAL_COMPILE, "cpu", (0.0, 1.12))  # compiling pays: "on"
 
     class PausedWithTheNote(Notes):
-        def should_stop(self) -> str | None:
+        def should_stop(self) -> Literal["pause"] | None:
             return "pause" if self.notes else None
 
-    callbacks = PausedWithTheNote()
-    cfg = tiny_train(max_steps=50, compile=None, checkpoint_every=0, eval_every=0)
-    result = train(tiny_model(), cfg, shakespeare_data, tmp_path / "run", callbacks, tokenizer=byte_tokenizer)
-    assert callbacks.notes[0].startswith(f"torch.compile on at step {COMPILING_STEP}"), callbacks.notes
+    result, notes, _ = auto_run(50, PausedWithTheNote())
+    assert notes[0].startswith(f"torch.compile on at step {COMPILING_STEP}"), notes
     assert result.stop_reason == "pause" and result.step == COMPILING_STEP
 
 
