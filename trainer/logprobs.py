@@ -76,10 +76,6 @@ class LogprobRecorder:
             copied.synchronize()
         return _unpack(row.tolist(), min(self.top, (row.numel() - 1) // 2))
 
-    def discard(self) -> None:
-        """Forget what was picked and not yielded (the EOS that ended decoding)."""
-        self._pending.clear()
-
 
 def score(model: Llama, ids: Sequence[int], top: int) -> list[TokenLogprob | None]:
     """For each of `ids` (at most the model's ctx), its logprob after the ones before it and the
