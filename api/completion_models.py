@@ -21,7 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 from pydantic_core import PydanticCustomError
 
 from api.logprob_shapes import ChatLogprobs, CompletionLogprobs
-from api.request_models import INT64_MAX, INT64_MIN, MAX_PROMPT_CHARS
+from api.request_models import INT32_MAX, INT64_MAX, INT64_MIN, MAX_PROMPT_CHARS, MAX_PROMPT_TOKENS
 from trainer.data.chat import ChatRole
 
 MAX_STOP_SEQUENCES = 4
@@ -32,15 +32,29 @@ FinishReason = Literal["stop", "length"]
 
 
 def _one_prompt(value: Any) -> Any:
-    """OpenAI takes a prompt or a batch of them; one prompt, alone or in a list of one, is served."""
-    if isinstance(value, list):
-        if len(value) == 1 and isinstance(value[0], str):
-            return value[0]
+    """OpenAI takes a prompt or a batch of them, each text or token ids; one prompt is served here:
+    a string or a list of token ids, alone or in a list of one. Checked whole here, so that a bad
+    one gets one message rather than one per shape it failed."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str):
+        if len(value) > MAX_PROMPT_CHARS:
+            raise PydanticCustomError(
+                "prompt_length", "at most {limit} characters", {"limit": f"{MAX_PROMPT_CHARS:,}"}
+            )
+        return value
+    if not isinstance(value, list) or not all(type(x) is int for x in value):
         raise PydanticCustomError(
             "prompt_batch",
-            "expected a string (or a list of exactly one string): one prompt per request here; "
-            "token-id prompts are not supported",
+            "expected a string or a list of token ids (or a list of exactly one of either): "
+            "one prompt per request here",
         )
+    if len(value) > MAX_PROMPT_TOKENS:
+        raise PydanticCustomError(
+            "prompt_length", "at most {limit} token ids", {"limit": f"{MAX_PROMPT_TOKENS:,}"}
+        )
+    if any(not 0 <= x <= INT32_MAX for x in value):
+        raise PydanticCustomError("token_id", "token ids are integers from 0 to the vocabulary's size - 1")
     return value
 
 
@@ -68,22 +82,29 @@ def _text_content(value: Any) -> Any:
 
 
 # The documents say what is accepted before the validators above normalise it
+_PROMPT_TEXT = {"type": "string", "maxLength": MAX_PROMPT_CHARS}
+_PROMPT_IDS = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 0, "maximum": INT32_MAX},
+    "maxItems": MAX_PROMPT_TOKENS,
+}
 Prompt = Annotated[
-    str,
+    str | list[int],
     BeforeValidator(_one_prompt),
-    Field(max_length=MAX_PROMPT_CHARS),
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "string", "maxLength": MAX_PROMPT_CHARS},
+                _PROMPT_TEXT,
+                _PROMPT_IDS,
                 {
                     "type": "array",
-                    "items": {"type": "string", "maxLength": MAX_PROMPT_CHARS},
+                    "items": {"anyOf": [_PROMPT_TEXT, _PROMPT_IDS]},
                     "minItems": 1,
                     "maxItems": 1,
                 },
             ],
-            "description": "the text to continue (one prompt; a list holding one is accepted too)",
+            "description": "the text to continue, or its token ids in the model's tokenizer (one prompt; "
+            "a list holding one is accepted too)",
         }
     ),
 ]

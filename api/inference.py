@@ -304,15 +304,22 @@ def _insert(
 
 
 def _check_token_ids(params: dict[str, Any], vocab_size: int) -> None:
-    """logit_bias names tokens of this model's vocabulary: 400 before a worker loads the model."""
-    outside = sorted(int(token) for token in params.get("logit_bias") or {} if int(token) >= vocab_size)
-    if outside:
-        raise APIError(
-            400,
-            f"logit_bias: token id {outside[0]} is not in this model's vocabulary (ids 0 to {vocab_size - 1})",
-            param="logit_bias",
-            code="invalid_value",
-        )
+    """A prompt's token ids and logit_bias's name tokens of this model's vocabulary: 400 before a
+    worker loads the model."""
+    prompt = params.get("prompt")
+    for param, tokens in (
+        ("prompt", prompt if isinstance(prompt, list) else []),
+        ("logit_bias", [int(token) for token in params.get("logit_bias") or {}]),
+    ):
+        outside = sorted(token for token in tokens if token >= vocab_size)
+        if outside:
+            raise APIError(
+                400,
+                f"{param}: token id {outside[0]} is not in this model's vocabulary "
+                f"(ids 0 to {vocab_size - 1})",
+                param=param,
+                code="invalid_value",
+            )
 
 
 def _send(app: FastAPI, row_id: str) -> None:

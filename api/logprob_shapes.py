@@ -3,8 +3,9 @@
 text, "top": [[hex bytes, logprob, special name], ...]}).
 
 - legacy completions: {tokens, token_logprobs, top_logprobs, text_offset}; top_logprobs holds, per
-  token, a dict token -> logprob of the `logprobs` likeliest (null for an echoed prompt's first
-  token, which has nothing before it), and is null altogether when `logprobs` is 0;
+  token, a dict token -> logprob of the `logprobs` likeliest and the token itself where it is not
+  one of them (OpenAI's "up to logprobs+1 elements"; with `logprobs` 0 the token alone), null for an
+  echoed prompt's first token, which has nothing before it;
 - chat: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], refusal: null}.
 
 A token's string is its bytes as UTF-8; bytes that are not whole UTF-8 characters (a byte-level
@@ -23,7 +24,7 @@ class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(description="the tokens, as text")
     token_logprobs: list[float | None] = Field(description="each token's logprob (null: nothing before it)")
     top_logprobs: list[dict[str, float] | None] | None = Field(
-        description="per token, the `logprobs` likeliest tokens there -> their logprobs"
+        description="per token, the `logprobs` likeliest tokens there and the token itself -> their logprobs"
     )
     text_offset: list[int] = Field(description="where each token's text begins in `text`")
 
@@ -57,21 +58,21 @@ def token_bytes(hex_bytes: str, special: str | None) -> list[int]:
     return list(special.encode() if special else bytes.fromhex(hex_bytes))
 
 
-def completion_logprobs(records: list[dict[str, Any]], top: int) -> dict[str, Any]:
-    """The legacy shape of `records` (top: the request's `logprobs`)."""
+def completion_logprobs(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The legacy shape of `records`."""
     tops: list[dict[str, float] | None] = []
     for record in records:
         if record["top"] is None:
             tops.append(None)
             continue
         listed: dict[str, float] = {}
-        for hex_bytes, logprob, special in record["top"]:
+        for hex_bytes, logprob, special in [*record["top"], [record["b"], record["l"], record["s"]]]:
             listed.setdefault(token_text(hex_bytes, special), logprob)  # the likelier of two alike
         tops.append(listed)
     return {
         "tokens": [token_text(r["b"], r["s"]) for r in records],
         "token_logprobs": [r["l"] for r in records],
-        "top_logprobs": tops if top else None,
+        "top_logprobs": tops,
         "text_offset": [r["o"] for r in records],
     }
 

@@ -70,11 +70,18 @@ SWEEP_EVERY_SECONDS = 60.0
 STALE_GRACE_SECONDS = 60.0
 
 
-def prompt_and_stops(params: dict[str, Any]) -> tuple[str, list[str]]:
+def prompt_and_stops(params: dict[str, Any], tokenizer: Tokenizer) -> tuple[str, list[int], list[str]]:
+    """The prompt's text and token ids, and the stop sequences. A prompt given as token ids (the API
+    checked them against the vocabulary) is used as given; its text is what they decode to."""
     stops = list(params.get("stop") or [])
     if params.get("messages") is not None:
-        return chat_prompt(params["messages"]), [*stops, CHAT_STOP]
-    return str(params.get("prompt") or ""), stops
+        text = chat_prompt(params["messages"])
+        return text, tokenizer.encode(text), [*stops, CHAT_STOP]
+    prompt = params.get("prompt") or ""
+    if isinstance(prompt, list):
+        ids = [int(token) for token in prompt]
+        return tokenizer.decode(ids), ids, stops
+    return str(prompt), tokenizer.encode(str(prompt)) if prompt else [], stops
 
 
 def run_inference(request_id: str, settings: Settings, worker: str = "") -> None:
@@ -244,8 +251,7 @@ def generate_into_row(
     from trainer.logprobs import LogprobRecorder
     from trainer.sampling import Penalties, stream_ids
 
-    prompt, stops = prompt_and_stops(params)
-    prompt_ids = tokenizer.encode(prompt) if prompt else []
+    prompt, prompt_ids, stops = prompt_and_stops(params, tokenizer)
     max_tokens = int(params["max_tokens"])
     if params.get("fill_context"):  # a chat that named no bound: until the context is full
         max_tokens = min(max_tokens, max(1, model.cfg.ctx - len(prompt_ids)))

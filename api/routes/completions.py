@@ -171,7 +171,7 @@ async def create_completion(
     cid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
 
     def logprobs(tokens: list[dict[str, Any]]) -> dict[str, Any] | None:
-        return None if body.logprobs is None else completion_logprobs(tokens, body.logprobs)
+        return None if body.logprobs is None else completion_logprobs(tokens)
 
     def chunk(text: str, finish_reason: str | None, tokens: Tokens = None) -> dict[str, Any]:
         choice = {

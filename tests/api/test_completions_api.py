@@ -42,7 +42,11 @@ def chat_body(model: str, **extra: Any) -> dict[str, Any]:
         (CHAT, {"max_completion_tokens": 5000}, "max_completion_tokens"),
         (CHAT, {"max_tokens": 5000}, "max_tokens"),
         (COMPLETIONS, {"prompt": ["one", "two"]}, "prompt"),
-        (COMPLETIONS, {"prompt": [1, 2, 3]}, "prompt"),
+        (COMPLETIONS, {"prompt": [[1], [2]]}, "prompt"),  # token ids are served, one prompt at a time
+        (COMPLETIONS, {"prompt": [1, 300]}, "prompt"),  # past the model's 258 tokens
+        (COMPLETIONS, {"prompt": [-1]}, "prompt"),
+        (COMPLETIONS, {"prompt": [1.5]}, "prompt"),
+        (COMPLETIONS, {"prompt": [1] * 100_001}, "prompt"),
         (COMPLETIONS, {"prompt": "x" * 200_001}, "prompt"),
         (COMPLETIONS, {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         (COMPLETIONS, {"stop": 5}, "stop"),

@@ -89,17 +89,21 @@ def test_completion_logprobs_are_the_models_log_softmax(scored: tuple[openai.Ope
         assert math.isclose(lp.token_logprobs[i], float(expected[chosen]), abs_tol=TOL), (i, token)
         top = expected.topk(3)
         listed = lp.top_logprobs[i]
-        assert listed is not None and len(listed) == 3
-        assert list(listed) == [token_text(int(t)) for t in top.indices]
-        for value, want in zip(listed.values(), top.values.tolist(), strict=True):
-            assert math.isclose(value, want, abs_tol=TOL)
+        # the 3 likeliest, then the token itself where it is not one of them (OpenAI's logprobs+1)
+        want = [int(t) for t in top.indices] + ([] if chosen in top.indices else [chosen])
+        assert listed is not None and list(listed) == [token_text(t) for t in want]
+        for value, t in zip(listed.values(), want, strict=True):
+            assert math.isclose(value, float(expected[t]), abs_tol=TOL)
         ids.append(chosen)
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert any(len(listed or {}) == 4 for listed in lp.top_logprobs)  # hot sampling left the top 3
 
-    # logprobs 0: the tokens and their logprobs, no list of the likeliest
+    # logprobs 0: each token's own logprob is its whole list
     zero = sdk.completions.create(model=model_id, prompt=prompt, max_tokens=3, logprobs=0, temperature=0)
-    assert zero.choices[0].logprobs is not None and zero.choices[0].logprobs.top_logprobs is None
-    assert len(zero.choices[0].logprobs.token_logprobs or []) == zero.usage.completion_tokens  # type: ignore[union-attr]
+    zlp = zero.choices[0].logprobs
+    assert zlp is not None and zlp.tokens and zlp.token_logprobs and zlp.top_logprobs
+    assert len(zlp.token_logprobs) == zero.usage.completion_tokens  # type: ignore[union-attr]
+    assert zlp.top_logprobs == [{t: v} for t, v in zip(zlp.tokens, zlp.token_logprobs, strict=True)]
 
 
 def test_echo_with_max_tokens_0_scores_the_prompt(scored: tuple[openai.OpenAI, str, Any]) -> None:
@@ -119,7 +123,8 @@ def test_echo_with_max_tokens_0_scores_the_prompt(scored: tuple[openai.OpenAI, s
     assert lp is not None and lp.tokens == [token_text(b) for b in prompt.encode()]
     assert lp.tokens[1:3] == ["bytes:\\xc3", "bytes:\\xa9"]
     assert lp.token_logprobs is not None and lp.token_logprobs[0] is None
-    assert lp.top_logprobs is not None and lp.top_logprobs[0] is None and len(lp.top_logprobs[1] or {}) == 1
+    assert lp.top_logprobs is not None and lp.top_logprobs[0] is None
+    assert lp.tokens[1] in (lp.top_logprobs[1] or {}) and 1 <= len(lp.top_logprobs[1] or {}) <= 2
     assert lp.text_offset is not None and lp.text_offset[:4] == [0, 1, 1, 2]
     ids = torch.tensor([list(prompt.encode())])
     with torch.no_grad():
@@ -221,4 +226,33 @@ def test_bounds_are_400_naming_the_field(
         timeout=60,
     )
     assert ok.status_code == 200, ok.text
-    assert len(ok.json()["choices"][0]["logprobs"]["top_logprobs"][1]) == 5
+    assert len(ok.json()["choices"][0]["logprobs"]["top_logprobs"][1]) in (5, 6)
+
+
+def test_a_prompt_of_token_ids_is_the_prompt_those_tokens_make(
+    live_server: LiveServer, scored: tuple[openai.OpenAI, str, Any]
+) -> None:
+    """OpenAI's token-id prompts, as lm-evaluation-harness sends them for log-likelihoods: a list of
+    ids, or a batch of one, scored with echo as the same text would be; ids outside the vocabulary
+    and batches of several are 400s naming `prompt`."""
+    sdk, model_id, _ = scored
+    text = "ab cd"
+    scoring: dict[str, Any] = dict(model=model_id, max_tokens=1, echo=True, logprobs=1, temperature=0)
+    by_text = sdk.completions.create(prompt=text, **scoring).choices[0]
+    for prompt in (list(text.encode()), [list(text.encode())]):
+        by_ids = sdk.completions.create(prompt=prompt, **scoring)
+        choice = by_ids.choices[0]
+        assert choice.text == by_text.text and choice.text.startswith(text)
+        assert choice.logprobs is not None and by_text.logprobs is not None
+        assert choice.logprobs.tokens == by_text.logprobs.tokens
+        assert choice.logprobs.token_logprobs == by_text.logprobs.token_logprobs
+        assert by_ids.usage is not None and by_ids.usage.prompt_tokens == len(text)
+    headers = {"Authorization": f"Bearer {live_server.api_key}"}
+    for prompt in ([258], [[1], [2]], ["a", "b"], [1, "a"], [-1]):
+        r = httpx.post(
+            f"{live_server.url}/v1/completions",
+            json={"model": model_id, "prompt": prompt},
+            headers=headers,
+            timeout=60,
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (prompt, r.text)
