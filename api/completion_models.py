@@ -6,9 +6,10 @@ this service does not implement are accepted at their default values only; any o
 400 naming the field (`unsupported()`, code `unsupported_parameter`): best_of > 1, suffix, and for
 chat tools and response formats other than text. logprobs (completions 0..5, chat top_logprobs
 0..20 with logprobs true), echo and, with echo, max_tokens 0 (scoring only) work as OpenAI's
-(api/logprob_shapes.py). `n` must be 1. presence_penalty,
-frequency_penalty and logit_bias work as OpenAI's (trainer.sampling.Penalties; logit_bias's token ids
-are checked against the model's vocabulary when the request is queued). `user` and `metadata` are
+(api/logprob_shapes.py). A prompt is text or token ids, one per request. `n` must be 1.
+presence_penalty, frequency_penalty and logit_bias work as OpenAI's (trainer.sampling.Penalties).
+Token ids (a prompt's, logit_bias's) are checked against the model's vocabulary when the request
+is queued (api/inference.py). `user` and `metadata` are
 accepted and ignored. `top_k` is our extension (OpenAI has none).
 """
 

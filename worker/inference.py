@@ -16,7 +16,7 @@ The API inserts an `inference_requests` row (`queued`, its `params`) and sends i
    appending it to the row's `output` every FLUSH_SECONDS. An UPDATE that matches no row means
    the API deleted it (its client went away): generation stops there;
 4. finish: `done` with `prompt_tokens` (the prompt's tokens; an empty prompt starts from BOS, not
-   counted), `completion_tokens` (tokens generated, a stop sequence's included) and
+   counted), `completion_tokens` (tokens generated, a stop sequence's and the EOS ended on included) and
    `finish_reason` (`stop`: EOS or a stop sequence; `length`: max_tokens, or max_inference_seconds
    ran out). Any exception: `failed` with the message in `error`; but the blob store unreachable
    while the model is loaded (core.blob_errors.is_store_outage: S3 down, after botocore's own
@@ -24,7 +24,8 @@ The API inserts an `inference_requests` row (`queued`, its `params`) and sends i
    with Retry-After (api/inference.py), not a 500; the worker logs one line for it, no traceback.
 
 With `params.logprobs` (the likeliest tokens to list, 0 for none) each token's logprobs go to the
-row's `token_logprobs` with its text (worker/token_logprobs.py); `params.echo` puts the prompt first
+row's `token_logprobs` with its text (worker/token_logprobs.py; a legacy completion that ends on
+EOS lists it last, with no text, as OpenAI's and vLLM's do); `params.echo` puts the prompt first
 in `output` (scored too with logprobs: at most the model's context of it, else the row ends `invalid`,
 which the API answers 400 naming `prompt`).
 
@@ -59,7 +60,6 @@ if TYPE_CHECKING:
     from collections.abc import Generator
 
     from trainer.data.tokenizers import Tokenizer
-    from trainer.logprobs import LogprobRecorder
     from trainer.model.llama import Llama
     from worker.process import Resources
 
@@ -276,12 +276,13 @@ def generate_into_row(
         ),
         recorder=recorder,
     )
-    tracker = TokenTracker(tokenizer, writer.written) if recorder is not None else None
     chat = params.get("messages") is not None
-    text = TextStream(stops, trailing="\n" if chat else "")  # a reply ends before the template's "\n"
-    return _decode_into(
-        writer, text, tokens, tokenizer, deadline, max_tokens, len(prompt_ids), recorder, tracker
+    # legacy completions list the EOS a completion ends on (lm-evaluation-harness counts on it)
+    tracker = (
+        None if recorder is None else TokenTracker(tokenizer, writer.written, recorder, report_eos=not chat)
     )
+    text = TextStream(stops, trailing="\n" if chat else "")  # a reply ends before the template's "\n"
+    return _decode_into(writer, text, tokens, tokenizer, deadline, max_tokens, len(prompt_ids), tracker)
 
 
 def echo_prompt(
@@ -309,7 +310,6 @@ def _decode_into(
     deadline: float,
     max_tokens: int,
     prompt_tokens: int,
-    recorder: LogprobRecorder | None,
     tracker: TokenTracker | None,
 ) -> str:
     """generate_into_row's loop: tokens -> final text (and their logprobs) in the row."""
@@ -320,8 +320,8 @@ def _decode_into(
             n += 1
             start = text.decoded
             writer.add(text.push(tokenizer.token_bytes(token)))
-            if recorder is not None and tracker is not None:
-                tracker.add(token, recorder.pop(), start, text.decoded)
+            if tracker is not None:
+                tracker.add(token, start, text.decoded)
                 writer.add_logprobs(tracker.ready(text.published))
             if text.stopped:
                 break
@@ -330,6 +330,11 @@ def _decode_into(
                 break
             if writer.due() and not writer.flush(completion_tokens=n):
                 return f"stopped after {n} tokens: the request was withdrawn"
+        else:
+            if max_tokens:  # the tokens ran out: the model picked EOS, which they do not include
+                n += 1  # a token generated all the same (counted in usage, as OpenAI's)
+                if tracker is not None:
+                    tracker.add_eos(text.decoded)
     finally:
         tokens.close()
     writer.add(text.finish())

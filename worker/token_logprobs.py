@@ -25,7 +25,7 @@ from trainer.data.tokenizers import BOS_TOKEN, EOS_TOKEN
 
 if TYPE_CHECKING:
     from trainer.data.tokenizers import Tokenizer
-    from trainer.logprobs import TokenLogprob
+    from trainer.logprobs import LogprobRecorder, TokenLogprob
     from trainer.text_stream import TextStream
 
 
@@ -81,15 +81,21 @@ class _Pending:
 
 
 class TokenTracker:
-    """Generated tokens waiting until the text they end in is final; offsets shifted by `base`
-    (the echoed prompt's length)."""
+    """Generated tokens, with their records popped from `recorder`, waiting until the text they end
+    in is final; offsets shifted by `base` (the echoed prompt's length)."""
 
-    def __init__(self, tokenizer: Tokenizer, base: int) -> None:
-        self.tokenizer, self.base = tokenizer, base
+    def __init__(self, tokenizer: Tokenizer, base: int, recorder: LogprobRecorder, report_eos: bool) -> None:
+        self.tokenizer, self.base, self.recorder, self.report_eos = tokenizer, base, recorder, report_eos
         self.pending: list[_Pending] = []
 
-    def add(self, token: int, rec: TokenLogprob, start: int, end: int) -> None:
-        self.pending.append(_Pending(token, rec, start, end))
+    def add(self, token: int, start: int, end: int) -> None:
+        self.pending.append(_Pending(token, self.recorder.pop(), start, end))
+
+    def add_eos(self, at: int) -> None:
+        """The EOS the model ended on (the decoding loop does not yield it), with no text at `at`:
+        reported where `report_eos` (legacy completions, as OpenAI's and vLLM's), else left out."""
+        if self.report_eos:
+            self.pending.append(_Pending(self.tokenizer.eos_id, self.recorder.pop(), at, at))
 
     def ready(self, published: int) -> list[dict[str, Any]]:
         """The tokens whose text is all published, in order."""

@@ -256,3 +256,45 @@ def test_a_prompt_of_token_ids_is_the_prompt_those_tokens_make(
             timeout=60,
         )
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (prompt, r.text)
+
+
+def test_a_completion_that_ends_on_eos_lists_it(scored: tuple[openai.OpenAI, str, Any]) -> None:
+    """lm-evaluation-harness scores a continuation with echo and max_tokens 1, then drops the last
+    token listed as the generated one: the EOS a completion ends on must be listed (no text, its own
+    logprob), or the continuation's last token would be dropped instead. A chat lists only its text."""
+    from trainer.data.tokenizers import EOS_ID
+
+    sdk, model_id, model = scored
+    prompt = "ab cd"
+    eos_first = {str(EOS_ID): 100.0}  # biased past every other token: EOS is picked at once
+    r = sdk.completions.create(
+        model=model_id,
+        prompt=prompt,
+        max_tokens=1,
+        echo=True,
+        logprobs=1,
+        temperature=0,
+        logit_bias=eos_first,
+    )
+    choice = r.choices[0]
+    assert choice.text == prompt and choice.finish_reason == "stop"
+    assert r.usage is not None and (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(prompt), 1)
+    lp = choice.logprobs
+    assert lp is not None and lp.tokens == [*prompt, "</s>"] and lp.token_logprobs and lp.text_offset
+    assert lp.text_offset[-1] == len(prompt)
+    expected = logprobs_after(model, list(prompt.encode()))
+    assert math.isclose(lp.token_logprobs[-1], float(expected[EOS_ID]), abs_tol=TOL)  # unbiased
+    assert len(lp.token_logprobs[len(prompt) : -1]) == 0  # what lm-eval sums for an empty continuation
+
+    chat = sdk.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "x"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        logit_bias=eos_first,
+    )
+    reply = chat.choices[0]
+    assert reply.message.content == "" and reply.finish_reason == "stop"
+    assert reply.logprobs is not None and reply.logprobs.content == []
+    assert chat.usage is not None and chat.usage.completion_tokens == 1
