@@ -36,7 +36,14 @@ def _one_prompt(value: Any) -> Any:
     """OpenAI takes a prompt or a batch of them, each text or token ids; one prompt is served here:
     a string or a list of token ids, alone or in a list of one. Checked whole here, so that a bad
     one gets one message rather than one per shape it failed."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+    if isinstance(value, list) and value and all(isinstance(x, (str, list)) for x in value):
+        if len(value) > 1:
+            raise PydanticCustomError(
+                "prompt_batch",
+                "a batch of {n} prompts: one prompt per request here; send them one at a time, "
+                "several at once if need be (lm-evaluation-harness: batch_size=1, num_concurrent)",
+                {"n": len(value)},
+            )
         value = value[0]
     if isinstance(value, str):
         if len(value) > MAX_PROMPT_CHARS:

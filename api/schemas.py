@@ -356,6 +356,9 @@ class Model(BaseModel):
     step: int | None = None
     root: str | None = Field(None, description="the preset the model's architecture comes from")
     parent: str | None = Field(None, description="the model this one continued training from")
+    max_model_len: int | None = Field(
+        None, description="its context length in tokens (vLLM's name): the longest prompt it scores"
+    )
     formats: list[str] = Field(
         default_factory=lambda: list(DOWNLOAD_FORMATS),
         description="the `format`s it downloads as (GET /v1/fine_tuning/export_formats describes them)",

@@ -49,6 +49,7 @@ def to_model(ref: ModelRef) -> Model:
         step=ref.checkpoint.step if ref.checkpoint is not None else job.step,
         root=root_preset(job.model),
         parent=job.base_model_id,
+        max_model_len=job.model_config.get("ctx"),
     )
 
 
@@ -62,6 +63,7 @@ def base_model(preset: str) -> Model:
         job_id=None,
         root=preset,
         parent=None,
+        max_model_len=PRESETS[preset]["ctx"],
         formats=[],
     )
 

@@ -64,6 +64,7 @@ def test_list_get_delete(client: TestClient, tenant: Tenant, factory: Factory) -
         final["object"] == "model" and final["owned_by"] == tenant.owner_id and final["kind"] == "fine_tuned"
     )
     assert final["job_id"] == job_id and final["step"] == 20 and final["root"] == "llama-tiny"
+    assert final["max_model_len"] == PRESETS["llama-tiny"]["ctx"]  # what an evaluation's max_length needs
 
     ckpt = client.get(f"/v1/models/{model_id}:ckpt-step-10", headers=tenant.headers).json()
     assert ckpt["kind"] == "checkpoint" and ckpt["step"] == 10
@@ -135,6 +136,7 @@ def test_presets_are_base_models_listed_and_retrieved_but_without_weights(
     tiny = client.get("/v1/models/llama-tiny", headers=tenant.headers).json()
     assert tiny == next(m for m in bases if m["id"] == "llama-tiny")
     assert tiny["job_id"] is None and tiny["formats"] == [] and tiny["owned_by"] == "fromscratch"
+    assert [m["max_model_len"] for m in bases] == [p["ctx"] for p in PRESETS.values()]
     for method, path, body in (
         ("get", "/v1/models/llama-tiny/content?format=gguf", None),
         ("delete", "/v1/models/llama-tiny", None),
