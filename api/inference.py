@@ -194,12 +194,18 @@ class InferenceRun:
             await asyncio.sleep(POLL_SECONDS)
 
     def _attach(self, everything: bool = False) -> None:
-        """The token records whose text ends within what was yielded go with it (all at the end)."""
+        """The token records whose text ends within what was yielded go with it (all at the end).
+        A token with no text of its own (a character's leading bytes, which the token completing it
+        decodes) sits where its character begins: at the end of what was yielded it goes with the
+        next piece, which holds that character."""
         n = len(self.unattached)
         if not everything:
-            n = next((i for i, r in enumerate(self.unattached) if r["e"] > self.relayed), n)
+            n = next((i for i, r in enumerate(self.unattached) if self._after_yielded(r)), n)
         self.attached += self.unattached[:n]
         del self.unattached[:n]
+
+    def _after_yielded(self, record: dict[str, Any]) -> bool:
+        return record["e"] > self.relayed or record["o"] == record["e"] == self.relayed
 
     def take_tokens(self) -> list[dict[str, Any]]:
         """The token records (worker/token_logprobs.py) of the text yielded since the last call:

@@ -161,6 +161,33 @@ def test_streamed_chunks_carry_their_tokens_logprobs(scored: tuple[openai.OpenAI
     assert text == whole.text and tokens == whole.logprobs.tokens and values == whole.logprobs.token_logprobs
 
 
+def test_a_streamed_characters_bytes_come_with_its_chunk(scored: tuple[openai.OpenAI, str, Any]) -> None:
+    """A character of several bytes is several byte tokens, the first ones with no text of their
+    own: all of them come in the chunk that holds the character, not the one before it."""
+    sdk, model_id, _ = scored
+    # "\xc3" and "\xa9" ("é" together) far above every other byte; the penalty alternates them
+    two_bytes = {"195": 100.0, "169": 100.0}
+    chunks = sdk.completions.create(
+        model=model_id,
+        prompt="a",
+        max_tokens=12,
+        temperature=0,
+        logprobs=0,
+        logit_bias=two_bytes,
+        frequency_penalty=2.0,
+        stream=True,
+    )
+    text, held = "", 0
+    for chunk in chunks:
+        choice = chunk.choices[0]
+        offsets = (choice.logprobs.text_offset or []) if choice.logprobs else []
+        if choice.text:
+            assert all(len(text) <= o < len(text) + len(choice.text) for o in offsets), (text, choice)
+            held += sum(1 for o in offsets if o == len(text)) > 1  # a character's bytes, together
+        text += choice.text
+    assert "é" in text and held, text
+
+
 def test_chat_logprobs(scored: tuple[openai.OpenAI, str, Any]) -> None:
     from trainer.data.chat import chat_prompt
 
