@@ -35,7 +35,6 @@ from trainer.config.estimate import held_out_tokens, max_train_tokens
 from trainer.config.learning_groups import default_learning_rate
 
 NOT_HYPERPARAMETERS = {"seed": "use the request's top-level `seed`"}
-TOKENIZER_FIELDS = ("tokenizer", "vocab_size")
 
 
 class HyperparameterError(ValueError):
@@ -76,7 +75,7 @@ def _check_names(raw: dict[str, Any], accepted: dict[str, schema.Hyperparameter]
             raise HyperparameterError(f"{name} is not a hyperparameter: {NOT_HYPERPARAMETERS[name]}", name)
         if name not in accepted:
             raise HyperparameterError(_unknown(name, list(accepted)), name)
-        if continuing and (accepted[name].section == "model" or name in TOKENIZER_FIELDS):
+        if continuing and accepted[name].from_source:
             raise HyperparameterError(
                 f"hyperparameter {name} cannot be set when continuing training from an existing model: "
                 "the architecture and tokenizer come from that model. Start from a preset to change it.",
@@ -107,7 +106,7 @@ def _train_config(
     over: dict[str, Any], parent: dict[str, Any] | None, multiplier: float, seed: int
 ) -> TrainConfig:
     values = dict(over)
-    for name in TOKENIZER_FIELDS if parent else ():
+    for name in schema.TOKENIZER_FIELDS if parent else ():
         if name in parent:  # type: ignore[operator]
             values[name] = parent[name]  # type: ignore[index]
     base_lr = values.get("learning_rate", default_learning_rate(values.get("optimizer")))

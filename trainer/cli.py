@@ -131,6 +131,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.validation_file is not None and not args.validation_file.is_file():
         parser.error(f"--validation-file: {args.validation_file} is not a file")
     _check_paths(parser, args)
+    _check_continuing(parser, args)
     result = _train_reporting_errors(args, model_cfg, train_cfg)
     if result is None:
         return 1
@@ -196,9 +197,24 @@ def _configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
         print(f"--resume: no checkpoint in {args.out} to continue from; starting a new run")
     if resume_from is not None:
         print(f"resuming from {resume_from}")
-        if model_values:
-            print("note: the architecture comes from the checkpoint; model options are ignored")
     return model_cfg, train_cfg
+
+
+def _check_continuing(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A run continuing a checkpoint takes its architecture and tokenizer: options setting them are
+    refused, naming the first (as the API refuses them when continuing a model)."""
+    from trainer.checkpoint import latest_checkpoint
+
+    source = "--init-from" if args.init_from else "--resume" if args.resume else None
+    if source == "--resume" and latest_checkpoint(args.out) is None:
+        source = None  # nothing to resume: a new run
+    given = vars(args)
+    fixed = next((h for h in schema.cli_options() if h.from_source and h.name in given), None)
+    if source is not None and fixed is not None:
+        parser.error(
+            f"{fixed.option}: the architecture and the tokenizer come from the checkpoint {source} "
+            "continues; leave it out (start a new run to change them)"
+        )
 
 
 def _train_reporting_errors(

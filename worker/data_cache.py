@@ -12,7 +12,7 @@ Every step streams the file, whatever its size: the download, validation, sha256
 hold a MiB or so of it at a time, a BPE's training a sample of about 8 Mi characters at most. A
 worker preparing a 1 GiB upload stays within a few hundred MB (bench/upload_rss.py measures it).
 
-Data problems become `JobFailure("invalid_training_file", ...)` naming the file.
+Data problems become `JobFailure("invalid_training_file", ...)` naming the file (worker.failures.data_failure).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.models import File
 from trainer.config import TrainConfig
 from trainer.data.formats import DataError, validate_file
-from worker.failures import JobFailure
+from worker.failures import JobFailure, data_failure
 
 if (
     TYPE_CHECKING
@@ -102,7 +102,7 @@ def prepare_tokens(
             cache_dir=cache_dir / "tokens",
         )
     except DataError as exc:
-        raise JobFailure("invalid_training_file", exc.message, "training_file") from exc
+        raise data_failure(exc, has_validation_file=val_path is not None) from exc
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:

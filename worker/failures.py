@@ -19,14 +19,23 @@ class JobFailure(Exception):
         self.code, self.message, self.param = code, message, param
 
 
-def classify_exception(exc: BaseException) -> JobFailure:
+def data_failure(exc: DataError, has_validation_file: bool) -> JobFailure:
+    """A data problem, naming the input it is about: the training file, the validation file, or
+    val_fraction (the validation data it split off the training file)."""
+    param = "training_file"
+    if exc.validation:
+        param = "validation_file" if has_validation_file else "val_fraction"
+    return JobFailure("invalid_training_file", exc.message, param)
+
+
+def classify_exception(exc: BaseException, has_validation_file: bool = False) -> JobFailure:
     """Map an exception from data preparation or training to the job's error."""
     from trainer.run.report import TrainingDiverged
 
     if isinstance(exc, TrainingDiverged):
         return JobFailure("training_diverged", str(exc))
     if isinstance(exc, DataError):
-        return JobFailure("invalid_training_file", exc.message, "training_file")
+        return data_failure(exc, has_validation_file)
     if isinstance(exc, ConfigError):
         return JobFailure("invalid_hyperparameters", f"The job's configuration was refused: {exc}", exc.param)
     if is_out_of_memory(exc):

@@ -51,6 +51,7 @@ class JobRun(JobEnding):
         super().__init__(job_id, worker_id, settings, res, lease_lost, job_dir)
         self.cache_dir = settings.work_path / "cache"
         self.trackers = Trackers.none()  # the job's integrations, started once it runs
+        self.has_validation_file = False  # known once the job is read: which input a DataError names
 
     # ------------------------------------------------------------------ top level
     def run(self) -> JobStatus | None:
@@ -75,7 +76,7 @@ class JobRun(JobEnding):
         except Exception as exc:
             if is_store_outage(exc):  # the database or S3 away where no retry covers: not the job's fault
                 return self.give_up(exc)
-            failure = classify_exception(exc)
+            failure = classify_exception(exc, self.has_validation_file)
             if failure.code == "internal_error":
                 log.error("job %s failed with an internal error\n%s", self.job_id, traceback.format_exc())
             else:
@@ -85,6 +86,7 @@ class JobRun(JobEnding):
     def _run(self) -> JobStatus | None:
         self.job_dir.mkdir(parents=True, exist_ok=True)
         snapshot = self._read_snapshot()
+        self.has_validation_file = snapshot.validation_file is not None
         self._mark_validating(snapshot)
         if (stopped := self._requested_stop()) is not None:
             return stopped

@@ -77,6 +77,24 @@ def test_a_resume_with_another_seed_names_the_option(
     )
 
 
+def test_continuing_a_checkpoint_refuses_architecture_and_tokenizer_options(
+    tmp_path: Path, shakespeare: Path, run: Path, capsys: Any
+) -> None:
+    """They come from the checkpoint (as the API refuses them when continuing a model): given, they
+    are a usage error naming the option, not silently dropped (or written into the new run's config)."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "final")
+    base = ["train", shakespeare, "--samples", "0", "--max-steps", "4"]
+    for extra, option in [
+        (["--out", tmp_path / "a", "--init-from", run / "final", "--n-embd", "64"], "--n-embd"),
+        (["--out", tmp_path / "b", "--init-from", run / "final", "--tokenizer", "bpe"], "--tokenizer"),
+        (["--out", copy, "--resume", "--ctx", "64"], "--ctx"),
+    ]:
+        line = usage_error(capsys, [*base, *extra])
+        assert f"{option}: the architecture and the tokenizer come from the checkpoint" in line, line
+
+
 def test_a_broken_checkpoint_is_named_with_its_file(tmp_path: Path, run: Path, capsys: Any) -> None:
     truncated, missing = tmp_path / "truncated", tmp_path / "missing"
     for folder in (truncated, missing):

@@ -327,10 +327,11 @@ def test_init_from_starts_fresh_with_the_weights(
         tokenizer=byte_tokenizer,
     )
     rec = Recorder()
-    # the architecture comes from the checkpoint, not from the (different) config passed in
+    # the architecture and the tokenizer come from the checkpoint, not from the (different) configs
+    # passed in, and the run's config says so
     train(
         tiny_model(),
-        tiny_train(max_steps=2),
+        tiny_train(max_steps=2, tokenizer="bpe", vocab_size=300),
         shakespeare_data,
         tmp_path / "b",
         rec,
@@ -340,7 +341,9 @@ def test_init_from_starts_fresh_with_the_weights(
     assert rec.started["start_step"] == 0
     from trainer.checkpoint import load_checkpoint
 
-    assert load_checkpoint(tmp_path / "b" / "final").model_config.n_embd == 48
+    continued = load_checkpoint(tmp_path / "b" / "final")
+    assert continued.model_config.n_embd == 48 and continued.tokenizer.kind == "byte"
+    assert (continued.train_config.tokenizer, continued.train_config.vocab_size) == ("byte", None)
 
 
 # ---------------------------------------------------------------- precision / options

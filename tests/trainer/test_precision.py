@@ -95,6 +95,17 @@ def test_a_resumed_auto_run_keeps_the_dtype_auto_chose_for_it(
     )
     assert first.info["dtype"] == resumed.info["dtype"] == "bfloat16"
     assert resumed.info["dtype_reason"] == "auto: as the run this resumes (auto: probe)"
+    again = StartRecorder()  # resumed once more: the first reason, not nested in another
+    train(
+        tiny_model(),
+        tiny_train(max_steps=6, dtype="auto"),
+        shakespeare_data,
+        tmp_path,
+        again,
+        tokenizer=byte_tokenizer,
+        resume=tmp_path / "final",
+    )
+    assert again.info["dtype_reason"] == "auto: as the run this resumes (auto: probe)"
     fresh = StartRecorder()
     train(
         tiny_model(),

@@ -113,6 +113,9 @@ def test_failures_end_the_job_not_the_worker(
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("To be, or not to be.\n")
     too_short = make_job(service_settings, session_factory, data_path=tiny, train=SMALL_RUN)
+    # too short validation data: a file of its own, or what val_fraction splits off (named as such)
+    short_validation = make_job(service_settings, session_factory, validation_path=tiny, train=SMALL_RUN)
+    short_split = make_job(service_settings, session_factory, train={**SMALL_RUN, "val_fraction": 1e-4})
     healthy = make_job(service_settings, session_factory, train=SMALL_RUN)
 
     failed = wait_for_status(session_factory, diverging, "failed", diagnostics=worker_proc.output)
@@ -124,6 +127,10 @@ def test_failures_end_the_job_not_the_worker(
     assert bad_data.error_code == "invalid_training_file"
     assert bad_data.error_param == "training_file"
     assert "129" in bad_data.error_message or "ctx" in bad_data.error_message  # says what is too short
+    for job_id, param in ((short_validation, "validation_file"), (short_split, "val_fraction")):
+        failed = wait_for_status(session_factory, job_id, "failed", diagnostics=worker_proc.output)
+        assert (failed.error_code, failed.error_param) == ("invalid_training_file", param)
+        assert failed.error_message.startswith("validation data has ")
 
     wait_for_status(session_factory, healthy, "succeeded", diagnostics=worker_proc.output)
     assert worker_proc.alive and worker_proc.starts == 1

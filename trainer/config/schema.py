@@ -33,6 +33,8 @@ Kind = Literal["int", "float", "bool", "choice", "list"]  # list: a set of a Lit
 
 # OpenAI's multiplier of the default learning rate: accepted by the API and `jobs create` only.
 LEARNING_RATE_MULTIPLIER = "learning_rate_multiplier"
+# Training fields a run continuing a checkpoint takes from it, with the architecture (`from_source`)
+TOKENIZER_FIELDS = ("tokenizer", "vocab_size")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,11 @@ class Hyperparameter:
     @property
     def option(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def from_source(self) -> bool:
+        """Set by the checkpoint a run continues (the architecture and the tokenizer): refused there."""
+        return self.section == "model" or self.name in TOKENIZER_FIELDS
 
     @property
     def python_type(self) -> type:

@@ -41,10 +41,14 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 FULL_PASS_MAX_WINDOWS = 8192
 
 
+VALIDATION_DATA = "validation data"  # the name a validation sampler is given
+
+
 def _too_short(name: str, n: int, ctx: int) -> DataError:
     return DataError(
         f"{name} has {n} tokens, too few for one window of ctx + 1 = {ctx + 1} tokens "
-        f"(ctx={ctx}); add data or lower ctx"
+        f"(ctx={ctx}); add data or lower ctx",
+        validation=name == VALIDATION_DATA,
     )
 
 
@@ -52,7 +56,8 @@ def _nothing_to_train(name: str) -> DataError:
     return DataError(
         f"{name} has no window with a token the loss covers: every completion or assistant message "
         "is empty or has weight 0; add completions/assistant turns, or set train_on_inputs to train on "
-        "every token"
+        "every token",
+        validation=name == VALIDATION_DATA,
     )
 
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 class DataError(ValueError):
     """Unusable training data. `line` is the 1-based line (None when not about one line);
-    `offset` the byte offset for encoding errors."""
+    `offset` the byte offset for encoding errors; `validation`: about the validation data (its own
+    file, or what val_fraction split off), not the training data."""
 
-    def __init__(self, message: str, line: int | None = None, *, offset: int | None = None):
+    def __init__(
+        self, message: str, line: int | None = None, *, offset: int | None = None, validation: bool = False
+    ):
         super().__init__(message)
         self.message = message
         self.line = line
         self.offset = offset
+        self.validation = validation
 
 
 class JSONTooDeep(DataError):

@@ -297,7 +297,11 @@ def prepare_data(
     tokens)."""
     tokens, spans = tokenize_file(train_path, tokenizer, cache_dir)
     if validation_path is not None:
-        val, val_spans = tokenize_file(validation_path, tokenizer, cache_dir)
+        try:
+            val, val_spans = tokenize_file(validation_path, tokenizer, cache_dir)
+        except DataError as exc:
+            exc.validation = True
+            raise
         return TokenData(tokens, val, spans, val_spans)
     if not 0 <= val_fraction < 1:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")

@@ -26,7 +26,7 @@ from trainer.checkpoint import (
     set_rng_state,
 )
 from trainer.checkpoint_snapshot import has_optimizer_state
-from trainer.config import ConfigError, ModelConfig, TrainConfig
+from trainer.config import ConfigError, ModelConfig, TrainConfig, schema
 from trainer.config.data_aware import resolve_auto
 from trainer.config.estimate import global_batch, tokens_per_step, total_steps
 from trainer.model import cpu_kernels
@@ -71,6 +71,8 @@ def start_run(
     source = resumed or (load_checkpoint(init_from) if init_from is not None else None)
     if source is not None:  # the checkpoint's model and tokenizer win over the arguments
         tokenizer, model_cfg = source.tokenizer, source.model_config
+        # and so the run's config says (the checkpoints it writes are read with it)
+        cfg = cfg.model_copy(update={f: getattr(source.train_config, f) for f in schema.TOKENIZER_FIELDS})
     data, tokenizer = load_data_in_turn(cfg, train_path, tokenizer, validation_path, out_dir, rank, world)
     if model_cfg.vocab_size != tokenizer.vocab_size:
         model_cfg = model_cfg.model_copy(update={"vocab_size": tokenizer.vocab_size})
@@ -124,13 +126,19 @@ def decide_auto(
     return decided, [f"{c.field} {c.value}: {c.reason}" for c in choices]
 
 
+RESUMED_DTYPE = "auto: as the run this resumes "
+
+
 def resumed_dtype(cfg: TrainConfig, resumed: Checkpoint | None, device: torch.device) -> Choice | None:
     """dtype auto on a resumed run: what auto chose for the run it continues (on the same kind of
     device), so a run never changes precision half-way because a timing probe came out otherwise."""
     saved = resumed.state.get("precision", {}) if resumed is not None else {}
     if cfg.dtype != "auto" or saved.get("dtype") not in DTYPES or saved.get("device") != device.type:
         return None
-    return Choice(saved["dtype"], f"auto: as the run this resumes ({saved.get('dtype_reason', '')})")
+    reason = str(saved.get("dtype_reason", ""))
+    if not reason.startswith(RESUMED_DTYPE):  # a run resumed again keeps the first reason, not nested
+        reason = f"{RESUMED_DTYPE}({reason})"
+    return Choice(saved["dtype"], reason)
 
 
 def check_same_optimizer(cfg: TrainConfig, resumed: Checkpoint | None) -> None:
@@ -320,6 +328,7 @@ def train_sampler(cfg: TrainConfig, ctx: int, data: TokenData) -> BatchSampler:
 def val_sampler_factory(cfg: TrainConfig, ctx: int, data: TokenData) -> Callable[[], BatchSampler] | None:
     """A maker of identically seeded validation samplers (each evaluation sees the same batches),
     or None when there is no validation data or evaluation is off."""
+    from trainer.data.batches import VALIDATION_DATA
     from trainer.data.prepare import BatchSampler
 
     val = data.val
@@ -328,7 +337,7 @@ def val_sampler_factory(cfg: TrainConfig, ctx: int, data: TokenData) -> Callable
     spans = loss_spans(cfg, data.val_spans)
 
     def make_val_sampler() -> BatchSampler:
-        return BatchSampler(val, ctx, cfg.batch_size, seed=cfg.seed + 1, spans=spans, name="validation data")
+        return BatchSampler(val, ctx, cfg.batch_size, seed=cfg.seed + 1, spans=spans, name=VALIDATION_DATA)
 
     make_val_sampler()  # too short for one window -> DataError now, not at the first evaluation
     return make_val_sampler
