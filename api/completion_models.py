@@ -23,7 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from api.logprob_shapes import ChatLogprobs, CompletionLogprobs
 from api.request_models import INT32_MAX, INT64_MAX, INT64_MIN, MAX_PROMPT_CHARS, MAX_PROMPT_TOKENS
-from trainer.data.chat import ChatRole
+from trainer.data.chat import CHAT_ROLES, ROLE_ALIASES, ChatRole, canonical_role
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_CHARS = 256
@@ -271,10 +271,22 @@ class CompletionRequest(SamplingFields):
         return super().unsupported()
 
 
+def _canonical_role(value: Any) -> Any:
+    """OpenAI's `developer` is its newer `system`: the role the model was trained on (as in its data)."""
+    return canonical_role(value) if isinstance(value, str) else value
+
+
+Role = Annotated[
+    ChatRole,
+    BeforeValidator(_canonical_role),
+    WithJsonSchema({"enum": [*CHAT_ROLES, *ROLE_ALIASES], "type": "string"}),
+]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    role: ChatRole
+    role: Role
     content: Annotated[
         str,
         BeforeValidator(_text_content),

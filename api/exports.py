@@ -5,7 +5,8 @@ DTYPE one of its DTYPES; GET /v1/fine_tuning/export_formats serves both lists.
 Nothing is converted in the API process (it never imports torch): workers make every export.
 
 - `checkpoint`: the stored checkpoint blob itself, an uncompressed tar of the trainer's checkpoint
-  folder (weights as safetensors + JSON configs, tokenizer, optimizer state).
+  folder (weights as safetensors + JSON configs, tokenizer, training progress); the optimizer's state
+  is a blob of its own that only the service's resumes read (worker/checkpoint_store.py), not sent.
 - an export format (`gguf`, `hf`: one uncompressed tar of the Hugging Face folder, `onnx`): an
   `Export` row per (model, format, dtype) (`format` is core.exports.export_key: `gguf`, `hf-f16`, ...):
   - `ready` (made by the training worker at the end of the job for its `export_formats`, or

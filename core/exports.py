@@ -34,8 +34,9 @@ from trainer.config.export_formats import (
 CHECKPOINT = ExportFormatSpec(
     "checkpoint",
     "Checkpoint",
-    "the trainer's checkpoint folder as one tar (weights, configs, tokenizer, optimizer state): "
-    "training can continue from it",
+    "the trainer's checkpoint folder as one tar (weights, configs, tokenizer, training progress; "
+    "not the optimizer's state): `fromscratch train --init-from` starts a run from it, `--resume` "
+    "continues its step and data order with a fresh optimizer",
     "final",
     is_folder=True,
     dtypes=(),

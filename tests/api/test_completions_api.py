@@ -95,6 +95,19 @@ def test_invalid_requests_are_400_naming_the_field(
     assert count(session_factory, InferenceRequest, InferenceRequest.owner_id == tenant.owner_id) == 0
 
 
+def test_the_developer_role_is_the_system_role() -> None:
+    """OpenAI's newer name for `system`: the chat is rendered with the role the model was trained on."""
+    from api.completion_models import ChatCompletionRequest
+
+    body = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"}],
+        }
+    )
+    assert [m.role for m in body.messages] == ["system", "user"]
+
+
 def test_unknown_models_are_404_and_another_owners_too(
     client: TestClient, tenant: Tenant, other: Tenant, model_id: str
 ) -> None:

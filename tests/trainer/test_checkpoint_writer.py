@@ -119,16 +119,32 @@ def test_older_step_checkpoints_drop_their_optimizer_state_and_a_resume_needs_no
     assert [p.name for p in steps] == ["step-00000004", "step-00000006", "step-00000008"]
     assert [(p / OPTIMIZER_FILE).exists() for p in steps] == [False, False, True]
     assert result.checkpoint_times.count == 4  # steps 2, 4, 6 and 8, each in the background
-    # a resume from a weights-only checkpoint starts the optimizer afresh instead of failing
+    # a resume from a weights-only checkpoint starts the optimizer afresh instead of failing, and says so
+    from tests.trainer.test_loop import Recorder
+
+    recorder, exact = Recorder(), Recorder()
     resumed = train(
         tiny_model(),
         tiny_train(max_steps=5),
         shakespeare_data,
         tmp_path / "again",
+        recorder,
         tokenizer=byte_tokenizer,
         resume=steps[0],
     )
     assert resumed.step == 5 and load_checkpoint(steps[0]).step == 4
+    assert recorder.started is not None
+    assert any("holds no optimizer state" in note for note in recorder.started["notes"])
+    train(
+        tiny_model(),
+        tiny_train(max_steps=10),
+        shakespeare_data,
+        tmp_path / "exact",
+        exact,
+        tokenizer=byte_tokenizer,
+        resume=steps[-1],
+    )
+    assert exact.started is not None and not any("optimizer" in note for note in exact.started["notes"])
 
 
 def test_best_model_snapshots_are_counted_apart_from_the_step_checkpoints(

@@ -94,6 +94,16 @@ def test_content_parts_are_joined() -> None:
     )
 
 
+def test_the_developer_role_is_the_system_role() -> None:
+    """OpenAI's newer name for `system`, rendered as the role a chat prompt has at inference."""
+    messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "x"}]
+    assert (
+        doc({"messages": messages}).text
+        == doc({"messages": [{**messages[0], "role": "system"}, messages[1]]}).text
+    )
+    assert doc({"messages": messages}).text.startswith("<|system|>\n")
+
+
 @pytest.mark.parametrize(
     ("message", "needle"),
     [
@@ -136,7 +146,7 @@ def test_content_parts_are_joined() -> None:
         # the roles a chat prompt can have (/v1/chat/completions refuses others)
         (
             {"role": "tool", "content": "x"},
-            'messages[0].role must be one of "system", "user", "assistant", got \'tool\'',
+            'messages[0].role must be one of "system", "user", "assistant", "developer", got \'tool\'',
         ),
     ],
 )

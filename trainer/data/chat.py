@@ -16,6 +16,15 @@ from typing import Any, Literal, get_args
 # the roles it was trained on.
 ChatRole = Literal["system", "user", "assistant"]
 CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
+# OpenAI's other names for them: `developer` is its newer `system`
+ROLE_ALIASES = {"developer": "system"}
+
+
+def canonical_role(role: str) -> str:
+    """A role as the template renders it (an alias as the role it names; anything else unchanged)."""
+    return ROLE_ALIASES.get(role, role)
+
+
 ASSISTANT = "assistant"
 CHAT_STOP = "\n<|"  # a reply ends where the next message's role header begins
 

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.data.chat import ASSISTANT, CHAT_ROLES, role_header
+from trainer.data.chat import ASSISTANT, CHAT_ROLES, ROLE_ALIASES, canonical_role, role_header
 from trainer.data.errors import DataError
 
 SHAPES_HELP = (
@@ -98,8 +98,9 @@ def _chat_document(messages: Any, where: str, line: int | None) -> Document:
         role = m["role"]
         if not isinstance(role, str):
             raise DataError(f"{where}messages[{i}].role must be a string, got {type_name(role)}", line)
+        role = canonical_role(role)
         if role not in CHAT_ROLES:
-            roles = ", ".join(f'"{r}"' for r in CHAT_ROLES)
+            roles = ", ".join(f'"{r}"' for r in (*CHAT_ROLES, *ROLE_ALIASES))
             raise DataError(f"{where}messages[{i}].role must be one of {roles}, got {_quote(role)}", line)
         content = message_content(m, f"{where}messages[{i}]", line)
         weight = _weight(m, role, f"{where}messages[{i}]", line)

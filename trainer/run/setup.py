@@ -392,6 +392,8 @@ def restore_progress(run: TrainRun, resumed: Checkpoint) -> None:
         scaler_state = st["optimizer_meta"].get("extra", {}).get("scaler")
         if scaler_state and run.scaler.is_enabled():
             run.scaler.load_state_dict(scaler_state)
+    else:  # said at the start (TrainRun.notes): a silent fresh optimizer looks like an exact resume
+        run.fresh_optimizer = run.step > 0
     if st.get("sampler") is not None:
         run.sampler.load_state_dict(st["sampler"])
     set_rng_state(st["rng"])

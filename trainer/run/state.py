@@ -88,6 +88,7 @@ class TrainRun:
     # what the data-aware `auto` settings became and why, "field value: reason" (trainer.config.data_aware)
     auto: list[str] = field(default_factory=list)
     data_tokens: tuple[int, int] = (0, 0)  # the training data's tokens, the validation data's (StartInfo)
+    fresh_optimizer: bool = False  # resumed from a checkpoint without the optimizer's state (a download)
     # progress, saved in every checkpoint
     step: int = 0
     tokens_seen: int = 0
@@ -194,6 +195,12 @@ class TrainRun:
                 f"warmup_steps {warmup} is not below the run's {total:,} steps: the learning rate rises "
                 f"for the whole run and ends at {peak:.3g}, short of learning_rate {self.cfg.learning_rate:g}. "
                 "Use fewer warmup steps, or leave warmup_steps unset (auto: a tenth of the run, at most 100)."
+            )
+        if self.fresh_optimizer:
+            notes.append(
+                f"the checkpoint this run resumes holds no optimizer state (a downloaded checkpoint holds "
+                f"none), so the {self.cfg.optimizer} optimizer starts afresh at step {self.step:,}; the "
+                "weights, the step, the data order and the learning rate schedule go on"
             )
         asked, learned = self.cfg.resolved_vocab_size, self.tokenizer.vocab_size
         if self.cfg.tokenizer == "bpe" and self.tokenizer.kind == "bpe" and learned < asked:
