@@ -195,6 +195,9 @@ class Client:
     def get_file(self, file_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/files/{file_id}")
 
+    def delete_file(self, file_id: str) -> dict[str, Any]:
+        return self.request("DELETE", f"/v1/files/{file_id}")
+
     # -- jobs -----------------------------------------------------------------------------
     def create_job(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
@@ -265,11 +268,32 @@ class Client:
     def list_models(self) -> dict[str, Any]:
         return self.request("GET", "/v1/models")
 
-    def generate(self, model_id: str, prompt: str, **options: Any) -> dict[str, Any]:
-        body = {"prompt": prompt, **{k: v for k, v in options.items() if v is not None}}
-        return self.request(
-            "POST", f"/v1/models/{model_id}/generate", json=body, timeout=httpx.Timeout(300.0, connect=10.0)
+    def get_model(self, model_id: str) -> dict[str, Any]:
+        return self.request("GET", f"/v1/models/{model_id}")
+
+    def delete_model(self, model_id: str) -> dict[str, Any]:
+        return self.request("DELETE", f"/v1/models/{model_id}")
+
+    def stream_completion(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """POST `body` with `stream: true` to /v1/completions or /v1/chat/completions (`path`) and
+        yield its chunks (OpenAI's shapes) until `[DONE]`."""
+        response = self._send(
+            "POST",
+            path,
+            json={**body, "stream": True, "stream_options": {"include_usage": True}},
+            stream=True,
+            timeout=httpx.Timeout(300.0, connect=10.0),
         )
+        try:
+            for event in EventSource(response).iter_sse():
+                if event.data == "[DONE]":
+                    return
+                if event.data:
+                    yield json.loads(event.data)
+        except httpx.HTTPError as e:
+            raise APIError(f"the completion stream dropped: {e}") from e
+        finally:
+            response.close()
 
     def download_model(
         self,

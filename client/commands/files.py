@@ -1,4 +1,4 @@
-"""`fromscratch files upload|list`: training files on the server."""
+"""`fromscratch files upload|list|delete`: training files on the server."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from client.commands.output import format_size, format_time, print_json, print_rows, transfer_bar
+from client.commands.output import (
+    format_size,
+    format_time,
+    print_deleted,
+    print_json,
+    print_rows,
+    transfer_bar,
+)
 from client.commands.runner import EXIT_OK, UsageError, connect
 
 
@@ -45,4 +52,11 @@ def cmd_files_list(args: argparse.Namespace) -> int:
         for f in page.get("data", [])
     ]
     print_rows(["ID", "Filename", "Size", "Purpose", "Created"], rows)
+    return EXIT_OK
+
+
+def cmd_files_delete(args: argparse.Namespace) -> int:
+    """`files delete FILE_ID`: delete an uploaded file (jobs that trained on it keep their record)."""
+    with connect(args) as client:
+        print_deleted(client.delete_file(args.id), args.json)
     return EXIT_OK

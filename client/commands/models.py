@@ -1,4 +1,5 @@
-"""`fromscratch models list|download`: trained models on the server (and the base models it lists)."""
+"""`fromscratch models list|show|delete|download`: trained models on the server (and the base
+models it lists); `models complete` is client/commands/complete.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from client.commands.output import format_size, format_time, print_json, print_rows, transfer_bar
+from client.commands.output import (
+    format_size,
+    format_time,
+    print_deleted,
+    print_json,
+    print_rows,
+    transfer_bar,
+)
 from client.commands.runner import EXIT_OK, CommandError, connect
 from core.archives import extract_all
 from core.exports import DOWNLOADS
@@ -34,6 +42,32 @@ def cmd_models_list(args: argparse.Namespace) -> int:
         for m in page.get("data", [])
     ]
     print_rows(["ID", "Kind", "Created", "Owned by"], rows)
+    return EXIT_OK
+
+
+def cmd_models_show(args: argparse.Namespace) -> int:
+    """`models show MODEL_ID`: one model's fields, a line each."""
+    with connect(args) as client:
+        model = client.get_model(args.id)
+    if args.json:
+        print_json(model)
+        return EXIT_OK
+    fields = ("id", "kind", "job_id", "step", "root", "parent", "max_model_len", "formats", "owned_by")
+    rows = [[name, _shown(model.get(name))] for name in fields]
+    print_rows(["Field", "Value"], [*rows, ["created", format_time(model.get("created"))]])
+    return EXIT_OK
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "-"
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def cmd_models_delete(args: argparse.Namespace) -> int:
+    """`models delete MODEL_ID`: delete a model or checkpoint (its exports go with it)."""
+    with connect(args) as client:
+        print_deleted(client.delete_model(args.id), args.json)
     return EXIT_OK
 
 

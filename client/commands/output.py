@@ -44,6 +44,14 @@ def print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=False))
 
 
+def print_deleted(answer: dict[str, Any], as_json: bool) -> None:
+    """A DELETE's answer: its JSON (`--json`), else "deleted ID"."""
+    if as_json:
+        print_json(answer)
+    else:
+        print(f"deleted {answer.get('id', '?')}")
+
+
 def format_time(ts: object, short: bool = False) -> str:
     """A Unix timestamp as local time ("-" when absent)."""
     if not isinstance(ts, int | float) or ts <= 0:

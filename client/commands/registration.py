@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import TypeAlias
 
-from client.commands.files import cmd_files_list, cmd_files_upload
+from client.commands.complete import cmd_models_complete
+from client.commands.files import cmd_files_delete, cmd_files_list, cmd_files_upload
 from client.commands.jobs import (
     DEFAULT_LIST_LIMIT,
     cmd_jobs_action,
@@ -15,7 +16,13 @@ from client.commands.jobs import (
     cmd_jobs_list,
     cmd_jobs_show,
 )
-from client.commands.models import DEFAULT_WAIT, cmd_models_download, cmd_models_list
+from client.commands.models import (
+    DEFAULT_WAIT,
+    cmd_models_delete,
+    cmd_models_download,
+    cmd_models_list,
+    cmd_models_show,
+)
 from client.commands.runner import Handler, run_command
 from client.hyperparameter_options import add_hyperparameter_options
 from core.exports import DEFAULT_DOWNLOAD, DOWNLOADS
@@ -79,6 +86,8 @@ def _add_files(subparsers: Subparsers, leaf: _Leaves) -> None:
     p.add_argument("file", metavar="FILE")
     p.add_argument("--purpose", default="fine-tune", help="file purpose")
     leaf(files_sub, "list", "list your uploaded files", cmd_files_list, json_flag=True)
+    p = leaf(files_sub, "delete", "delete an uploaded file", cmd_files_delete, json_flag=True)
+    p.add_argument("id", metavar="FILE_ID")
 
 
 def _add_jobs(subparsers: Subparsers, leaf: _Leaves) -> None:
@@ -132,7 +141,7 @@ def _add_jobs(subparsers: Subparsers, leaf: _Leaves) -> None:
 
 def _add_models(subparsers: Subparsers, leaf: _Leaves) -> None:
     models = subparsers.add_parser(
-        "models", help="list and download trained models from a server", parents=[leaf.common]
+        "models", help="list, show, try, delete and download trained models", parents=[leaf.common]
     )
     models_sub = models.add_subparsers(dest="models_command", metavar="COMMAND", required=True)
     leaf(
@@ -142,6 +151,12 @@ def _add_models(subparsers: Subparsers, leaf: _Leaves) -> None:
         cmd_models_list,
         json_flag=True,
     )
+    for name, text, handler in (
+        ("show", "show one model (its context length, formats, job)", cmd_models_show),
+        ("delete", "delete a model or checkpoint", cmd_models_delete),
+    ):
+        leaf(models_sub, name, text, handler, json_flag=True).add_argument("id", metavar="MODEL_ID")
+    _add_complete(leaf(models_sub, "complete", "stream a completion from a model", cmd_models_complete))
     p = leaf(
         models_sub,
         "download",
@@ -181,3 +196,14 @@ def _add_models(subparsers: Subparsers, leaf: _Leaves) -> None:
         action="store_true",
         help="keep a folder format (hf, checkpoint) as the one tar the server sends, not unpacked",
     )
+
+
+def _add_complete(p: argparse.ArgumentParser) -> None:
+    p.add_argument("id", metavar="MODEL_ID")
+    p.add_argument("prompt", metavar="PROMPT")
+    p.add_argument("--chat", action="store_true", help="send PROMPT as a user message to the chat API")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default: 64)")
+    p.add_argument("--temperature", type=float, help="0 is greedy (default: the server's, 1)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling")
+    p.add_argument("--seed", type=int, help="the same seed gives the same text")
+    p.add_argument("--stop", action="append", metavar="TEXT", help="stop sequence (repeatable, up to 4)")

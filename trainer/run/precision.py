@@ -25,10 +25,14 @@ import time
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    from trainer.checkpoint import Checkpoint
 
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 BF16_MIN_SPEEDUP = 1.1  # the probe must show bf16 at least this much faster than fp32
@@ -128,3 +132,18 @@ def duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+RESUMED_DTYPE = "auto: as the run this resumes "
+
+
+def resumed_dtype(cfg: TrainConfig, resumed: Checkpoint | None, device: torch.device) -> Choice | None:
+    """dtype auto on a resumed run: what auto chose for the run it continues (on the same kind of
+    device), so a run never changes precision half-way because a timing probe came out otherwise."""
+    saved = resumed.state.get("precision", {}) if resumed is not None else {}
+    if cfg.dtype != "auto" or saved.get("dtype") not in DTYPES or saved.get("device") != device.type:
+        return None
+    reason = str(saved.get("dtype_reason", ""))
+    if not reason.startswith(RESUMED_DTYPE):  # a run resumed again keeps the first reason, not nested
+        reason = f"{RESUMED_DTYPE}({reason})"
+    return Choice(saved["dtype"], reason)

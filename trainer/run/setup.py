@@ -35,7 +35,7 @@ from trainer.optim.optimizers import make_optimizer
 from trainer.run.collectives import check_devices, local_rank, rank_and_world
 from trainer.run.compile_memory import REGIONAL_COMPILE, compile_memory, shape_key
 from trainer.run.measured_compile import MEASURE_STEPS, MeasuredCompile
-from trainer.run.precision import DTYPES, Choice, choose_compile, choose_dtype
+from trainer.run.precision import DTYPES, Choice, choose_compile, choose_dtype, resumed_dtype
 from trainer.run.state import TrainRun
 
 if TYPE_CHECKING:  # trainer.data.prepare is imported lazily: it keeps `import trainer.run.loop` light
@@ -70,9 +70,7 @@ def start_run(
     dtype_choice = resumed_dtype(cfg, resumed, device) or choose_dtype(cfg, device)
     source = resumed or (load_checkpoint(init_from) if init_from is not None else None)
     if source is not None:  # the checkpoint's model and tokenizer win over the arguments
-        tokenizer, model_cfg = source.tokenizer, source.model_config
-        # and so the run's config says (the checkpoints it writes are read with it)
-        cfg = cfg.model_copy(update={f: getattr(source.train_config, f) for f in schema.TOKENIZER_FIELDS})
+        cfg, model_cfg, tokenizer = from_source(cfg, source)
     data, tokenizer = load_data_in_turn(cfg, train_path, tokenizer, validation_path, out_dir, rank, world)
     if model_cfg.vocab_size != tokenizer.vocab_size:
         model_cfg = model_cfg.model_copy(update={"vocab_size": tokenizer.vocab_size})
@@ -110,6 +108,13 @@ def start_run(
     return run
 
 
+def from_source(cfg: TrainConfig, source: Checkpoint) -> tuple[TrainConfig, ModelConfig, Tokenizer]:
+    """The checkpoint a run continues gives its architecture and tokenizer, and the run's config says
+    so (the checkpoints it writes are read with it)."""
+    update = {field: getattr(source.train_config, field) for field in schema.TOKENIZER_FIELDS}
+    return cfg.model_copy(update=update), source.model_config, source.tokenizer
+
+
 def decide_auto(
     cfg: TrainConfig, model_cfg: ModelConfig, data: TokenData, steps: int
 ) -> tuple[TrainConfig, list[str]]:
@@ -124,21 +129,6 @@ def decide_auto(
         tokens_per_step=tokens_per_step(cfg, model_cfg.ctx),
     )
     return decided, [f"{c.field} {c.value}: {c.reason}" for c in choices]
-
-
-RESUMED_DTYPE = "auto: as the run this resumes "
-
-
-def resumed_dtype(cfg: TrainConfig, resumed: Checkpoint | None, device: torch.device) -> Choice | None:
-    """dtype auto on a resumed run: what auto chose for the run it continues (on the same kind of
-    device), so a run never changes precision half-way because a timing probe came out otherwise."""
-    saved = resumed.state.get("precision", {}) if resumed is not None else {}
-    if cfg.dtype != "auto" or saved.get("dtype") not in DTYPES or saved.get("device") != device.type:
-        return None
-    reason = str(saved.get("dtype_reason", ""))
-    if not reason.startswith(RESUMED_DTYPE):  # a run resumed again keeps the first reason, not nested
-        reason = f"{RESUMED_DTYPE}({reason})"
-    return Choice(saved["dtype"], reason)
 
 
 def check_same_optimizer(cfg: TrainConfig, resumed: Checkpoint | None) -> None:
