@@ -26,6 +26,7 @@ SCRIPTS = {
     "header_flood.py": "server ",
     "profile_step.py": "kernels by ",
     "kernel_speed.py": "kernel ",
+    "cpu_threads.py": "busy ",
 }
 
 

@@ -140,6 +140,8 @@ def train(
     finally:
         run.writer.close()  # after an error: the write in flight finishes, unreported
         report.close()
+        if run.thread_tuner is not None:
+            run.thread_tuner.restore()
     return _result(run, stop_reason, final)
 
 

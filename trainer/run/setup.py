@@ -34,6 +34,7 @@ from trainer.model.llama import Llama
 from trainer.optim.optimizers import make_optimizer
 from trainer.run.collectives import check_devices, local_rank, rank_and_world
 from trainer.run.compile_memory import REGIONAL_COMPILE, compile_memory, shape_key
+from trainer.run.cpu_threads import thread_tuner
 from trainer.run.measured_compile import MEASURE_STEPS, MeasuredCompile
 from trainer.run.precision import DTYPES, Choice, choose_compile, choose_dtype, resumed_dtype
 from trainer.run.state import TrainRun
@@ -105,6 +106,7 @@ def start_run(
         restore_progress(run, resumed)
     spread_over_ranks(run)
     choose_precision(run, dtype_choice)
+    run.thread_tuner = thread_tuner(device.type, world, torch.get_num_threads())
     return run
 
 

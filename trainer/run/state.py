@@ -31,6 +31,7 @@ from trainer.model import cpu_kernels
 from trainer.model.llama import Llama
 from trainer.optim.optimizers import lr_at
 from trainer.run.checkpoint_writer import CheckpointWriter
+from trainer.run.cpu_threads import ThreadTuner
 from trainer.run.cuda_graphs import capture_when_due
 from trainer.run.measured_compile import MeasuredCompile
 
@@ -105,6 +106,7 @@ class TrainRun:
     writer: CheckpointWriter = field(default_factory=CheckpointWriter)  # background checkpoint writes
     buffers_planned: bool = False  # the writer's host buffers were reserved (between_steps)
     compile_auto: MeasuredCompile | None = None  # compile auto, until it has decided (between_steps)
+    thread_tuner: ThreadTuner | None = None  # a CPU run's thread count, from measurement (between_steps)
     graphs_decided: bool = False  # cuda_graphs: the blocks captured, or why not said (between_steps)
     # each block's compiled forward, once compile auto compiled them (its trial switches them on and off)
     compiled_blocks: list[Callable[..., Any] | None] = field(default_factory=list)
@@ -268,12 +270,16 @@ class TrainRun:
     def between_steps(self) -> str | None:
         """A checkpoint finished in the background goes to the callbacks; compile auto decides
         once it has timed the first steps, and then the blocks are captured as CUDA graphs where
-        the run asks for them (returned: the decisions, for the run's output). On CUDA,
+        the run asks for them; a CPU run's thread count follows its measured steps
+        (trainer.run.cpu_threads) (returned: the decisions, for the run's output). On CUDA,
         after the first step (the optimizer's state exists by then) and once compile auto is done
         timing, the writer pins the snapshots' host buffers in the background, so no checkpoint
         waits for that (one due before then pins its own)."""
         self.writer.poll()
-        decided = [self._decide_compile(), capture_when_due(self)]
+        # compile auto's trial times steps of two kinds on purpose: none of them is a thread trial's
+        compile_trial = self.compile_auto is not None
+        threads = self.thread_tuner.observe(self.step, compile_trial) if self.thread_tuner else None
+        decided = [self._decide_compile(), capture_when_due(self), threads]
         self._reserve_buffers()
         return "; ".join(d for d in decided if d) or None
 
