@@ -105,8 +105,7 @@ def start_run(
     if resumed is not None:
         restore_progress(run, resumed)
     spread_over_ranks(run)
-    choose_precision(run, dtype_choice)
-    run.thread_tuner = thread_tuner(device.type, world, torch.get_num_threads())
+    choose_precision(run, dtype_choice)  # and, on a CPU, the thread count's measurement
     return run
 
 
@@ -173,7 +172,8 @@ def spread_over_ranks(run: TrainRun) -> None:
 
 def choose_precision(run: TrainRun, dtype_choice: Choice) -> None:
     """Record what dtype auto decided, decide compile auto from the run's estimated length (and
-    compile), and pick the element-wise kernels; all saved in checkpoints."""
+    compile), and pick the element-wise kernels, all saved in checkpoints; a CPU run's thread count
+    is measured as it goes (trainer.run.cpu_threads)."""
     flops_per_step = run.model.flops_per_token() * run.tokens_per_step // run.world
     if run.cfg.compile is None and run.world == 1 and run.device.type in REGIONAL_COMPILE:
         # decided from the first steps' times (trainer.run.measured_compile)
@@ -187,6 +187,7 @@ def choose_precision(run: TrainRun, dtype_choice: Choice) -> None:
         compile_choice = choose_compile(
             run.cfg, run.device, dtype_choice.value, flops_per_step, run.total_steps - run.step
         )
+    run.thread_tuner = thread_tuner(run.device.type, run.world, torch.get_num_threads())
     compiled = compile_choice.value == "on"
     run.precision = {
         "device": run.device.type,
