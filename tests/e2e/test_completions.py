@@ -185,7 +185,8 @@ def test_chat_completions(sdk: openai.OpenAI, trained: Trained) -> None:
     assert rendered == "<|system|>\nYou are a player.\n<|user|>\nSpeak, Juliet.\n<|assistant|>\n"
     assert chat.usage is not None and chat.usage.prompt_tokens == len(trained.tokenizer.encode(rendered))
     assert 0 < chat.usage.completion_tokens <= 16
-    assert (chat.usage.completion_tokens == 16) == (choice.finish_reason == "length")
+    # cut at the bound, or ended (EOS on the 16th token counts: a reply of 16 that stopped)
+    assert choice.finish_reason == "stop" or chat.usage.completion_tokens == 16
 
     chunks = list(
         sdk.chat.completions.create(
