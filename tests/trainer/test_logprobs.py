@@ -4,12 +4,13 @@ forward over the whole sequence (score); and the worker reports only the tokens 
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 
 from trainer.config import ModelConfig
 from trainer.data.tokenizers import ByteTokenizer
-from trainer.logprobs import LogprobRecorder, score
+from trainer.logprobs import LogprobRecorder, TokenLogprob, score
 from trainer.model.llama import Llama
 from trainer.sampling import Penalties, stream_ids
 from trainer.text_stream import TextStream
@@ -46,14 +47,19 @@ def test_recorded_logprobs_are_those_of_a_forward_over_the_sequence() -> None:
 
 def test_tokens_a_stop_sequence_took_are_not_reported() -> None:
     tokenizer, text = ByteTokenizer(), TextStream(["cd"])
-    tracker = TokenTracker(tokenizer, base=0)
-    reported = []
     fake = score(tiny(), [1, 2], 1)[1]
     assert fake is not None
+
+    class SameRecord:  # every token picked gets the same record
+        def pop(self) -> TokenLogprob:
+            return fake
+
+    tracker = TokenTracker(tokenizer, 0, cast(LogprobRecorder, SameRecord()), report_eos=True)
+    reported = []
     for token in b"abcde":
         start = text.decoded
         text.push(bytes([token]))
-        tracker.add(token, fake, start, text.decoded)
+        tracker.add(token, start, text.decoded)
         reported += tracker.ready(text.published)
         if text.stopped:
             break
