@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -73,46 +75,27 @@ def test_a_resumed_auto_run_keeps_the_dtype_auto_chose_for_it(
     def auto_says(value: str) -> None:
         monkeypatch.setattr(setup, "choose_dtype", lambda cfg, device: precision.Choice(value, "auto: probe"))
 
-    first, resumed = StartRecorder(), StartRecorder()
+    def started(steps: int, out: Path, resume: Path | None = None) -> dict:
+        recorder = StartRecorder()
+        cfg = tiny_train(max_steps=steps, dtype="auto")
+        train(
+            tiny_model(),
+            cfg,
+            shakespeare_data,
+            out,
+            recorder,
+            tokenizer=byte_tokenizer,
+            resume=resume or False,
+        )
+        return recorder.info
+
     auto_says("bfloat16")
-    train(
-        tiny_model(),
-        tiny_train(max_steps=2, dtype="auto"),
-        shakespeare_data,
-        tmp_path,
-        first,
-        tokenizer=byte_tokenizer,
-    )
+    first = started(2, tmp_path)
     auto_says("float32")
-    train(
-        tiny_model(),
-        tiny_train(max_steps=4, dtype="auto"),
-        shakespeare_data,
-        tmp_path,
-        resumed,
-        tokenizer=byte_tokenizer,
-        resume=tmp_path / "final",
-    )
-    assert first.info["dtype"] == resumed.info["dtype"] == "bfloat16"
-    assert resumed.info["dtype_reason"] == "auto: as the run this resumes (auto: probe)"
-    again = StartRecorder()  # resumed once more: the first reason, not nested in another
-    train(
-        tiny_model(),
-        tiny_train(max_steps=6, dtype="auto"),
-        shakespeare_data,
-        tmp_path,
-        again,
-        tokenizer=byte_tokenizer,
-        resume=tmp_path / "final",
-    )
-    assert again.info["dtype_reason"] == "auto: as the run this resumes (auto: probe)"
-    fresh = StartRecorder()
-    train(
-        tiny_model(),
-        tiny_train(max_steps=2, dtype="auto"),
-        shakespeare_data,
-        tmp_path / "new",
-        fresh,
-        tokenizer=byte_tokenizer,
-    )
-    assert fresh.info["dtype"] == "float32"  # a fresh run asks the probe
+    resumed = started(4, tmp_path, resume=tmp_path / "final")
+    assert first["dtype"] == resumed["dtype"] == "bfloat16"
+    assert resumed["dtype_reason"] == "auto: as the run this resumes (auto: probe)"
+    again = started(6, tmp_path, resume=tmp_path / "final")  # once more: the first reason, not nested
+    assert again["dtype_reason"] == "auto: as the run this resumes (auto: probe)"
+    fresh = started(2, tmp_path / "new")
+    assert fresh["dtype"] == "float32"  # a fresh run asks the probe
