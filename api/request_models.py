@@ -28,12 +28,12 @@ from pydantic_core import PydanticCustomError
 
 from api.integration_models import Integrations
 
-MAX_SEED = 2**31 - 1
 # Integers the database and torch can hold: every integer a request carries is bounded to 64 bits
 # at the schema, so a larger one is a 400 naming it rather than an OverflowError in a query.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 INT32_MAX = 2**31 - 1
+MAX_SEED = INT32_MAX
 MAX_PROMPT_CHARS = 200_000  # far past any model's context (the longest prompt is cut to its last ctx tokens)
 MAX_PROMPT_TOKENS = 100_000  # a prompt given as token ids
 SUFFIX_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"

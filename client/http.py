@@ -253,16 +253,7 @@ class Client:
             headers=headers,
             timeout=httpx.Timeout(read_timeout, connect=10.0),
         )
-        try:
-            for event in EventSource(response).iter_sse():
-                # httpx-sse also dispatches blocks with no data (a bare `retry:`, or a keep-alive
-                # once an id was seen); the SSE spec dispatches no event for those.
-                if event.data:
-                    yield event
-        except httpx.HTTPError as e:  # includes httpx_sse.SSEError (not an event stream)
-            raise APIError(f"the event stream dropped: {e}") from e
-        finally:
-            response.close()
+        yield from _events(response, "the event stream")
 
     # -- models ---------------------------------------------------------------------------
     def list_models(self) -> dict[str, Any]:
@@ -284,16 +275,10 @@ class Client:
             stream=True,
             timeout=httpx.Timeout(300.0, connect=10.0),
         )
-        try:
-            for event in EventSource(response).iter_sse():
-                if event.data == "[DONE]":
-                    return
-                if event.data:
-                    yield json.loads(event.data)
-        except httpx.HTTPError as e:
-            raise APIError(f"the completion stream dropped: {e}") from e
-        finally:
-            response.close()
+        for event in _events(response, "the completion stream"):
+            if event.data == "[DONE]":
+                return
+            yield json.loads(event.data)
 
     def download_model(
         self,
@@ -364,6 +349,21 @@ class Client:
             if on_preparing:
                 on_preparing(time.monotonic() - started)
             time.sleep(min(1.0, left))
+
+
+def _events(response: httpx.Response, what: str) -> Iterator[ServerSentEvent]:
+    """The Server-Sent Events of a streamed `response` that carry data, until it ends (or the
+    consumer stops: the response is closed either way); a stream that breaks off is an APIError."""
+    try:
+        for event in EventSource(response).iter_sse():
+            # httpx-sse also dispatches blocks with no data (a bare `retry:`, or a keep-alive
+            # once an id was seen); the SSE spec dispatches no event for those.
+            if event.data:
+                yield event
+    except httpx.HTTPError as e:  # includes httpx_sse.SSEError (not an event stream)
+        raise APIError(f"{what} dropped: {e}") from e
+    finally:
+        response.close()
 
 
 def _retry_after(value: str | None) -> float:

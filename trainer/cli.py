@@ -124,14 +124,17 @@ def _first_prompt(path: Path) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from trainer.checkpoint import latest_checkpoint
+
     parser: argparse.ArgumentParser = args._parser
-    model_cfg, train_cfg = _configs(args)
+    resume_from = latest_checkpoint(args.out) if args.resume else None
+    model_cfg, train_cfg = _configs(args, resume_from)
     if not args.data.is_file():
         parser.error(f"DATA: {args.data} is not a file")
     if args.validation_file is not None and not args.validation_file.is_file():
         parser.error(f"--validation-file: {args.validation_file} is not a file")
     _check_paths(parser, args)
-    _check_continuing(parser, args)
+    _check_continuing(parser, args, resume_from)
     result = _train_reporting_errors(args, model_cfg, train_cfg)
     if result is None:
         return 1
@@ -177,16 +180,16 @@ def _check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 _RESUME_FIELDS = {"seed": "--seed", "samples_after_nl": "--samples-after-nl", "masked": "--train-on-inputs"}
 
 
-def _configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
-    """The run's configs from the options given; with --resume the interrupted run's training
-    settings, overridden by the options given now (its architecture comes from the checkpoint)."""
-    from trainer.checkpoint import latest_checkpoint, load_checkpoint
+def _configs(args: argparse.Namespace, resume_from: Path | None) -> tuple[ModelConfig, TrainConfig]:
+    """The run's configs from the options given; resuming (`resume_from`: the newest checkpoint in
+    --out) the interrupted run's training settings, overridden by the options given now (its
+    architecture comes from the checkpoint)."""
+    from trainer.checkpoint import load_checkpoint
 
     given = vars(args)
     options = [h for h in schema.cli_options() if h.name in given]
     train_values = {h.name: given[h.name] for h in options if h.section == "train"}
     model_values = {h.name: given[h.name] for h in options if h.section == "model"}
-    resume_from = latest_checkpoint(args.out) if args.resume else None
     try:
         model_cfg = model_config_from_preset(args.preset, **model_values)
         saved = load_checkpoint(resume_from).train_config.to_dict() if resume_from is not None else {}
@@ -200,14 +203,13 @@ def _configs(args: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     return model_cfg, train_cfg
 
 
-def _check_continuing(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _check_continuing(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, resume_from: Path | None
+) -> None:
     """A run continuing a checkpoint takes its architecture and tokenizer: options setting them are
-    refused, naming the first (as the API refuses them when continuing a model)."""
-    from trainer.checkpoint import latest_checkpoint
-
-    source = "--init-from" if args.init_from else "--resume" if args.resume else None
-    if source == "--resume" and latest_checkpoint(args.out) is None:
-        source = None  # nothing to resume: a new run
+    refused, naming the first (as the API refuses them when continuing a model). --resume with
+    nothing to resume starts a new run, which may set them."""
+    source = "--init-from" if args.init_from else "--resume" if resume_from is not None else None
     given = vars(args)
     fixed = next((h for h in schema.cli_options() if h.from_source and h.name in given), None)
     if source is not None and fixed is not None:
