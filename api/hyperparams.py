@@ -8,7 +8,8 @@ named by `model`), every training field of TrainConfig except `seed` (the reques
 so (`n_epochs`, `batch_size`, `learning_rate_multiplier`) and means the default.
 
 When continuing training from an earlier model (`model` = a model id), the architecture and the
-tokenizer come from that model: architecture fields, `tokenizer` and `vocab_size` are refused.
+tokenizer come from that model: architecture fields, `tokenizer` and `vocab_size` are refused unless
+they equal the model's.
 
 An invalid hyperparameter is reported with `param` = the bare field name (`"n_embd"`, or the unknown
 name itself), as OpenAI's API does (`"param": "n_epochs"`), whether the hyperparameters came top-level
@@ -69,16 +70,26 @@ def _unknown(name: str, accepted: list[str]) -> str:
     return f"Unknown hyperparameter {quote(name)}. Accepted: {', '.join(accepted)}"
 
 
-def _check_names(raw: dict[str, Any], accepted: dict[str, schema.Hyperparameter], continuing: bool) -> None:
-    for name in raw:
+def _check_names(
+    raw: dict[str, Any], accepted: dict[str, schema.Hyperparameter], parent: dict[str, dict[str, Any]] | None
+) -> None:
+    """Unknown names, and, continuing a model (`parent`: its configs by section), an architecture or
+    tokenizer field set to another value than the model's (the same value, as a script that started
+    the model sends again, is accepted)."""
+    for name, value in raw.items():
         if name in NOT_HYPERPARAMETERS:
             raise HyperparameterError(f"{name} is not a hyperparameter: {NOT_HYPERPARAMETERS[name]}", name)
         if name not in accepted:
             raise HyperparameterError(_unknown(name, list(accepted)), name)
-        if continuing and accepted[name].from_source:
+        h = accepted[name]
+        if parent is None or not h.from_source or value is None or (value == "auto" and h.accepts_auto):
+            continue
+        saved = parent[h.section].get(name)
+        if _as_typed(value, h) != saved:
             raise HyperparameterError(
-                f"hyperparameter {name} cannot be set when continuing training from an existing model: "
-                "the architecture and tokenizer come from that model. Start from a preset to change it.",
+                f"hyperparameter {name} cannot be changed when continuing training from an existing model "
+                f"(it has {name} {saved}, not {value}): the architecture and tokenizer come from that "
+                "model. Leave it out, or start from a preset to change it.",
                 name,
             )
 
@@ -135,7 +146,10 @@ def resolve(
         raise HyperparameterError("hyperparameters must be a JSON object", "hyperparameters")
     accepted = {h.name: h for h in schema.job_hyperparameters()}
     raw = dict(raw or {})
-    _check_names(raw, accepted, continuing=parent_model_config is not None)
+    parent = None
+    if parent_model_config is not None:
+        parent = {"model": parent_model_config, "train": parent_train_config or {}}
+    _check_names(raw, accepted, parent)
     # OpenAI's "auto" means the default; a null means the same for every field
     given = {k: v for k, v in raw.items() if v is not None and not (v == "auto" and accepted[k].accepts_auto)}
     try:

@@ -243,6 +243,13 @@ def model_folder(path: Path) -> Path:
     raise CheckpointError(f"{path}: {why}")
 
 
+def checkpoint_configs(path: Path) -> tuple[ModelConfig, TrainConfig]:
+    """A checkpoint's architecture and training settings (config.json), without its weights."""
+    with _reading(path, "config.json"):
+        configs = json.loads((Path(path) / "config.json").read_text())
+        return ModelConfig.from_dict(configs["model"]), TrainConfig.from_dict(configs["train"])
+
+
 def load_checkpoint(path: Path) -> Checkpoint:
     """Read a checkpoint folder (model weights on CPU, fp32; optimizer tensors are not loaded)."""
     from trainer.data.tokenizers import tokenizer_from_json  # lazy: keeps this module light for the API
@@ -253,10 +260,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise CheckpointError(
             f"{path}: checkpoint format {state['format_version']} is newer than this trainer"
         )
-    with _reading(path, "config.json"):
-        configs = json.loads((path / "config.json").read_text())
-        model_config = ModelConfig.from_dict(configs["model"])
-        train_config = TrainConfig.from_dict(configs["train"])
+    model_config, train_config = checkpoint_configs(path)
     with _reading(path, "tokenizer.json"):
         tokenizer = tokenizer_from_json(json.loads((path / "tokenizer.json").read_text()))
     with _reading(path, "model.safetensors"):

@@ -14,7 +14,7 @@ import signal
 import sys
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainer.config import (
     DEFAULT_PRESET,
@@ -87,7 +87,7 @@ def _add_train_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     groups["model"].description = "The architecture (defaults come from --preset) and its initialization."
     groups["model"].add_argument(
         "--preset",
-        default=DEFAULT_PRESET,
+        default=None,
         choices=list(PRESETS),
         metavar="NAME",
         help=f"architecture preset: {', '.join(PRESETS)} (default: {DEFAULT_PRESET})",
@@ -184,15 +184,15 @@ def _configs(args: argparse.Namespace, resume_from: Path | None) -> tuple[ModelC
     """The run's configs from the options given; resuming (`resume_from`: the newest checkpoint in
     --out) the interrupted run's training settings, overridden by the options given now (its
     architecture comes from the checkpoint)."""
-    from trainer.checkpoint import load_checkpoint
+    from trainer.checkpoint import checkpoint_configs
 
     given = vars(args)
-    options = [h for h in schema.cli_options() if h.name in given]
-    train_values = {h.name: given[h.name] for h in options if h.section == "train"}
-    model_values = {h.name: given[h.name] for h in options if h.section == "model"}
+    train_values = {
+        h.name: given[h.name] for h in schema.cli_options() if h.name in given and h.section == "train"
+    }
     try:
-        model_cfg = model_config_from_preset(args.preset, **model_values)
-        saved = load_checkpoint(resume_from).train_config.to_dict() if resume_from is not None else {}
+        model_cfg = model_config_from_preset(args.preset or DEFAULT_PRESET, **_model_values(args))
+        saved = checkpoint_configs(resume_from)[1].to_dict() if resume_from is not None else {}
         train_cfg = TrainConfig(**{**saved, **train_values})
     except ConfigError as err:
         _config_error(args._parser, err)
@@ -203,20 +203,46 @@ def _configs(args: argparse.Namespace, resume_from: Path | None) -> tuple[ModelC
     return model_cfg, train_cfg
 
 
+def _model_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The architecture options given on the command line."""
+    given = vars(args)
+    return {h.name: given[h.name] for h in schema.cli_options() if h.name in given and h.section == "model"}
+
+
 def _check_continuing(
     parser: argparse.ArgumentParser, args: argparse.Namespace, resume_from: Path | None
 ) -> None:
-    """A run continuing a checkpoint takes its architecture and tokenizer: options setting them are
-    refused, naming the first (as the API refuses them when continuing a model). --resume with
-    nothing to resume starts a new run, which may set them."""
-    source = "--init-from" if args.init_from else "--resume" if resume_from is not None else None
+    """A run continuing a checkpoint takes its architecture and tokenizer: an option (or --preset)
+    setting one to another value than the checkpoint's is refused, naming it (as the API refuses
+    it when continuing a model); the same value is accepted, so that the command line of the run
+    can be given again with --resume. --resume with nothing to resume starts a new run."""
+    from trainer.checkpoint import CheckpointError, checkpoint_configs
+
+    continued: Path | None = args.init_from or resume_from
+    if continued is None:
+        return
+    source = "--init-from" if args.init_from else "--resume"
+    try:
+        saved_model, saved_train = checkpoint_configs(continued)
+    except CheckpointError as err:
+        parser.error(f"{source}: {err}")
     given = vars(args)
-    fixed = next((h for h in schema.cli_options() if h.from_source and h.name in given), None)
-    if source is not None and fixed is not None:
-        parser.error(
-            f"{fixed.option}: the architecture and the tokenizer come from the checkpoint {source} "
-            "continues; leave it out (start a new run to change them)"
-        )
+    fixed = [h for h in schema.cli_options() if h.from_source]
+    asked = {h.name: given[h.name] for h in fixed if h.name in given}
+    option = {h.name: h.option for h in fixed}
+    model_fields = {h.name for h in fixed if h.section == "model"}
+    if args.preset is not None:  # the preset's architecture, with the options given over it
+        preset_cfg = model_config_from_preset(args.preset, **_model_values(args))
+        asked = {**{name: getattr(preset_cfg, name) for name in model_fields}, **asked}
+        option |= {name: f"--preset {args.preset}" for name in asked if name not in given}
+    for name, value in asked.items():
+        saved = getattr(saved_model if name in model_fields else saved_train, name)
+        if value != saved:
+            parser.error(
+                f"{option[name]}: the checkpoint {source} continues has {name} {saved}, not {value}; "
+                "the architecture and the tokenizer come from the checkpoint: leave it out (start a "
+                "new run to change them)"
+            )
 
 
 def _train_reporting_errors(

@@ -80,19 +80,37 @@ def test_a_resume_with_another_seed_names_the_option(
 def test_continuing_a_checkpoint_refuses_architecture_and_tokenizer_options(
     tmp_path: Path, shakespeare: Path, run: Path, capsys: Any
 ) -> None:
-    """They come from the checkpoint (as the API refuses them when continuing a model): given, they
-    are a usage error naming the option, not silently dropped (or written into the new run's config)."""
+    """They come from the checkpoint (as the API refuses them when continuing a model): another value
+    than the checkpoint's is a usage error naming the option and the saved value, not silently dropped
+    (or written into the new run's config); so is a --preset of another architecture."""
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     shutil.rmtree(copy / "final")
     base = ["train", shakespeare, "--samples", "0", "--max-steps", "4"]
-    for extra, option in [
-        (["--out", tmp_path / "a", "--init-from", run / "final", "--n-embd", "64"], "--n-embd"),
-        (["--out", tmp_path / "b", "--init-from", run / "final", "--tokenizer", "bpe"], "--tokenizer"),
-        (["--out", copy, "--resume", "--ctx", "64"], "--ctx"),
+    for extra, words in [
+        (["--out", tmp_path / "a", "--init-from", run / "final", "--n-embd", "64"], "--n-embd: "),
+        (["--out", tmp_path / "b", "--init-from", run / "final", "--tokenizer", "bpe"], "--tokenizer: "),
+        (
+            ["--out", copy, "--resume", "--ctx", "64"],
+            "--ctx: the checkpoint --resume continues has ctx 32, not 64",
+        ),
+        (["--out", copy, "--resume", "--preset", "llama-tiny"], "--preset llama-tiny: "),
     ]:
         line = usage_error(capsys, [*base, *extra])
-        assert f"{option}: the architecture and the tokenizer come from the checkpoint" in line, line
+        assert line.startswith(f"fromscratch train: error: {words}"), line
+        assert "the architecture and the tokenizer come from the checkpoint" in line, line
+
+
+def test_continuing_with_the_runs_own_architecture_options_is_accepted(
+    tmp_path: Path, shakespeare: Path, run: Path
+) -> None:
+    """The command line that started a run, given again with --resume (or with --init-from), sets
+    the values the checkpoint has: nothing to refuse."""
+    continued = tmp_path / "continued"
+    argv = ["train", shakespeare, *TINY, "--max-steps", "4", "--samples", "0", "--export-formats", ""]
+    assert main([str(a) for a in [*argv, "--out", continued, "--init-from", run / "final"]]) == 0
+    assert main([str(a) for a in [*argv, "--max-steps", "5", "--out", continued, "--resume"]]) == 0
+    assert (continued / "final" / "state.json").is_file()
 
 
 def test_a_broken_checkpoint_is_named_with_its_file(tmp_path: Path, run: Path, capsys: Any) -> None:
