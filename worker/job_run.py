@@ -157,7 +157,8 @@ class JobRun(JobEnding):
     def _mark_running(self, inputs: TrainingInputs) -> None:
         """Move the job to running; when resuming, first drop the metric rows after the checkpoint
         (training logs them again) and record the resume as an event; a continued model's start
-        from its parent's weights is an event too."""
+        from its parent's weights is an event too. The job's model config takes the vocabulary
+        the tokenizer has (the API checks token ids against it)."""
         resumed = inputs.resume_path is not None
         step = inputs.resume_step if resumed else 0
 
@@ -174,6 +175,9 @@ class JobRun(JobEnding):
                 elif inputs.init_from is not None:  # continued training: say from which model
                     message = f"Starting from the weights of {job.base_model_id}"
                     add_event(session, self.job_id, message, data={"base_model": job.base_model_id})
+                learned = inputs.tokenizer.vocab_size
+                if job.model_config.get("vocab_size") != learned:  # a BPE that found fewer merges
+                    job.model_config = {**job.model_config, "vocab_size": learned}
                 transition(session, job, JobStatus.RUNNING, step=step)
                 session.commit()
 

@@ -180,3 +180,20 @@ def test_continue_training_starts_from_the_parent_model(
     # the child starts from the parent's weights, not from scratch (fresh init is ~ln(258) = 5.55)
     assert child_rows[0].train_loss < parent_rows[0].train_loss - 1.0
     assert child_rows[0].train_loss < parent_rows[-1].train_loss + 0.5
+
+
+def test_a_bpe_that_learns_fewer_tokens_sets_the_jobs_vocabulary(
+    service_settings, session_factory, worker_proc, tmp_path: Path
+) -> None:
+    """The job's model config says the vocabulary the model has, not the one asked for: the API
+    checks a prompt's token ids against it."""
+    asked = 20_000  # far more than the merges ~100 kB of text holds
+    train = {**SMALL_RUN, "max_steps": 2, "tokenizer": "bpe", "vocab_size": asked, "export_formats": []}
+    job_id = make_job(service_settings, session_factory, train=train, model={"vocab_size": asked})
+    job = wait_for_status(session_factory, job_id, "succeeded", diagnostics=worker_proc.output)
+    (final,) = [c for c in checkpoint_rows(session_factory, job_id) if c.is_final]
+    store = blobstore_from_settings(service_settings, session_factory)
+    learned = load_checkpoint(extract_checkpoint(session_factory, store, final.blob_id, tmp_path)).tokenizer
+    assert learned.vocab_size < asked
+    assert job.model_config["vocab_size"] == learned.vocab_size
+    assert job.train_config["vocab_size"] == asked  # what was asked stays in the training config
