@@ -96,8 +96,8 @@ def held_jobs_by_owner(session: Session, owner_ids: Collection[str]) -> dict[str
 
 
 def stored_bytes(session: Session, owner_id: str) -> int:
-    """Bytes the owner keeps: live files, checkpoints (of every job, deleted models' too: the bytes
-    stay while the job lists them) and exports of the owner's models."""
+    """Bytes the owner keeps: live files, checkpoints (of every job; a deleted model's too until its
+    job has ended: api/model_deletion.py) and exports of the owner's models."""
     files = select(func.coalesce(func.sum(File.bytes), 0)).where(
         File.owner_id == owner_id, File.blob_id.is_not(None)
     )

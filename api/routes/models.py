@@ -5,8 +5,7 @@ Model ids contain colons (`ft:llama-tiny:abc123:ckpt-step-50`), so the routes us
 the `/content` route is registered before the bare one so its suffix is not swallowed into the id
 (`/generate`, a POST the bare GET/DELETE never take, is in api/routes/completions.py). DELETE hides
 the model for good (a `deleted_models` row: 404 everywhere afterwards, no longer a base for new
-jobs) and frees its exports (in any status: a worker still making one finds its row gone and drops
-the file); a checkpoint's bytes stay while its job still lists them.
+jobs) and frees its exports and, once its job has ended, its weights (api/model_deletion.py).
 
 `/content` streams the file through the API, or, with `s3_presigned_downloads` on and the file
 stored on the s3 blob backend, answers 307 to a presigned S3 URL (the API sends no bytes).
@@ -22,8 +21,9 @@ from sqlalchemy import select
 
 from api.deps import BlobStoreDep, CurrentKey, SessionDep, SettingsDep
 from api.errors import APIError, ErrorResponse
-from api.exports import RETRY_AFTER_SECONDS, ExportPreparing, delete_exports, find_download
-from api.queries import ModelRef, is_deleted, owned_model
+from api.exports import RETRY_AFTER_SECONDS, ExportPreparing, find_download
+from api.model_deletion import delete_model as delete_model_and_weights
+from api.queries import ModelRef, owned_model
 from api.ranges import download_response
 from api.request_text import json_router
 from api.routes.files import content_disposition
@@ -192,8 +192,6 @@ def get_model(model_id: str, session: SessionDep, key: CurrentKey) -> Model:
 @router.delete("/models/{model_id:path}", response_model=Deleted, summary="Delete a model")
 def delete_model(model_id: str, session: SessionDep, key: CurrentKey, store: BlobStoreDep) -> Deleted:
     ref = owned_model(session, key.owner_id, model_id)
-    if not is_deleted(session, key.owner_id, ref.id):
-        session.add(DeletedModel(model_id=ref.id, owner_id=key.owner_id))
-    delete_exports(session, store, ref.id)
+    delete_model_and_weights(session, store, key.owner_id, ref)
     session.commit()
     return Deleted(id=ref.id, object="model")

@@ -65,7 +65,7 @@ def _shown(value: object) -> str:
 
 
 def cmd_models_delete(args: argparse.Namespace) -> int:
-    """`models delete MODEL_ID`: delete a model or checkpoint (its exports go with it)."""
+    """`models delete MODEL_ID`: delete a model or checkpoint (its exports, and its weights once its job has ended)."""
     with connect(args) as client:
         print_deleted(client.delete_model(args.id), args.json)
     return EXIT_OK

@@ -147,3 +147,44 @@ def test_presets_are_base_models_listed_and_retrieved_but_without_weights(
         err = assert_envelope(r, 400)
         assert (err["param"], err["code"]) == ("model", "base_model"), (path, err)
     assert client.get("/v1/models/llama-tiny", headers=tenant.headers).status_code == 200  # not deleted
+
+
+def test_deleting_models_frees_their_weights_once_the_job_has_ended(
+    client: TestClient, tenant: Tenant, factory: Factory
+) -> None:
+    """A job's model and its final checkpoint are the same weights: deleting the model deletes both,
+    and the bytes of an ended job's deleted models leave the store (and the storage quota). A model
+    that an unfinished job continues from is refused, naming the job."""
+    from core.models import Blob
+    from core.quotas import stored_bytes
+
+    job_id, model_id = factory.finished_model(tenant.owner_id, steps=(10, 20))
+    child = factory.job(tenant.owner_id, status="queued", base_model_id=model_id)
+
+    def stored() -> tuple[int, int]:
+        with factory.sf() as s:
+            return stored_bytes(s, tenant.owner_id), s.query(Blob).count()
+
+    def listed() -> set[str]:
+        return {m["id"] for m in client.get("/v1/models", headers=tenant.headers).json()["data"]}
+
+    before_bytes, before_blobs = stored()
+    err = assert_envelope(client.delete(f"/v1/models/{model_id}", headers=tenant.headers), 400)
+    assert err["code"] == "model_in_use" and child in err["message"]
+    factory.set_status(child, "cancelled")
+
+    # the final checkpoint alone: hidden, its bytes stay (the model is the same weights)
+    assert client.delete(f"/v1/models/{model_id}:ckpt-step-20", headers=tenant.headers).status_code == 200
+    assert stored() == (before_bytes, before_blobs) and model_id in listed()
+    r = client.get(f"/v1/models/{model_id}/content?format=checkpoint", headers=tenant.headers)
+    assert r.status_code == 200 and r.content  # still the step-20 weights
+    assert client.delete(f"/v1/models/{model_id}", headers=tenant.headers).status_code == 200
+    after_bytes, after_blobs = stored()
+    assert after_blobs == before_blobs - 1 and after_bytes < before_bytes
+    assert listed() & {model_id, f"{model_id}:ckpt-step-20"} == set()
+    assert f"{model_id}:ckpt-step-10" in listed()  # not deleted: kept
+
+    assert client.delete(f"/v1/models/{model_id}:ckpt-step-10", headers=tenant.headers).status_code == 200
+    assert stored()[1] == before_blobs - 2
+    checkpoints = client.get(f"/v1/fine_tuning/jobs/{job_id}/checkpoints", headers=tenant.headers).json()
+    assert checkpoints["data"] == []
