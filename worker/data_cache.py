@@ -52,7 +52,7 @@ def fetch_file(
             )
         blob_id, sha, name = file.blob_id, file.sha256, file.filename
     path = cache_dir / "files" / sha
-    if not path.exists():
+    if not _touched(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{sha}.tmp-{os.getpid()}")
         store.read_to_path(blob_id, tmp)
@@ -73,7 +73,7 @@ def job_tokenizer(cache_dir: Path, train_path: Path, sha256: str, cfg: TrainConf
     if cfg.tokenizer == "byte":
         return train_tokenizer("byte", vocab, [])
     path = cache_dir / "tokenizers" / f"{sha256}-{cfg.tokenizer}-{vocab}.json"
-    if path.exists():
+    if _touched(path):
         return tokenizer_from_json(json.loads(path.read_text()))
     tokenizer = train_tokenizer(cfg.tokenizer, vocab, iter_documents(train_path))
     _write_json_atomic(path, tokenizer.to_json())
@@ -103,6 +103,15 @@ def prepare_tokens(
         )
     except DataError as exc:
         raise data_failure(exc, has_validation_file=val_path is not None) from exc
+
+
+def _touched(path: Path) -> bool:
+    """Whether the cache holds `path`; marked used now if so, which keeps worker.cache_sweep off it."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:

@@ -21,6 +21,9 @@ messages are lost. Every `reaper_interval_seconds` it
 3. **collects garbage blobs**: incomplete blobs (uploads or checkpoint writes that died half way)
    whose writer's heartbeat is older than `blob_writer_timeout_seconds` are deleted (rows written
    before writers beat: once older than `BLOB_GC_SECONDS`); core/blob_gc.py.
+4. **forgets deleted data on this worker's disk**, on the same rounds: the cached copies, tokens
+   and tokenizers of files deleted since, and the checkpoints extracted for inference whose blob
+   is gone (worker/cache_sweep.py).
 
 Several workers running the reaper at once is fine: every step is an atomic conditional update.
 An outage of the database or the broker is logged once when the reaper first fails to reach it
@@ -47,6 +50,7 @@ from core.models import Job, utcnow
 from core.quotas import held_jobs_by_owner
 from core.settings import Settings
 from core.status import CLAIMABLE
+from worker.cache_sweep import sweep_work_dir
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -66,6 +70,7 @@ class RoundReport(TypedDict):
     requeued: list[str]  # job ids whose expired lease was given back to the queue
     resent: list[str]  # job ids whose lost message was sent again
     blobs: NotRequired[int]  # incomplete blobs deleted (only on the rounds that collect them)
+    cached: NotRequired[int]  # this worker's cached entries of deleted files and models removed (same rounds)
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,7 @@ class Reaper(threading.Thread):
         self.rounds += 1
         if self.rounds % BLOB_GC_EVERY == 1:
             done["blobs"] = self.collect_blobs()
+            done["cached"] = sweep_work_dir(self.session_factory, self.settings.work_path)
         return done
 
     def requeue_expired(self) -> list[str]:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -266,7 +267,11 @@ def tokenize_file(
         cache_dir.mkdir(parents=True, exist_ok=True)
         key = f"{file_sha256(path)[:32]}-{tokenizer_hash(tokenizer)[:16]}-v{CACHE_VERSION}"
         out = cache_dir / f"{key}.tokens"
-        if not out.exists():
+        if out.exists():  # used now: a service worker's cache sweep leaves recently used entries
+            for used in (out, spans_path(out)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.utime(used)
+        else:
             validate_file(path)
             tokenize_to_file(path, tokenizer, out)
         return load_tokens(out, tokenizer.vocab_size), load_spans(out)
