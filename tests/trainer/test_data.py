@@ -48,6 +48,13 @@ def test_detect_format(tmp_path: Path) -> None:
     assert detect_format(write(tmp_path, "d.txt", '\n\n{"text": "hi"}\n')) == "jsonl"
     assert detect_format(write(tmp_path, "e.txt", "[1, 2]\nplain\n")) == "text"
     assert detect_format(write(tmp_path, "f.jsonl", "not json at all\n")) == "jsonl"
+    # a JSONL file whose first record is broken is JSONL (its validation names the line), not text
+    records = '{"prompt": "broken", "completion": \n{"prompt": "a", "completion": "b"}\n'
+    assert detect_format(write(tmp_path, "g", records)) == "jsonl"
+    assert detect_format(write(tmp_path, "h.json", "[{")) == "jsonl"  # a JSON name says so
+    assert detect_format(write(tmp_path, "i", "{not a record, a brace}\nplain text\n")) == "text"
+    with pytest.raises(DataError, match="line 1: invalid JSON"):
+        validate_file(write(tmp_path, "j.txt", records))
 
 
 def test_validate_samples() -> None:

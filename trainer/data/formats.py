@@ -39,8 +39,8 @@ Adjacent segments with the same mark are joined, so a chat's prompt part is one 
 text an inference prompt renders. The trainer tokenizes each segment on its own
 (trainer.data.prepare); `train_on_inputs` trains on every token instead.
 
-`detect_format`: "jsonl" if the name ends in .jsonl or the first non-blank line parses as a JSON
-object, else "text". `validate_file` raises `DataError(message, line)` naming the 1-based line
+`detect_format`: "jsonl" if the name ends in .jsonl, .ndjson or .json, or the first non-blank line
+parses as a JSON object (or opens one, broken, and the next line is one), else "text". `validate_file` raises `DataError(message, line)` naming the 1-based line
 (and, for bad UTF-8, the byte offset) so the user can find and fix the problem.
 """
 
@@ -93,6 +93,11 @@ Format = Literal["text", "jsonl"]
 DEFAULT_CHUNK_CHARS = 1 << 20  # ~1 MB of text per chunk keeps memory bounded
 _READ_BYTES = 1 << 20
 _DETECT_LIMIT = 64 << 20  # the first line is read at most this far when sniffing the format
+# A JSON name makes a file JSONL whatever its first line: one with a broken first record gets that
+# line's error, not trained as text. (A stored file's format is still its content's: a file these
+# names force passes validation only when every line is a record, which the content sniff reads
+# as JSONL too, so the worker's cached copy, named by its sha256, is read the same way.)
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 # A JSONL record (one line) is parsed whole, so its length bounds the memory reading one takes: a
 # 1 GiB upload of one line would otherwise be 1 GiB of bytes, then of text, then of JSON.
 MAX_LINE_BYTES = 8 << 20
@@ -156,23 +161,42 @@ def iter_jsonl_documents(lines: Iterable[str]) -> Iterator[Document]:
 
 
 def detect_format(path: str | os.PathLike[str]) -> Format:
-    path = Path(path)
-    if path.suffix.lower() == ".jsonl":
+    """The file's format: JSONL for a JSON name (JSONL_SUFFIXES), else by its first non-blank line,
+    a JSON record or not. A first line that opens a record but does not parse, followed by a record,
+    is a JSONL file with a broken line (its validation says which), not text."""
+    if Path(path).suffix.lower() in JSONL_SUFFIXES:
         return "jsonl"
+    lines = _first_lines(Path(path), 2)
+    if not lines:
+        return "text"
+    if _is_record(lines[0]):
+        return "jsonl"
+    opens_a_record = lines[0].lstrip().startswith(("{", "["))
+    return "jsonl" if opens_a_record and len(lines) > 1 and _is_record(lines[1]) else "text"
+
+
+def _first_lines(path: Path, n: int) -> list[str]:
+    """The file's first `n` non-blank lines (each read at most _DETECT_LIMIT bytes far)."""
+    lines: list[str] = []
     with open(path, "rb") as f:
-        while True:
-            raw = f.readline(_DETECT_LIMIT)
-            if not raw:
-                return "text"
+        while len(lines) < n and (raw := f.readline(_DETECT_LIMIT)):
             text = raw.decode("utf-8", errors="replace").removeprefix(_BOM)
             if text.strip():
-                break
+                lines.append(text)
+    return lines
+
+
+def _is_record(line: str) -> bool:
+    """A JSON object (or an array of them: a JSON file, which JSONL validation then explains)."""
     try:
-        return "jsonl" if isinstance(loads_bounded(text), dict) else "text"
+        value = loads_bounded(line)
     except TooDeep:  # validation names the line and the limit
-        return "jsonl" if text.lstrip().startswith("{") else "text"
+        return line.lstrip().startswith("{")
     except json.JSONDecodeError:
-        return "text"
+        return False
+    return isinstance(value, dict) or (
+        isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+    )
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
