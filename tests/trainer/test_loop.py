@@ -519,3 +519,34 @@ def test_a_bpe_vocabulary_smaller_than_asked_is_a_note(tmp_path, tiny_model, tin
     (note,) = [n for n in rec.started["notes"] if n.startswith("vocab_size 4,096: ")]
     learned = json.loads((tmp_path / "final" / "config.json").read_text())["model"]["vocab_size"]
     assert learned < 4096 and f"the model's vocabulary is {learned:,}" in note
+
+
+@pytest.mark.parametrize(
+    "settings, validation_file, note",
+    [
+        (dict(eval_every=0), False, "eval_every 0: nothing evaluates the "),
+        (dict(eval_every=0, val_fraction=0.0), False, None),
+        (dict(eval_every=0), True, None),  # a validation file's tokens are not the training file's
+        (dict(val_fraction=0.3), True, "val_fraction 0.3 does nothing in this run: the validation file"),
+        (dict(), True, None),
+    ],
+)
+def test_validation_data_the_run_cannot_use_is_a_note(
+    settings, validation_file, note, tmp_path, tiny_model, tiny_train, shakespeare
+):
+    """Held-out tokens nothing evaluates (and nothing trains on), and a val_fraction a validation
+    file overrides, are said at the start."""
+    rec = Recorder()
+    cfg = tiny_train(max_steps=1, **settings)
+    train(
+        tiny_model(),
+        cfg,
+        shakespeare,
+        tmp_path,
+        rec,
+        validation_path=shakespeare if validation_file else None,
+    )
+    assert rec.started is not None
+    said = [n for n in rec.started["notes"] if n.startswith(("eval_every", "val_fraction"))]
+    assert len(said) == (note is not None), said
+    assert note is None or note in said[0], said

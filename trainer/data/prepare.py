@@ -251,6 +251,7 @@ class TokenData:
     val: np.ndarray | None
     train_spans: np.ndarray | None = None
     val_spans: np.ndarray | None = None
+    held_out: bool = False  # `val` is the training file's last val_fraction (no validation file)
 
 
 def tokenizer_hash(tokenizer: Tokenizer) -> str:
@@ -315,4 +316,4 @@ def prepare_data(
         return TokenData(tokens, None, spans)
     cut = len(tokens) - n_val
     train_spans, val_spans = split_spans(spans, cut)
-    return TokenData(tokens[:cut], tokens[cut:], train_spans, val_spans)
+    return TokenData(tokens[:cut], tokens[cut:], train_spans, val_spans, held_out=True)

@@ -101,6 +101,7 @@ def start_run(
         world=world,
         auto=auto,
         data_tokens=(len(data.train), 0 if data.val is None else len(data.val)),
+        held_out=data.held_out,
     )
     if resumed is not None:
         restore_progress(run, resumed)

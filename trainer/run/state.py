@@ -35,6 +35,8 @@ from trainer.run.cpu_threads import ThreadTuner
 from trainer.run.cuda_graphs import capture_when_due
 from trainer.run.measured_compile import MeasuredCompile
 
+DEFAULT_VAL_FRACTION = float(TrainConfig.model_fields["val_fraction"].default)
+
 if TYPE_CHECKING:
     from trainer.data.batches import Batch
     from trainer.data.prepare import BatchSampler
@@ -89,6 +91,7 @@ class TrainRun:
     # what the data-aware `auto` settings became and why, "field value: reason" (trainer.config.data_aware)
     auto: list[str] = field(default_factory=list)
     data_tokens: tuple[int, int] = (0, 0)  # the training data's tokens, the validation data's (StartInfo)
+    held_out: bool = False  # the validation data is the training file's last val_fraction
     fresh_optimizer: bool = False  # resumed from a checkpoint without the optimizer's state (a download)
     # progress, saved in every checkpoint
     step: int = 0
@@ -190,6 +193,7 @@ class TrainRun:
                 f"early_stopping_patience {patience} does nothing in this run: it has no validation "
                 "data. Set val_fraction above 0 or give a validation file to stop at the best."
             )
+        notes += self._validation_notes()
         warmup, total = self.cfg.warmup_steps, self.total_steps
         if warmup is not None and warmup >= total > 0:
             peak = lr_at(total - 1, self.cfg, total)
@@ -211,6 +215,23 @@ class TrainRun:
                 f"this data, so the model's vocabulary is {learned:,}. More (or more varied) data gives more."
             )
         return notes
+
+    def _validation_notes(self) -> list[str]:
+        """Validation data the run holds out but never evaluates; a val_fraction a validation file
+        overrides."""
+        val_tokens, fraction = self.data_tokens[1], self.cfg.val_fraction
+        if self.held_out and val_tokens > 0 and self.cfg.resolved_eval_every <= 0:
+            return [
+                f"eval_every 0: nothing evaluates the {val_tokens:,} tokens val_fraction {fraction:g} holds "
+                "out of the training data, and nothing trains on them. Set val_fraction 0 to train on "
+                "all of it, or eval_every above 0 to evaluate on them"
+            ]
+        if not self.held_out and val_tokens > 0 and fraction != DEFAULT_VAL_FRACTION:
+            return [
+                f"val_fraction {fraction:g} does nothing in this run: the validation file is its "
+                "validation data, and the whole training file trains"
+            ]
+        return []
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self, *, optimizer: bool, buffers: HostBuffers | None) -> CheckpointSnapshot | None:
