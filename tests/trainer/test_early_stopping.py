@@ -179,9 +179,14 @@ def test_patience_needs_evaluations(tiny_train):
     assert tiny_train(eval_every=5).resolved_early_stopping_patience == 0  # auto: off for now
 
 
-def test_patience_without_validation_data_is_a_note(tmp_path, tiny_model, tiny_train, shakespeare):
+@pytest.mark.parametrize("eval_every", [1, None])  # None: auto, which finds nothing to evaluate
+def test_patience_without_validation_data_is_a_note(
+    eval_every, tmp_path, tiny_model, tiny_train, shakespeare
+):
     rec = Recorder()
-    cfg = tiny_train(max_steps=2, warmup_steps=0, eval_every=1, val_fraction=0.0, early_stopping_patience=3)
+    cfg = tiny_train(
+        max_steps=2, warmup_steps=0, eval_every=eval_every, val_fraction=0.0, early_stopping_patience=3
+    )
     result = train(tiny_model(), cfg, shakespeare, tmp_path, rec)
     assert result.stop_reason == "completed"
     assert rec.started is not None and len(rec.started["notes"]) == 1

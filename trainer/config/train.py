@@ -63,7 +63,7 @@ class TrainConfig(
             problems.append(("sharding", "optimizer muon needs whole matrices, which fsdp shards; use ddp"))
         if self.min_lr is not None and self.min_lr > self.learning_rate:
             problems.append(("min_lr", f"must be <= learning_rate ({self.learning_rate}), got {self.min_lr}"))
-        if self.early_stopping_patience and not self.eval_every:
+        if self.early_stopping_patience and self.eval_every == 0:  # unset (auto) evaluates when it can
             problems.append(
                 ("early_stopping_patience", "counts evaluations: set eval_every > 0, or use 0 (off)")
             )
