@@ -26,7 +26,7 @@ def test_native_bf16_is_chosen_only_where_the_probe_finds_it_faster(
 ) -> None:
     monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
     rates = {torch.float32: 1.0e10, torch.bfloat16: bf16_rate}
-    monkeypatch.setattr(precision, "matmul_rate", lambda device_type, dtype: rates[dtype])
+    monkeypatch.setattr(precision, "matmul_rate", lambda device_type, dtype, one_thread=False: rates[dtype])
     choice = choose_dtype(TrainConfig(dtype="auto"), CPU)
     assert choice.value == expected and "avx512_bf16" in choice.reason and "matmul probe" in choice.reason
 
@@ -36,7 +36,7 @@ def test_an_explicit_dtype_is_kept() -> None:
 
 
 def test_compile_auto_waits_for_a_run_long_enough_to_pay_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(precision, "matmul_rate", lambda device_type, dtype: 1.0e11)
+    monkeypatch.setattr(precision, "matmul_rate", lambda device_type, dtype, one_thread=False: 1.0e11)
     cfg = TrainConfig()
     flops = 1.0e11  # 2 s a step at half the probe's rate
     short = choose_compile(cfg, CPU, "float32", flops, steps=100)  # 200 s
@@ -53,8 +53,32 @@ def test_the_probe_measures_a_positive_rate() -> None:
     assert precision.matmul_rate("cpu", torch.float32) > 0
 
 
+def test_the_dtype_probe_runs_on_one_thread_and_gives_the_threads_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """dtypes are compared on one CPU thread (a matmul on all threads of a busy CPU reads anything);
+    the run's thread count is restored after."""
+    seen: list[int] = []
+    matmul = torch.Tensor.__matmul__
+
+    def counting(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return matmul(a, b)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    monkeypatch.setattr(torch.Tensor, "__matmul__", counting)
+    precision.matmul_rate.cache_clear()
+    try:
+        assert precision.matmul_rate("cpu", torch.float32, one_thread=True) > 0
+        assert set(seen) == {1} and torch.get_num_threads() == 2
+    finally:
+        precision.matmul_rate.cache_clear()
+        torch.set_num_threads(threads)
+
+
 def test_a_time_limit_caps_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(precision, "matmul_rate", lambda device_type, dtype: 1.0e11)
+    monkeypatch.setattr(precision, "matmul_rate", lambda device_type, dtype, one_thread=False: 1.0e11)
     choice = choose_compile(TrainConfig(time_limit=60), CPU, "float32", 1.0e11, steps=10**6)
     assert choice.value == "off" and "estimated at 60 s" in choice.reason
 

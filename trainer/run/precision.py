@@ -5,7 +5,7 @@ AVX512-BF16 or AMX, but are emulated elsewhere (measured 90x slower than fp32 on
 and torch.compile pays back its compile time only over a long enough run. So:
 
 - dtype auto: bfloat16 on a CUDA device that supports it; on a CPU, bfloat16 only where the CPU
-  has native bf16 *and* a short matmul probe (a few ms) measures it faster than float32; float32
+  has native bf16 *and* a short matmul probe on one thread (~20 ms) measures it faster than float32; float32
   otherwise. float16 is never chosen (it needs a loss scaler); ask for it.
 - compile auto, one process: from measurement (trainer.run.measured_compile). The run starts eager,
   times its first steps, compiles its transformer blocks when that pays back over the steps left,
@@ -59,24 +59,41 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+PROBE_ROUNDS = 7  # timed rounds of the matmul probe; the fastest counts
+
+
 @functools.cache
-def matmul_rate(device_type: str, dtype: torch.dtype) -> float:
-    """FLOP/s of a square matmul on this device in `dtype`, measured once per process (~10 ms on a
-    CPU with native support; seconds where bf16 is emulated, which is why the flags come first)."""
+def matmul_rate(device_type: str, dtype: torch.dtype, one_thread: bool = False) -> float:
+    """FLOP/s of a square matmul on this device in `dtype`, measured once per process: the fastest
+    of PROBE_ROUNDS rounds, since another process's load only ever slows a round. `one_thread`:
+    on one CPU thread, the rate to compare dtypes by: on a CPU busy with another job, a matmul
+    on all threads waits on the slowest and reads anything (bf16 at 0.49x and at 96x fp32 on one
+    2-core machine whose one thread reads 2.5x-4.5x). ~20 ms on a CPU with native support;
+    seconds where bf16 is emulated, which is why the flags come first."""
+    if one_thread and device_type == "cpu" and torch.get_num_threads() > 1:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return matmul_rate(device_type, dtype, one_thread)
+        finally:
+            torch.set_num_threads(threads)
     n = 256 if device_type == "cpu" else 2048
     device = torch.device(device_type)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     reps = 3 if device_type == "cpu" else 10
     a @ b  # warm-up (kernel selection, allocations)
-    if device_type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    if device_type == "cuda":
-        torch.cuda.synchronize()
-    return 2 * n**3 * reps / max(time.perf_counter() - t0, 1e-9)
+    fastest = float("inf")
+    for _ in range(PROBE_ROUNDS):
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        fastest = min(fastest, time.perf_counter() - t0)
+    return 2 * n**3 * reps / max(fastest, 1e-9)
 
 
 def choose_dtype(cfg: TrainConfig, device: torch.device) -> Choice:
@@ -93,7 +110,9 @@ def choose_dtype(cfg: TrainConfig, device: torch.device) -> Choice:
         return Choice(
             "float32", "auto: this CPU has no native bfloat16 (no AVX512-BF16 or AMX), it would be emulated"
         )
-    speedup = matmul_rate("cpu", torch.bfloat16) / matmul_rate("cpu", torch.float32)
+    speedup = matmul_rate("cpu", torch.bfloat16, one_thread=True) / matmul_rate(
+        "cpu", torch.float32, one_thread=True
+    )
     if speedup >= BF16_MIN_SPEEDUP:
         return Choice(
             "bfloat16",
