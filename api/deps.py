@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from sqlalchemy.orm import Session
 
 from api.errors import APIError
@@ -94,10 +94,16 @@ def get_current_key(request: Request, session: Annotated[Session, Depends(get_se
     return key
 
 
-def get_stream_key(request: Request, session: Annotated[Session, Depends(get_session)]) -> ApiKey:
+def get_stream_key(
+    request: Request,
+    session: Annotated[Session, Depends(get_session)],
+    api_key: Annotated[
+        str | None, Query(description="the API key, for a browser's EventSource (it cannot send headers)")
+    ] = None,
+) -> ApiKey:
     """Like get_current_key, but also accepts `?api_key=<key>`: a browser's EventSource cannot
     send headers. Only the SSE route uses it (a key in a URL can end up in access logs)."""
-    query_key = request.query_params.get("api_key")
+    query_key = api_key
     if query_key and not request.headers.get("authorization"):
         key = authenticate(session, query_key)
         session.commit()

@@ -174,10 +174,10 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
     detail = exc.detail
-    if status == 404 and detail == "Not Found" and _api_methods(request):
+    if status == 404 and detail == "Not Found" and api_methods(request):
         # the dashboard's files (mounted at /) answered a GET/HEAD for a path only other methods
         # serve, e.g. GET /v1/completions: that is a wrong method, not an unknown URL
-        allowed = _api_methods(request)
+        allowed = api_methods(request)
         if request.method not in allowed:
             status, detail = 405, "Method Not Allowed"
     if status == 404 and detail == "Not Found":
@@ -189,13 +189,13 @@ async def _http_exception(request: Request, exc: Exception) -> JSONResponse:
     else:
         message = str(detail)
     headers = getattr(exc, "headers", None)
-    if status == 405 and (allowed := _api_methods(request)):
+    if status == 405 and (allowed := api_methods(request)):
         headers = {**(headers or {}), "Allow": ", ".join(allowed)}
         message += f" (allowed: {', '.join(allowed)})"
     return error_response(status, message, code=_HTTP_CODES.get(status), headers=headers)
 
 
-def _api_methods(request: Request) -> list[str]:
+def api_methods(request: Request) -> list[str]:
     """The methods of the API path (`app.state.api_routes`) the request's path is an instance of.
     A wrong method on an API path falls through to the dashboard's static files, mounted at /,
     whose 405 would say `Allow: GET, HEAD` whatever the path. Of the templates that match, the

@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import Histogram
 from sqlalchemy import Engine
@@ -33,6 +33,7 @@ from api.head_requests import HeadAsGetMiddleware
 from api.leftovers import sweep_forever
 from api.logs import install_log_redaction
 from api.openapi import api_routes, install_openapi
+from api.query_params import reject_unknown_query
 from api.rate_limit import RateLimiter
 from api.request_text import TextURLMiddleware
 from api.response_headers import ResponseHeadersMiddleware
@@ -164,7 +165,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_store_error_handler(app, settings)  # 503 while the S3 server is down
     routers = [module.router for module in ROUTER_MODULES]
     for router in routers:
-        app.include_router(router)
+        app.include_router(router, dependencies=[Depends(reject_unknown_query)])
     app.state.api_routes = list(api_routes(routers))  # for 405's Allow (api/errors.py)
     install_openapi(app, routers)
     if STATIC_DIR.is_dir():

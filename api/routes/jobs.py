@@ -99,6 +99,13 @@ def list_jobs(
     after: AfterId = None,
     limit: Annotated[int, Query(ge=1, le=100, description="page size")] = 20,
     status: Annotated[JobStatus | None, Query(description="only jobs in this status")] = None,
+    metadata: Annotated[
+        str | None,
+        Query(
+            description="metadata[KEY]=VALUE: only jobs whose metadata holds the pair (several: all); "
+            "metadata=null: jobs without metadata"
+        ),
+    ] = None,
 ) -> ListEnvelope[FineTuningJob]:
     wanted = parse_metadata_filter(request.query_params.multi_items())
     q = select(Job).where(Job.owner_id == key.owner_id)

@@ -52,6 +52,33 @@ def test_bad_body_is_json_400(client: TestClient, tenant: Tenant) -> None:
     assert err["param"] == "status" and "succeeded" in err["message"]
 
 
+def test_an_unknown_query_parameter_is_400_naming_it(
+    client: TestClient, tenant: Tenant, factory: Any
+) -> None:
+    """As an unknown body field is: a filter that does not exist would otherwise read as applied."""
+    job_id = factory.job(tenant.owner_id)
+    for url, name in [
+        ("/v1/fine_tuning/jobs?suffix=bs8", "suffix"),
+        ("/v1/fine_tuning/jobs?limit=5&sort=val_loss", "sort"),
+        (f"/v1/fine_tuning/jobs/{job_id}/metrics?step_gt=10", "step_gt"),
+        ("/v1/files?purpose=fine-tune&colour=red", "colour"),
+    ]:
+        err = assert_envelope(client.get(url, headers=tenant.headers), 400)
+        assert err["param"] == name and err["code"] == "unknown_parameter", err
+        assert f"Unrecognized query parameter: {name}" in err["message"]
+    # what a route declares, its dependencies' (the stream's api_key) and metadata[...] filters pass
+    ok = [
+        "/v1/fine_tuning/jobs?limit=5&metadata[sweep]=s1",
+        f"/v1/fine_tuning/jobs/{job_id}/metrics?max_points=5",
+        "/v1/files?purpose=fine-tune",
+    ]
+    for url in ok:
+        assert client.get(url, headers=tenant.headers).status_code == 200, url
+    # a wrong method stays a 405, whatever its query (the download's `format` is no DELETE's)
+    wrong = client.delete("/v1/models/llama-15m/content?format=gguf&dtype=f32", headers=tenant.headers)
+    assert assert_envelope(wrong, 405)["code"] == "method_not_allowed"
+
+
 def test_missing_and_bad_keys_are_401(client: TestClient) -> None:
     for headers in (
         {},
