@@ -11,9 +11,9 @@ GET /v1/fine_tuning/jobs/{id}/metrics?after_step=N&limit=M&max_points=P
     `{object: "list", data: [{step, <each Metric column>, created_at}], has_more}` in step order,
     steps > after_step. `limit` (default 1000 without max_points, unbounded with it; at most
     100000) cuts the window; `has_more` says rows exist past it. `max_points` downsamples the
-    window to at most P points that always include its last point: the steps before the last are
-    split into P-1 equal step ranges, each keeping one real row (its last evaluation row if it has
-    one, so the validation curve survives, else its last row). Done in SQL: cheap for a
+    window to at most P points that always include its first and last points (P = 1: the last): the
+    steps between are split into P-2 equal step ranges, each keeping one real row (its last
+    evaluation row if it has one, so the validation curve survives, else its last row). Done in SQL: cheap for a
     100,000-step job.
 
 GET /v1/fine_tuning/jobs/{id}/stream   Server-Sent Events: api/routes/stream.py.
@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import ColumnElement, and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from api.deps import CurrentKey, SessionDep
@@ -134,20 +134,21 @@ def select_metrics(
         return [], has_more
     if count <= max_points:
         return list(session.scalars(select(Metric).where(*base).order_by(Metric.step)).all()), has_more
-    if max_points == 1:
-        return list(session.scalars(select(Metric).where(*base, Metric.step == last)).all()), has_more
-    width = max(1, math.ceil((last - lo) / (max_points - 1)))
-    bucket = (Metric.step - lo) // width
-    chosen = (
-        select(
-            func.coalesce(func.max(case((Metric.val_loss.is_not(None), Metric.step))), func.max(Metric.step))
+    ends = [last] if max_points == 1 else [lo, last]
+    kept: ColumnElement[bool] = Metric.step.in_(ends)
+    if between := max_points - len(ends):  # buckets of the steps between the first and the last
+        width = max(1, math.ceil((last - lo - 1) / between))
+        chosen = (
+            select(
+                func.coalesce(
+                    func.max(case((Metric.val_loss.is_not(None), Metric.step))), func.max(Metric.step)
+                )
+            )
+            .where(*base, Metric.step > lo, Metric.step < last)
+            .group_by((Metric.step - lo - 1) // width)
         )
-        .where(*base, Metric.step < last)
-        .group_by(bucket)
-    )
-    rows = session.scalars(
-        select(Metric).where(*base, or_(Metric.step.in_(chosen), Metric.step == last)).order_by(Metric.step)
-    ).all()
+        kept = or_(kept, Metric.step.in_(chosen))
+    rows = session.scalars(select(Metric).where(*base, kept).order_by(Metric.step)).all()
     return list(rows), has_more
 
 
