@@ -128,11 +128,17 @@ class BarDisplay(_Display):
             self.bar.update(self.task, total=s.total, completed=s.step, status=s.status, info=describe(s))
 
 
+def _span(start: object, end: object) -> str:
+    if isinstance(start, int | float) and isinstance(end, int | float):
+        return format_duration(end - start)
+    return "-"
+
+
 def summary_rows(
     job: dict[str, Any], step: int, total: int | None, train_loss: float | None, val_loss: float | None
 ) -> list[tuple[str, object]]:
     """The summary printed when the followed job has ended."""
-    started, finished = job.get("created_at"), job.get("finished_at")
+    created, started, finished = job.get("created_at"), job.get("started_at"), job.get("finished_at")
     rows: list[tuple[str, object]] = [
         ("job", job.get("id")),
         ("status", job.get("status")),
@@ -144,12 +150,8 @@ def summary_rows(
             f"{job['trained_tokens']:,}" if isinstance(job.get("trained_tokens"), int) else "-",
         ),
         ("model", job.get("fine_tuned_model") or "-"),
-        (
-            "wall time",
-            format_duration(finished - started)
-            if isinstance(finished, int | float) and isinstance(started, int | float)
-            else "-",
-        ),
+        ("run time", _span(started, finished)),  # from a worker's start: the queue is the next row's
+        ("waited in queue", _span(created, started)),
     ]
     err = job.get("error") or {}
     if err.get("message"):

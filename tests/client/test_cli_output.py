@@ -124,12 +124,17 @@ def test_follow_eta_counts_down_from_the_servers_smoothed_rate() -> None:
 def test_the_summary_is_plain_lines_too() -> None:
     out = io.StringIO()
     done = job(
-        status="succeeded", finished_at=1_700_000_125, trained_tokens=123456, fine_tuned_model=LONG_MODEL
+        status="succeeded",
+        started_at=1_700_000_020,
+        finished_at=1_700_000_145,
+        trained_tokens=123456,
+        fine_tuned_model=LONG_MODEL,
     )
     print_details(summary_rows(done, 300, 300, 1.5, None), stream=out)
     shown = dict(line.split("\t") for line in out.getvalue().splitlines())
     assert shown["status"] == "succeeded" and shown["steps"] == "300/300" and shown["model"] == LONG_MODEL
-    assert shown["trained tokens"] == "123,456" and shown["wall time"] == "2m05s"
+    assert shown["trained tokens"] == "123,456" and shown["run time"] == "2m05s"
+    assert shown["waited in queue"] == "20s"  # created -> started: not run time
 
 
 def test_keys_list_is_tab_separated_or_json(tmp_path: Any, capsys: Any, monkeypatch: Any) -> None:

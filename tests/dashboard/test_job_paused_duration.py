@@ -1,6 +1,6 @@
-"""The job page's duration is the time the job ran: the time it spent paused (between its status
-events "paused" and the next status) is left out, and said. In a real Chromium against a stubbed
-API."""
+"""The job page's duration is the time the job ran: the time a pause stopped it (from its status
+event "paused" until it runs again, the queue after a resume included) is left out, and said. In a
+real Chromium against a stubbed API."""
 
 from __future__ import annotations
 
@@ -37,14 +37,14 @@ def test_the_duration_leaves_out_the_time_paused(new_page: Any, static_url: str)
     events = [  # newest first, as GET /events answers
         status_event(5, "succeeded", 660),
         status_event(4, "running", 520),
-        status_event(3, "queued", 500),  # resumed: 300 s paused, from 200 to 500
+        status_event(3, "queued", 500),  # resumed at 500, running again at 520: stopped 320 s
         status_event(2, "paused", 200),
         status_event(1, "running", 60),
     ]
     page, log = open_job(new_page, static_url, job, events)
-    page.wait_for_selector("#run-duration:has-text('paused')")
-    assert page.inner_text("#run-duration") == "5m 00s (not counting 5m 00s paused)"
-    assert page.inner_text("#run-tokens-per-s") == "1,000 average"  # over the 300 s it ran
+    page.wait_for_selector("#run-duration:has-text('pause')")
+    assert page.inner_text("#run-duration") == "4m 40s (not counting 5m 20s stopped by a pause)"
+    assert page.inner_text("#run-tokens-per-s") == "1,071 average"  # over the 280 s it ran
     assert log.errors() == [], log.messages
 
 
@@ -53,6 +53,6 @@ def test_a_paused_job_s_duration_stands_still(new_page: Any, static_url: str) ->
     job.update(started_at=T0 + 60, finished_at=None)
     events = [status_event(2, "paused", 160), status_event(1, "running", 60)]
     page, log = open_job(new_page, static_url, job, events)
-    page.wait_for_selector("#run-duration:has-text('paused')")
+    page.wait_for_selector("#run-duration:has-text('pause')")
     assert page.inner_text("#run-duration").startswith("1m 40s (not counting ")
     assert log.errors(allow=("404 (Not Found)",)) == [], log.messages  # no stub for the live stream

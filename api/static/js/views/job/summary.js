@@ -26,19 +26,25 @@ function span(from, to) {
   return (typeof to === "number" && to > 0 ? to : Date.now() / 1000) - from;
 }
 
-/** Seconds the job spent paused between `from` and `to`: from each status event "paused" (the
- *  lifecycle events' data.status) to the status event after it, or to `to` while still paused. */
+/** Seconds the job stood still for a pause between `from` and `to`: from each status event "paused"
+ *  (the lifecycle events' data.status) until it ran again (the next "running" or final status: a
+ *  resumed job waits in the queue first), or to `to` while it has not. */
 export function pausedSeconds(events, from, to) {
   const changes = events.filter((e) => typeof e.data?.status === "string" && typeof e.created_at === "number")
     .reverse() // oldest first; the sort keeps events of one second in their order
     .sort((a, b) => a.created_at - b.created_at);
+  const stillStopped = new Set(["paused", "queued", "validating_files"]);
+  const within = (start, end) => Math.max(0, Math.min(end, to) - Math.max(start, from));
   let paused = 0;
-  changes.forEach((e, i) => {
-    if (e.data.status !== "paused") return;
-    const end = Math.min(i + 1 < changes.length ? changes[i + 1].created_at : to, to);
-    paused += Math.max(0, end - Math.max(e.created_at, from));
-  });
-  return paused;
+  let since = null; // when the pause being counted began
+  for (const e of changes) {
+    if (e.data.status === "paused" && since === null) since = e.created_at;
+    else if (since !== null && !stillStopped.has(e.data.status)) {
+      paused += within(since, e.created_at);
+      since = null;
+    }
+  }
+  return since === null ? paused : paused + within(since, to);
 }
 
 function timings(job, events) {
@@ -48,7 +54,7 @@ function timings(job, events) {
   const waited = span(job.created_at, job.started_at ?? job.finished_at);
   const average = job.trained_tokens && duration ? job.trained_tokens / duration : undefined;
   const tps = job.progress?.tokens_per_s;
-  const pausedNote = paused >= 1 ? ` (not counting ${fmtDuration(paused)} paused)` : "";
+  const pausedNote = paused >= 1 ? ` (not counting ${fmtDuration(paused)} stopped by a pause)` : "";
   return [
     row("queued", "Queued", `${fmtTime(job.created_at)}${job.started_at && waited !== undefined ? ` (waited ${fmtDuration(waited)})` : ""}`),
     row("started", "Started", fmtTime(job.started_at)),
