@@ -81,6 +81,12 @@ def test_validate_samples() -> None:
         (b'{"text": 5}\n', 1, '"text" must be a string'),
         (b'{"prompt": "p"}\n', 1, '"completion" is missing (prompt/completion records need both)'),
         (b'{"prompt": "p", "completion": null}\n', 1, '"completion" must be a string'),
+        # two shapes in one record: neither is dropped silently
+        (
+            b'{"text": "a"}\n{"prompt": "p", "completion": "c", "text": "t"}\n',
+            2,
+            '"prompt"/"completion" and "text"',
+        ),
         (b'{"text": "a\x01b"}\n', 1, "invalid JSON (Invalid control character at column 12)"),
         (b'{"messages": [{"role": "user", "content": null}]}\n', 1, "messages[0].content must be a string"),
         (b'{"messages": [{"role": "user"}, "hi"]}\n', 1, "messages[0].content"),

@@ -54,9 +54,9 @@ def _too_short(name: str, n: int, ctx: int) -> DataError:
 
 def _nothing_to_train(name: str) -> DataError:
     return DataError(
-        f"{name} has no window with a token the loss covers: every completion or assistant message "
-        "is empty or has weight 0; add completions/assistant turns, or set train_on_inputs to train on "
-        "every token",
+        f"{name} has no window with a token the loss covers: no record has a non-empty completion or "
+        "assistant message (of weight 1) to learn; add completions/assistant turns, or set "
+        "train_on_inputs to train on every token",
         validation=name == VALIDATION_DATA,
     )
 

@@ -53,11 +53,21 @@ def _document(pieces: list[tuple[str, bool]], eos_trained: bool) -> Document:
     return Document(tuple(segments), eos_trained)
 
 
+SHAPE_KEYS = {
+    '"messages"': ("messages",),
+    '"prompt"/"completion"': ("prompt", "completion"),
+    '"text"': ("text",),
+}
+
+
 def record_to_document(record: Any, line: int | None = None) -> Document:
     """One JSONL record -> its Document; DataError (naming `line`) for unknown or broken shapes."""
     where = f"line {line}: " if line is not None else ""
     if not isinstance(record, dict):
         raise DataError(f"{where}expected a JSON object, got {type_name(record)}; {SHAPES_HELP}", line)
+    shapes = [s for s, keys in SHAPE_KEYS.items() if any(k in record for k in keys)]
+    if len(shapes) > 1:  # which one the user meant is not for us to pick (the others would be dropped)
+        raise DataError(f"{where}the record has {' and '.join(shapes)}: a record is one of them", line)
     if "messages" in record:
         return _chat_document(record["messages"], where, line)
     if "prompt" in record or "completion" in record:
