@@ -114,7 +114,11 @@ def test_bad_option_exits_2_naming_it(tmp_path, shakespeare):
         (["--n-head", "3", "--n-kv-head", "2"], "--n-kv-head:"),
         (["--max-steps", "abc"], "--max-steps: invalid int value"),
         (["--schedule", "linear"], "--schedule: invalid choice"),
-        (["--tokenizer", "bpe", "--vocab-size", "100"], "--vocab-size: bpe vocab_size must be in"),
+        (["--tokenizer", "bpe", "--vocab-size", "100"], "--vocab-size: must be >= 258, got 100"),
+        (
+            ["--tokenizer", "bpe", "--vocab-size", "259"],
+            "--vocab-size: bpe vocab_size must be in [260, 65536]",
+        ),
         (["--preset", "gpt-5"], "--preset: invalid choice"),
     ],
 )

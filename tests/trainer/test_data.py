@@ -93,6 +93,11 @@ def test_validate_samples() -> None:
         (b'{"messages": []}\n', 1, 'non-empty list of {"role", "content"} objects, got an empty list'),
         (b'{"text": "a"}\n[1, 2]\n', 2, "expected a JSON object, got list"),
         (b'{"text": "a"}\n{"text": "\xc3"}\n', 2, "byte offset 24"),
+        # what a file that is not UTF-8 text is, named with its fix
+        ("hi there\n".encode("utf-16"), 1, "is UTF-16 text (little-endian"),
+        (b"\x1f\x8b\x08\x00rest", 1, "is gzip-compressed; decompress it"),
+        (b"caf\xe9\n", 1, "iconv -f CP1252"),
+        (b'{"text": "a"}\n\xef\xbb\xbf{"text": "b"}\n', 2, "line 2 starts with a byte-order mark"),
     ],
 )
 def test_validate_errors(tmp_path: Path, content: bytes, line: int | None, needle: str) -> None:

@@ -49,7 +49,7 @@ class DataFields(StrictConfig):
         None,
         "BPE vocabulary size (bpe only)",
         title="Vocab size (bpe)",
-        ge=1,
+        ge=258,  # the byte vocabulary; a BPE needs 260 or more (TrainConfig._cross_field_problems)
         le=65536,
         null_means="258 (byte) / 4096 (bpe)",
         advanced=False,

@@ -51,7 +51,10 @@ class TrainConfig(
             problems.append(("vocab_size", f"bpe vocab_size must be in [260, 65536], got {self.vocab_size}"))
         if self.tokenizer == "byte" and self.vocab_size not in (None, 258):
             problems.append(
-                ("vocab_size", "the byte tokenizer has a fixed vocabulary of 258; use --tokenizer bpe")
+                (
+                    "vocab_size",
+                    "the byte tokenizer has a fixed vocabulary of 258; set tokenizer bpe for another size",
+                )
             )
         if self.sharding == "fsdp" and self.dtype == "float16":
             problems.append(

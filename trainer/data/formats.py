@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Literal
 
 # re-exported: the API and the worker import them from here
-from trainer.data.errors import DataError, JSONTooDeep
+from trainer.data.errors import NOT_UTF8_SIGNATURES, DataError, JSONTooDeep, not_utf8
 from trainer.data.json_depth import (
     LONE_SURROGATE,
     MAX_JSON_DEPTH,
@@ -120,6 +120,12 @@ def parse_jsonl_line(raw: str, line: int, max_depth: int = MAX_JSON_DEPTH) -> Do
     `max_depth` levels is a JSONTooDeep (json.loads would recurse once per level)."""
     if line == 1:
         raw = raw.removeprefix(_BOM)
+    elif raw.startswith(_BOM):
+        raise DataError(
+            f"line {line} starts with a byte-order mark (U+FEFF), as the start of a file does: files "
+            "joined together? Remove it",
+            line,
+        )
     if not raw.strip():
         return None
     raw = raw.rstrip("\r\n")  # else an error at the line's end is placed at column 1 of the next
@@ -224,21 +230,17 @@ def validate_file(
         raise DataError(f"{name} is empty; training data is plain UTF-8 text or JSONL records")
     if max_bytes is not None and n_bytes > max_bytes:
         raise DataError(f"{name} is {n_bytes} bytes, over the limit of {max_bytes} bytes")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    for signature, what in NOT_UTF8_SIGNATURES.items():
+        if head.startswith(signature):
+            raise DataError(f"{name} is {what}; training data is plain UTF-8 text or JSONL records", 1)
     fmt = detect_format(path)
     if fmt == "jsonl":
         n_records, max_tokens = _validate_jsonl(path, name, max_depth)
     else:
         n_records, max_tokens = _validate_text(path, name), n_bytes
     return FileSummary(fmt, n_records, n_bytes, max_tokens)
-
-
-def _not_utf8(offset: int, line: int, exc: UnicodeDecodeError) -> DataError:
-    return DataError(
-        f"not UTF-8 text: invalid byte 0x{exc.object[exc.start]:02x} at byte offset {offset} "
-        f"(line {line}); binary files are not accepted, convert the text to UTF-8",
-        line,
-        offset=offset,
-    )
 
 
 def _validate_text(path: Path, name: str) -> int:
@@ -257,7 +259,7 @@ def _validate_text(path: Path, name: str) -> int:
             except UnicodeDecodeError as e:
                 offset = consumed - len(pending) + e.start
                 line = newlines + 1 + (pending + chunk)[: e.start].count(b"\n")
-                raise _not_utf8(offset, line, e) from e
+                raise not_utf8(offset, line, e) from e
             nul = text.find("\0")
             if nul >= 0:
                 offset = consumed - len(pending) + len(text[:nul].encode("utf-8"))
@@ -295,7 +297,7 @@ def _validate_jsonl(path: Path, name: str, max_depth: int) -> tuple[int, int]:
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise _not_utf8(offset + e.start, n, e) from e
+                raise not_utf8(offset + e.start, n, e) from e
             if (document := parse_jsonl_line(text, n, max_depth)) is not None:
                 n_records += 1
                 max_tokens += sum(len(s.encode("utf-8")) for s, _ in document.segments) + 1
