@@ -203,8 +203,17 @@ class Client:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self.request("POST", "/v1/fine_tuning/jobs", json=body, headers=headers)
 
-    def list_jobs(self, after: str | None = None, limit: int | None = None) -> dict[str, Any]:
-        params = {k: v for k, v in {"after": after, "limit": limit}.items() if v is not None}
+    def list_jobs(
+        self,
+        after: str | None = None,
+        limit: int | None = None,
+        status: str | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """A page of jobs, newest first; `status` and `metadata` (every pair) filter them."""
+        given = {"after": after, "limit": limit, "status": status}
+        params: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        params |= {f"metadata[{k}]": v for k, v in (metadata or {}).items()}
         return self.request("GET", "/v1/fine_tuning/jobs", params=params)
 
     def get_job(self, job_id: str) -> dict[str, Any]:

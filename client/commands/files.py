@@ -20,6 +20,8 @@ from client.commands.runner import EXIT_OK, UsageError, connect
 def cmd_files_upload(args: argparse.Namespace) -> int:
     """`files upload FILE`: stream the file up with a progress bar; print its id."""
     path = Path(args.file)
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder: upload its files one at a time")
     if not path.is_file():
         raise UsageError(f"{path}: no such file")
     size = path.stat().st_size

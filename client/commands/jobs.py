@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import Any
 
@@ -24,6 +25,17 @@ from core.status import TERMINAL
 DEFAULT_LIST_LIMIT = 20  # jobs a `jobs list` page shows
 
 
+def metadata_pairs(items: list[str]) -> dict[str, str]:
+    """--metadata KEY=VALUE options as a dict."""
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--metadata wants KEY=VALUE, got {item!r}")
+        pairs[key] = value
+    return pairs
+
+
 def cmd_jobs_create(args: argparse.Namespace) -> int:
     """`jobs create`: start a job from the options given; print its id (then follow it)."""
     body: dict[str, Any] = {"model": args.model, "training_file": args.file}
@@ -34,13 +46,7 @@ def cmd_jobs_create(args: argparse.Namespace) -> int:
     if args.seed is not None:
         body["seed"] = args.seed
     if args.metadata:
-        meta = {}
-        for item in args.metadata:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise UsageError(f"--metadata wants KEY=VALUE, got {item!r}")
-            meta[key] = value
-        body["metadata"] = meta
+        body["metadata"] = metadata_pairs(args.metadata)
     hp = hyperparameters_from_args(args)
     if hp:
         body["hyperparameters"] = hp
@@ -59,20 +65,27 @@ def cmd_jobs_create(args: argparse.Namespace) -> int:
 def cmd_jobs_list(args: argparse.Namespace) -> int:
     """`jobs list`: one page of your jobs, newest first, as a table."""
     with connect(args) as client:
-        page = client.list_jobs(after=args.after, limit=args.limit)
+        page = client.list_jobs(
+            after=args.after,
+            limit=args.limit,
+            status=args.status,
+            metadata=metadata_pairs(args.metadata or []),
+        )
     if args.json:
         print_json(page)
         return EXIT_OK
     print_rows(*jobs_rows(page.get("data", [])))
     if page.get("has_more") and page.get("data"):
-        limit = f" --limit {args.limit}" if args.limit != DEFAULT_LIST_LIMIT else ""  # the same page size
-        print(f"more: fromscratch jobs list --after {page['data'][-1]['id']}{limit}", file=sys.stderr)
+        same = f" --limit {args.limit}" if args.limit != DEFAULT_LIST_LIMIT else ""  # the same page size
+        same += f" --status {args.status}" if args.status else ""
+        same += "".join(f" --metadata {shlex.quote(item)}" for item in args.metadata or [])
+        print(f"more: fromscratch jobs list --after {page['data'][-1]['id']}{same}", file=sys.stderr)
     return EXIT_OK
 
 
 def jobs_rows(jobs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """The columns of `jobs list` and a row per job."""
-    headers = ["ID", "Status", "Model", "Step", "Train loss", "Val loss", "Created", "Finished"]
+    headers = ["ID", "Status", "Model", "Suffix", "Step", "Train loss", "Val loss", "Created", "Finished"]
     rows = []
     for job in jobs:
         p = job.get("progress") or {}
@@ -81,6 +94,7 @@ def jobs_rows(jobs: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
                 job.get("id", "?"),
                 job.get("status", "?"),
                 job.get("model", "-"),
+                job.get("suffix") or "-",
                 format_progress(job),
                 format_number(p.get("train_loss")),
                 format_number(p.get("val_loss")),
@@ -99,6 +113,8 @@ def job_details(job: dict[str, Any]) -> list[tuple[str, object]]:
         ("status", job.get("status")),
         ("waiting for", job.get("waiting_for")),
         ("model", job.get("model")),
+        ("suffix", job.get("suffix")),
+        ("metadata", ", ".join(f"{k}={v}" for k, v in (job.get("metadata") or {}).items()) or None),
         ("training file", job.get("training_file")),
         ("validation file", job.get("validation_file")),
         ("step", format_progress(job)),

@@ -26,6 +26,7 @@ from client.commands.models import (
 from client.commands.runner import Handler, run_command
 from client.hyperparameter_options import add_hyperparameter_options
 from core.exports import DEFAULT_DOWNLOAD, DOWNLOADS
+from core.status import JobStatus
 from trainer.config import PRESETS
 from trainer.config.export_formats import DEFAULT_DTYPE, DTYPE_NAMES, dtypes_by_format
 
@@ -119,6 +120,13 @@ def _add_jobs(subparsers: Subparsers, leaf: _Leaves) -> None:
     p = leaf(jobs_sub, "list", "list your jobs, newest first", cmd_jobs_list, json_flag=True)
     p.add_argument("--after", metavar="JOB_ID", help="the page after this job id")
     p.add_argument("--limit", type=int, default=DEFAULT_LIST_LIMIT, help="jobs per page")
+    p.add_argument("--status", choices=[s.value for s in JobStatus], help="only jobs in this status")
+    p.add_argument(
+        "--metadata",
+        action="append",
+        metavar="KEY=VALUE",
+        help="only jobs whose metadata holds it (repeatable)",
+    )
     p = leaf(jobs_sub, "show", "show one job", cmd_jobs_show, json_flag=True)
     p.add_argument("id", metavar="JOB_ID")
     p = leaf(

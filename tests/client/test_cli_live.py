@@ -91,9 +91,17 @@ def test_upload_create_follow_show_download(live_server: Any, worker_proc: Any, 
     human = ok(cli(live_server, "jobs", "list")).stdout
     assert job_id in human and "succeeded" in human
     # a page of one: the hint for the next page keeps its size (the extra 1-step job just trains)
-    extra = ok(cli(live_server, "jobs", "create", "--file", file_id, "--max-steps", "1")).stdout.split()[-1]
+    tagged = ("--suffix", "s1", "--metadata", "sweep=a")
+    extra = ok(
+        cli(live_server, "jobs", "create", "--file", file_id, "--max-steps", "1", *tagged)
+    ).stdout.split()[-1]
     paged = ok(cli(live_server, "jobs", "list", "--limit", "1"))
     assert f"more: fromscratch jobs list --after {extra} --limit 1" in paged.stderr, paged.stderr
+    # filtered by metadata and by status; the suffix is a column
+    sweep = ok(cli(live_server, "jobs", "list", "--metadata", "sweep=a")).stdout.splitlines()
+    assert [line.split("\t")[0] for line in sweep[1:]] == [extra] and sweep[1].split("\t")[3] == "s1"
+    done = ok(cli(live_server, "jobs", "list", "--status", "succeeded")).stdout
+    assert job_id in done and all("\tsucceeded\t" in line for line in done.splitlines()[1:])
     models = json.loads(ok(cli(live_server, "models", "list", "--json")).stdout)
     assert model_id in [m["id"] for m in models["data"]]
 
@@ -226,6 +234,8 @@ def test_errors_are_one_line_with_exit_codes(live_server: Any) -> None:
     assert usage.returncode == 2
     nothing = cli(live_server, "files", "upload", "/no/such/file.txt")
     assert nothing.returncode == 2 and "no such file" in nothing.stderr
+    folder = cli(live_server, "files", "upload", str(Path(__file__).parent))
+    assert folder.returncode == 2 and "is a folder: upload its files one at a time" in folder.stderr
 
 
 def test_unreachable_server_is_one_clear_line() -> None:

@@ -59,6 +59,7 @@ def test_a_list_is_tab_separated_full_values_with_a_header() -> None:
         "ID",
         "Status",
         "Model",
+        "Suffix",
         "Step",
         "Train loss",
         "Val loss",
@@ -66,9 +67,9 @@ def test_a_list_is_tab_separated_full_values_with_a_header() -> None:
         "Finished",
     ]
     first = lines[1].split("\t")
-    assert first[:4] == ["ftjob-0123456789abcdef0123456789abcdef", "running", LONG_MODEL, "30/300"]
-    assert first[4:6] == ["2.5000", "-"]
-    assert lines[2].split("\t")[:4] == ["ftjob-2", "queued", LONG_MODEL, "-"]
+    assert first[:5] == ["ftjob-0123456789abcdef0123456789abcdef", "running", LONG_MODEL, "-", "30/300"]
+    assert first[5:7] == ["2.5000", "-"]
+    assert lines[2].split("\t")[:5] == ["ftjob-2", "queued", LONG_MODEL, "-", "-"]
     assert "…" not in out.getvalue() and out.flushes == 1
 
 
