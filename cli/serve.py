@@ -31,9 +31,9 @@ checkpoints, exports: files under `blobs/`) live in the data dir, unless FROMSCR
 FROMSCRATCH_BROKER_URL or FROMSCRATCH_BLOB_BACKEND say otherwise. At start it runs the migrations,
 creates the broker's tables and queues, and creates and prints an API key on the first start.
 
-It supervises two `fromscratch worker` subprocesses, restarted with backoff if they die: a training
-worker (queues cpu,gpu) and an inference worker (queue inference: completions and on-demand
-exports, models kept loaded). The API (uvicorn) runs in this process and never loads torch.
+It supervises `fromscratch worker` subprocesses, restarted with backoff if they die: a training
+worker (queues cpu,gpu; --training-workers for more, each one job at a time) and an inference
+worker (queue inference: completions and on-demand exports, models kept loaded). The API (uvicorn) runs in this process and never loads torch.
 
 Ctrl-C or SIGTERM stops the API, then the workers: a running job checkpoints, goes back to the queue
 and resumes on the next start.
@@ -59,8 +59,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(sets FROMSCRATCH_DATA_DIR; default ~/.fromscratch)",
     )
     p.add_argument("--no-worker", action="store_true", help="run the API only (workers run elsewhere)")
+    p.add_argument(
+        "--training-workers",
+        type=_worker_count,
+        default=1,
+        metavar="N",
+        help="training workers, each running one job at a time (default 1); they share this "
+        "machine's CPU cores, or its GPU (several GPUs: a `fromscratch worker` per GPU, "
+        "FROMSCRATCH_DEVICE=cuda:N)",
+    )
     p.add_argument("--log-level", default="info", help="uvicorn and worker log level (default info)")
     p.set_defaults(func=run_serve)
+
+
+MAX_TRAINING_WORKERS = 64
+
+
+def _worker_count(text: str) -> int:
+    n = int(text)
+    if not 1 <= n <= MAX_TRAINING_WORKERS:
+        raise argparse.ArgumentTypeError(f"from 1 to {MAX_TRAINING_WORKERS}, got {n}")
+    return n
 
 
 def _ensure_first_key(settings: Settings) -> str | None:
@@ -87,7 +106,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # its tables and queues, before the API and the workers race to create them (core/broker.py)
     prepare_broker(settings)
     print(_banner(args.host, args.port, settings, _ensure_first_key(settings)), flush=True)
-    supervisors = [] if args.no_worker else _start_workers(args.log_level)
+    supervisors = [] if args.no_worker else _start_workers(args.log_level, args.training_workers)
     if supervisors:
         _wait_for_training_worker(settings)
 
@@ -149,12 +168,14 @@ def _banner(host: str, port: int, settings: Settings, secret: str | None) -> str
     return "\n".join(lines)
 
 
-def _start_workers(log_level: str) -> list[WorkerSupervisor]:
-    """The training worker (queues cpu,gpu) and the inference worker, each supervised."""
+def _start_workers(log_level: str, training_workers: int = 1) -> list[WorkerSupervisor]:
+    """The training workers (queues cpu,gpu) and the inference worker, each supervised."""
     supervisors = []
-    for queues in ("cpu,gpu", "inference"):
+    named = [(f"cpu,gpu #{i + 1}" if training_workers > 1 else "cpu,gpu") for i in range(training_workers)]
+    for name in [*named, "inference"]:
+        queues = name.split(" ")[0]
         cmd = [sys.executable, "-m", "cli.main", "worker", "--queues", queues, "--loglevel", log_level]
-        supervisors.append(WorkerSupervisor(cmd, dict(os.environ), name=f"worker {queues}"))
+        supervisors.append(WorkerSupervisor(cmd, dict(os.environ), name=f"worker {name}"))
     for supervisor in supervisors:
         supervisor.start()
     return supervisors

@@ -53,11 +53,14 @@ def _pid_alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def serve(tmp_path: Path):  # type: ignore[no-untyped-def]
+def serve(tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """`fromscratch serve` on a fresh data dir; `@pytest.mark.serve_args(...)` adds options."""
     data_dir = tmp_path / "data"
     port = free_port()
+    marker = request.node.get_closest_marker("serve_args")
+    extra = [str(a) for a in marker.args] if marker else []
     process = ServiceProcess(
-        cmd=fromscratch_cmd("serve", "--data-dir", str(data_dir), "--port", str(port)),
+        cmd=fromscratch_cmd("serve", "--data-dir", str(data_dir), "--port", str(port), *extra),
         env=_clean_env(),
         log_path=tmp_path / "serve.log",
     ).start()
@@ -173,3 +176,20 @@ def test_serve_restarts_a_dead_worker_and_stops_cleanly(serve) -> None:  # type:
     assert process.stop(timeout=90) == 0, process.output()
     assert not any(_pid_alive(p) for p in (workers - {killed}) | {replacement})
     assert "stopped" in process.output()
+
+
+@pytest.mark.serve_args("--training-workers", 2)
+def test_serve_runs_as_many_training_workers_as_asked(serve) -> None:  # type: ignore[no-untyped-def]
+    """Two training workers (and the inference worker): two jobs can train at once."""
+    process, url, _ = serve
+    key = re.findall(r"fsk-[A-Za-z0-9_\-]+", process.output())[0]
+
+    def training_workers() -> list[dict] | None:  # type: ignore[type-arg]
+        rows = httpx.get(f"{url}/v1/workers", headers={"Authorization": f"Bearer {key}"}).json()["data"]
+        training = [w for w in rows if "cpu" in w["queues"]]
+        return training if len(training) == 2 else None
+
+    both = wait_until(
+        training_workers, timeout=90, message=lambda: f"two training workers\n{process.output()}"
+    )
+    assert len({w["id"] for w in both}) == 2 and len(_children(process.pid)) == 3
