@@ -67,6 +67,8 @@ def _job(sf: sessionmaker[Session], steps: list[int], owner: str | None = None) 
                     val_accuracy=(0.5 + step / 1000) if step % 3 == 0 else None,
                     lr=1e-3 * step,
                     tokens_per_s=512.25,
+                    grad_norm=0.5,
+                    tokens_seen=64 * step,
                 )
             )
         s.commit()
@@ -112,6 +114,8 @@ def test_csv_has_the_header_and_a_row_per_metric_row(any_factory: sessionmaker[S
         "valid_mean_token_accuracy",
         "learning_rate",
         "tokens_per_s",
+        "grad_norm",
+        "tokens_seen",
         "peak_memory_bytes",
     ]
     assert list(HEADER) == lines[0]
@@ -122,6 +126,7 @@ def test_csv_has_the_header_and_a_row_per_metric_row(any_factory: sessionmaker[S
         assert r[4] == (repr(0.5 + step / 1000) if step % 3 == 0 else "")  # <- Metric.val_accuracy
         assert r[3] == (repr(3.1 - step / 1000) if step % 3 == 0 else "")
         assert float(r[5]) == 1e-3 * step and float(r[6]) == 512.25
+        assert float(r[7]) == 0.5 and int(r[8]) == 64 * step and r[9] == ""  # no peak memory measured
 
 
 def test_rows_are_read_in_batches_in_step_order(any_factory: sessionmaker[Session]) -> None:

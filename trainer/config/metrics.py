@@ -78,10 +78,13 @@ METRICS: tuple[MetricSpec, ...] = (
         tracker="tokens_per_s", tensorboard="tokens_per_s", progress="tokens_per_s",
     ),
     MetricSpec(
-        "grad_norm", "step", "1", "gradient norm", openai="grad_norm", tracker="grad_norm",
+        "grad_norm", "step", "1", "gradient norm", openai="grad_norm", csv="grad_norm", tracker="grad_norm",
         tensorboard="grad_norm",
     ),
-    MetricSpec("tokens_seen", "step", "tokens", "tokens trained", openai="tokens_seen", progress="trained_tokens"),
+    MetricSpec(
+        "tokens_seen", "step", "tokens", "tokens trained", openai="tokens_seen", csv="tokens_seen",
+        progress="trained_tokens",
+    ),
     MetricSpec(
         "peak_memory_bytes", "step", "bytes", "peak memory", openai="peak_memory_bytes", csv="peak_memory_bytes",
         tracker="peak_memory_bytes", tensorboard="memory/peak_bytes", aggregate="max",
