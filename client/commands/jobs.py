@@ -143,10 +143,23 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
     """`jobs show JOB_ID`: one job's details."""
     with connect(args) as client:
         job = client.get_job(args.id)
+        final = None
+        if job.get("fine_tuned_model") and not args.json:
+            final = next((c for c in client.checkpoints(args.id).get("data", []) if c.get("is_final")), None)
     if args.json:
         print_json(job)
-    else:
-        print_details(job_details(job))
+        return EXIT_OK
+    rows = job_details(job)
+    if final is not None:  # the model's own step and losses: an earlier best's when the run went past it
+        m = final.get("metrics") or {}
+        losses = [("train loss", "train_loss"), ("val loss", "valid_loss"), ("full val loss", "full_valid_loss")]
+        shown = f"{final.get('step_number')} (" + ", ".join(
+            f"{label} {format_number(m[key])}" for label, key in losses if m.get(key) is not None
+        ) + ")"
+        rows.insert(
+            next(i for i, (k, _) in enumerate(rows) if k == "fine-tuned model") + 1, ("model step", shown)
+        )
+    print_details(rows)
     return EXIT_OK
 
 

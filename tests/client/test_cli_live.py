@@ -10,6 +10,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from tests.fixtures.service import REPO_ROOT, SHAKESPEARE, fromscratch_cmd, wait_until
 
 
@@ -87,6 +89,15 @@ def test_upload_create_follow_show_download(live_server: Any, worker_proc: Any, 
     assert "n_embd" not in hp  # options not given were not sent
     assert job["progress"]["step"] == 40
     model_id = job["fine_tuned_model"]
+    # the model's step (the best evaluation's when the run went past it) beside the last step's losses
+    shown = dict(
+        line.split("\t") for line in ok(cli(live_server, "jobs", "show", job_id)).stdout.splitlines()
+    )
+    listed = httpx.get(
+        f"{live_server.url}/v1/fine_tuning/jobs/{job_id}/checkpoints", headers=live_server.headers()
+    )
+    (final,) = [c for c in listed.json()["data"] if c["is_final"]]
+    assert shown["model step"].startswith(f"{final['step_number']} (train loss ")
 
     human = ok(cli(live_server, "jobs", "list")).stdout
     assert job_id in human and "succeeded" in human
