@@ -85,7 +85,28 @@ def _resolve(
         )
     except HyperparameterError as e:
         raise _bad(e.message, e.param, "invalid_hyperparameter") from e
+    _check_something_to_learn(resolved, train_file, val_file)
     return resolved
+
+
+def _check_something_to_learn(resolved: Resolved, train_file: File, val_file: File | None) -> None:
+    """A file whose loss would cover no token (a chat file without assistant turns, completions all
+    empty) trains or measures nothing: 400 naming it, as its worker would fail it."""
+    cfg = resolved.train_config
+    if cfg.train_on_inputs:
+        return
+    files = [("training_file", train_file)]
+    if val_file is not None and cfg.eval_every != 0:
+        files.append(("validation_file", val_file))
+    for param, file in files:
+        if file.max_trained_tokens == 0:
+            raise _bad(
+                f"{param} {file.id} ({file.filename}) has nothing for the loss to cover: no record has a "
+                "non-empty completion or assistant message (of weight 1). Add them, or set the "
+                "hyperparameter train_on_inputs to train on every token.",
+                param,
+                "invalid_training_file",
+            )
 
 
 def _check_max_steps(body: JobCreate, settings: Settings) -> None:

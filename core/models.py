@@ -137,6 +137,9 @@ class File(Base):
     # at most this many tokens train (trainer.data.formats.FileSummary.max_tokens); None: a file
     # stored before it was measured (migration 0011), whose bytes bound it instead
     max_tokens: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    # the same bound for the tokens the loss covers without train_on_inputs (migration 0013): 0 is
+    # nothing to learn; None: every token trains (plain text), or a file stored before it was measured
+    max_trained_tokens: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
     @property
     def token_bound(self) -> int:

@@ -214,6 +214,7 @@ def _validate_and_store(
             sha256=blob.sha256,
             format=summary.format,
             max_tokens=summary.max_tokens,
+            max_trained_tokens=summary.max_trained_tokens,
             blob_id=blob.id,
             idempotency_key=owner.idempotency_key or None,
         )

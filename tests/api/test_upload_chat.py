@@ -68,3 +68,33 @@ def test_bad_messages_are_a_400_naming_line_and_field(
     err = _rejected(client, tenant, session_factory, _jsonl(ok, bad), "chat.jsonl")
     assert err["param"] == "file" and err["code"] == "invalid_file"
     assert needle in err["message"], err["message"]
+
+
+def test_a_job_on_a_chat_file_with_nothing_to_learn_is_refused_at_creation(
+    client: TestClient, tenant: Tenant
+) -> None:
+    """Accepted at upload (train_on_inputs can make it trainable), refused when a job would train
+    on nothing, naming the file; with train_on_inputs the same file trains."""
+    from tests.api.test_errors import assert_envelope
+    from tests.api.test_jobs import create
+
+    chats = [{"messages": [{"role": "user", "content": f"question {i} " * 20}]} for i in range(200)]
+    silent = upload(client, tenant, _jsonl(*chats), "no-assistant.jsonl").json()["id"]
+    good = upload(client, tenant, _jsonl(*[{"text": "words " * 40}] * 200), "text.jsonl").json()["id"]
+    hyper = {"max_steps": 5, "ctx": 64}
+    err = assert_envelope(
+        create(client, tenant, {"model": "llama-tiny", "training_file": silent, "hyperparameters": hyper}),
+        400,
+    )
+    assert err["param"] == "training_file" and err["code"] == "invalid_training_file"
+    assert "nothing for the loss to cover" in err["message"] and "train_on_inputs" in err["message"]
+    as_validation = {
+        "model": "llama-tiny",
+        "training_file": good,
+        "validation_file": silent,
+        "hyperparameters": hyper,
+    }
+    assert assert_envelope(create(client, tenant, as_validation), 400)["param"] == "validation_file"
+    inputs_too = {**hyper, "train_on_inputs": True}
+    body = {"model": "llama-tiny", "training_file": silent, "hyperparameters": inputs_too}
+    assert create(client, tenant, body).status_code == 200

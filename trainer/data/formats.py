@@ -113,6 +113,9 @@ class FileSummary:
     # or a BPE piece) covers at least one byte of the text a document renders to, plus a JSONL
     # document's EOS. For JSONL, far below n_bytes: the JSON syntax and escapes are not text.
     max_tokens: int
+    # The same bound for the tokens the loss covers (completions, assistant turns and the EOS each
+    # trains), without train_on_inputs: 0 means nothing to learn. None: every token (plain text).
+    max_trained_tokens: int | None = None
 
 
 def parse_jsonl_line(raw: str, line: int, max_depth: int = MAX_JSON_DEPTH) -> Document | None:
@@ -237,10 +240,9 @@ def validate_file(
             raise DataError(f"{name} is {what}; training data is plain UTF-8 text or JSONL records", 1)
     fmt = detect_format(path)
     if fmt == "jsonl":
-        n_records, max_tokens = _validate_jsonl(path, name, max_depth)
-    else:
-        n_records, max_tokens = _validate_text(path, name), n_bytes
-    return FileSummary(fmt, n_records, n_bytes, max_tokens)
+        n_records, max_tokens, trained = _validate_jsonl(path, name, max_depth)
+        return FileSummary(fmt, n_records, n_bytes, max_tokens, trained)
+    return FileSummary(fmt, _validate_text(path, name), n_bytes, n_bytes)
 
 
 def _validate_text(path: Path, name: str) -> int:
@@ -282,9 +284,9 @@ def _validate_text(path: Path, name: str) -> int:
     return newlines + (0 if ends_with_newline else 1)
 
 
-def _validate_jsonl(path: Path, name: str, max_depth: int) -> tuple[int, int]:
-    """(records, their text's UTF-8 bytes plus one EOS each)."""
-    n_records = max_tokens = 0
+def _validate_jsonl(path: Path, name: str, max_depth: int) -> tuple[int, int, int]:
+    """(records, their text's UTF-8 bytes plus one EOS each, the same of what trains)."""
+    n_records = max_tokens = trained = 0
     offset = 0
     with open(path, "rb") as f:
         for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
@@ -301,10 +303,13 @@ def _validate_jsonl(path: Path, name: str, max_depth: int) -> tuple[int, int]:
             if (document := parse_jsonl_line(text, n, max_depth)) is not None:
                 n_records += 1
                 max_tokens += sum(len(s.encode("utf-8")) for s, _ in document.segments) + 1
+                trained += (
+                    sum(len(s.encode("utf-8")) for s, t in document.segments if t) + document.eos_trained
+                )
             offset += len(raw)
     if n_records == 0:
         raise DataError(f"{name} has no JSONL records (only blank lines); {SHAPES_HELP}")
-    return n_records, max_tokens
+    return n_records, max_tokens, trained
 
 
 def split_point(buf: str) -> int:
