@@ -305,8 +305,8 @@ def metrics_page(points: list[dict[str, Any]], query: dict[str, str]) -> dict[st
 
 class StubJobs:
     """Jobs with their metrics behind a StubApi: GET /fine_tuning/jobs (newest first),
-    /fine_tuning/jobs/{id} and /fine_tuning/jobs/{id}/metrics. A test may change a job or its points
-    between requests (a live run)."""
+    /fine_tuning/jobs/{id}, /fine_tuning/jobs/{id}/metrics and .../events (`events`, newest first;
+    none unless given). A test may change a job or its points between requests (a live run)."""
 
     def __init__(self, api: StubApi) -> None:
         self.api = api
@@ -314,10 +314,14 @@ class StubJobs:
         self.points: dict[str, list[dict[str, Any]]] = {}
         api.on("GET", "/fine_tuning/jobs", lambda query, sent: (200, self.listing()))
 
-    def add(self, job: dict[str, Any], points: list[dict[str, Any]]) -> None:
+    def add(
+        self, job: dict[str, Any], points: list[dict[str, Any]], events: list[dict[str, Any]] | None = None
+    ) -> None:
         job_id = job["id"]
         self.jobs[job_id] = job
         self.points[job_id] = points
+        listed = {"object": "list", "data": events or [], "has_more": False}
+        self.api.on("GET", f"/fine_tuning/jobs/{job_id}/events", ok(listed))
         self.api.on("GET", f"/fine_tuning/jobs/{job_id}", lambda query, sent: (200, self.jobs[job_id]))
         for file_id in filter(None, (job.get("training_file"), job.get("validation_file"))):
             self.api.on("GET", f"/files/{file_id}", ok(stub_file(file_id)))

@@ -263,6 +263,34 @@ def test_hyperparameters_side_by_side_with_differences_highlighted(new_page: Any
     assert log.errors() == [], log.messages
 
 
+def test_settings_left_auto_show_what_the_worker_decided(new_page: Any, static_url: str) -> None:
+    """From a run's start event (the trainer's decisions); a run without one shows plain auto."""
+    page, log = new_page()
+    api = StubApi(page)
+    jobs = StubJobs(api)
+    auto = {**TRAIN, "dtype": "auto", "dropout": None, "eval_every": None}
+    start = {
+        "id": "ftevent-start", "object": "fine_tuning.job.event", "created_at": 1_700_000_002, "level": "info",
+        "type": "message", "message": "Training on cpu in bfloat16: ...",
+        "data": {"dtype": "bfloat16", "compile": False, "auto": ["dropout 0.1: auto: 2 passes", "eval_every 5: auto: 4"]},
+    }  # fmt: skip
+    jobs.add(job_object(A, suffix="alpha", train=auto, architecture=ARCH), POINTS_A, [start])
+    jobs.add(job_object(B, suffix="beta", train=auto, architecture=ARCH), POINTS_B)
+    sign_in_with_stub(page, static_url, f"#/compare?jobs={A},{B}")
+    page.wait_for_selector("#cmp-hparams tr[data-param='train.dtype']")
+    cells = {
+        name: page.locator(f"#cmp-hparams tr[data-param='train.{name}'] td").all_inner_texts()
+        for name in ("dtype", "dropout", "eval_every", "learning_rate")
+    }
+    assert cells == {
+        "dtype": ["auto → bfloat16", "auto"],
+        "dropout": ["auto → 0.1", "null"],
+        "eval_every": ["auto → 5", "null"],
+        "learning_rate": ["0.001", "0.001"],
+    }
+    assert log.errors() == [], log.messages
+
+
 def test_a_live_run_is_polled_until_it_ends(new_page: Any, static_url: str) -> None:
     page, log = new_page()
     api, jobs = stub(page)

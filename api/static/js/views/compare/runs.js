@@ -30,6 +30,7 @@ export function parseJobIds(text) {
 
 export class Run {
   job = null; // the job object, once read
+  decided = {}; // what its worker decided for the settings left auto (its start event), once it started
   points = []; // metrics points in step order
   error = null; // why the run could not be read
 
@@ -67,10 +68,31 @@ export function labelRuns(runs) {
 
 const jobPath = (id) => `/fine_tuning/jobs/${encodeURIComponent(id)}`;
 
+/** {setting: value} a run's start event says its worker decided for settings left auto: the dtype,
+ *  compile and each "Hyperparameter <name> <value>: <reason>" (trainer data-aware rules). Events
+ *  newest first: a resumed run's latest start. */
+export function decidedSettings(events) {
+  const start = events.find((e) => e.data && Array.isArray(e.data.auto) && typeof e.data.dtype === "string");
+  if (!start) return {};
+  const out = { dtype: start.data.dtype, compile: Boolean(start.data.compile) };
+  for (const line of start.data.auto) {
+    const m = /^(\w+) ([^:]+):/.exec(String(line));
+    if (m) out[m[1]] = m[2];
+  }
+  return out;
+}
+
+async function readDecided(run, signal) {
+  if (!run.job || !run.job.started_at || Object.keys(run.decided).length) return;
+  const page = await api(`${jobPath(run.id)}/events${query({ type: "message", limit: 100 })}`, { signal });
+  run.decided = decidedSettings(page.data || []);
+}
+
 /** The job, then its metrics history (downsampled); sets run.error instead of throwing. */
 export async function loadRun(run, signal) {
   try {
     run.job = await api(jobPath(run.id), { signal });
+    await readDecided(run, signal);
     const page = await api(`${jobPath(run.id)}/metrics${query({ max_points: HISTORY_POINTS })}`, { signal });
     run.points = page.data || [];
     run.error = null;
@@ -84,6 +106,7 @@ export async function loadRun(run, signal) {
  *  then the points from the last one read on (it may have changed since). */
 export async function pollRun(run, signal) {
   run.job = await api(jobPath(run.id), { signal });
+  await readDecided(run, signal);
   for (let pages = 0; pages < POLL_PAGES; pages++) {
     const last = run.lastStep;
     const page = await api(`${jobPath(run.id)}/metrics${query({ after_step: last >= 1 ? last - 1 : undefined, limit: 1000 })}`,
