@@ -167,7 +167,9 @@ def decode(
     reader = TokenReader(next(decoder.model.parameters()).device) if decoder.queues_ahead else None
     # no_grad is per thread and would not survive the yields of a decorated generator on its own
     with torch.no_grad():
-        logits = decoder.prefill(tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2) :])
+        logits = decoder.prefill(
+            tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2) :]
+        )
     for n in range(1, max_new_tokens + 1):
         last = n == max_new_tokens  # no need to run the model for a token nobody will sample
         with torch.no_grad():
@@ -189,6 +191,13 @@ def decode(
                     logits = decoder.prefill(tokens[-max(1, ctx // 2) :])
                 else:
                     logits = decoder.step(nxt)
+
+
+def context_room(prompt_tokens: int, ctx: int) -> int:
+    """The tokens a reply can take before the context is full: what the prompt leaves of it, or, for
+    a prompt that fills it (decoding keeps its last ctx/2 tokens, as _decode_loop does), the other
+    half. At least 1."""
+    return max(1, ctx - prompt_tokens if prompt_tokens < ctx else ctx - ctx // 2)
 
 
 class TokenReader:

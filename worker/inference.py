@@ -249,12 +249,12 @@ def generate_into_row(
 ) -> str:
     """Generate the completion into the row; returns a line for the log."""
     from trainer.logprobs import LogprobRecorder
-    from trainer.sampling import Penalties, stream_ids
+    from trainer.sampling import Penalties, context_room, stream_ids
 
     prompt, prompt_ids, stops = prompt_and_stops(params, tokenizer)
     max_tokens = int(params["max_tokens"])
     if params.get("fill_context"):  # a chat that named no bound: until the context is full
-        max_tokens = min(max_tokens, max(1, model.cfg.ctx - len(prompt_ids)))
+        max_tokens = min(max_tokens, context_room(len(prompt_ids), model.cfg.ctx))
     top = params.get("logprobs")  # None: no logprobs asked for
     writer = RowWriter(session_factory, request_id)
     if params.get("echo"):

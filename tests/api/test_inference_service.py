@@ -273,3 +273,9 @@ def test_a_chat_without_a_bound_replies_until_the_context_is_full(
         model=model_id, messages=[{"role": "user", "content": "Hi"}], logit_bias=no_newline, max_tokens=40
     )
     assert bounded.usage is not None and bounded.usage.completion_tokens == 40  # asked for: context-shifted
+    # a conversation longer than the context keeps its last half (ctx/2 = 16 tokens); the reply
+    # takes the other half, not the single token "what the context leaves" would give
+    long = sdk.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": "Hi " * 30}], logit_bias=no_newline
+    )
+    assert long.usage is not None and long.usage.prompt_tokens > 32 and long.usage.completion_tokens == 16

@@ -185,3 +185,12 @@ def test_logit_bias_forces_or_bans_a_token_and_presence_forbids_repeats(model):
     assert len(set(distinct)) == len(distinct) == 40
     with pytest.raises(ValueError, match="logit_bias"):
         next(stream_ids(model, prompt, 4, penalties=Penalties(logit_bias={model.cfg.vocab_size: 1.0})))
+
+
+def test_the_room_a_reply_has_is_what_the_kept_prompt_leaves() -> None:
+    from trainer.sampling import context_room
+
+    assert [context_room(n, 128) for n in (0, 100, 127)] == [128, 28, 1]
+    # a prompt that fills the context is cut to its last ctx/2 tokens: the reply has the other half
+    assert [context_room(n, 128) for n in (128, 500)] == [64, 64]
+    assert context_room(5, 1) == 1
