@@ -23,6 +23,8 @@ itself whether a retry may help (`retry`: the header `x-should-retry: true|false
 (`quota_exceeded`) is `false` by default: a retry seconds later meets the same quota (job slots free
 when jobs finish, storage when the owner deletes something), so the SDK raises at once instead of
 waiting out its retries (`Retry-After` stays, for clients that schedule a later try themselves).
+`max_completions_per_key`'s is `true`: completions end within seconds, so the SDK's retries after
+`Retry-After` get through.
 A throttling 429 (`rate_limit_exceeded`) and a 503 are retried by the SDK after `Retry-After`.
 A full disk (ENOSPC, EDQUOT: an upload's temporary file, an fs blob) is a 507 `insufficient_storage`
 with `x-should-retry: false`, not a 500 the SDK would retry.

@@ -26,14 +26,17 @@ COMPLETIONS_RETRY_AFTER_SECONDS = 2  # a completion takes seconds
 
 
 def quota_exceeded(
-    setting: str, limit: int, detail: str, retry_after: int, param: str | None = None
+    setting: str, limit: int, detail: str, retry_after: int, param: str | None = None, retry: bool = False
 ) -> APIError:
+    """`retry`: a retry after `retry_after` seconds may well succeed (a slot that frees by itself
+    within seconds): the SDK then retries instead of raising (api/errors.py)."""
     return APIError(
         429,
         f"Quota exceeded: {detail} ({setting}={limit}, setting FROMSCRATCH_{setting.upper()}).",
         param=param,
         code="quota_exceeded",
         headers={"Retry-After": str(retry_after)},
+        retry=retry,
     )
 
 
@@ -77,9 +80,10 @@ def check_completions(session: Session, owner_id: str, limit: int) -> None:
         raise quota_exceeded(
             "max_completions_per_key",
             limit,
-            f"this key already has {running} completions queued or running, the most it may have at once. "
-            "Wait until one finishes, then try again",
+            f"this key (with its owner's other keys) already has {running} completions queued or "
+            "running, the most it may have at once. Wait until one finishes, then try again",
             COMPLETIONS_RETRY_AFTER_SECONDS,
+            retry=True,  # a completion ends within seconds: the SDK's own retries get through
         )
 
 
