@@ -4,17 +4,19 @@ shapes (so the `openai` SDK sends and parses them unchanged).
 Requests refuse unknown fields (400 "Unrecognized request argument", naming it). OpenAI's fields
 this service does not implement are accepted at their default values only; any other value is a
 400 naming the field (`unsupported()`, code `unsupported_parameter`): best_of > 1, suffix, and for
-chat tools and response formats other than text. logprobs (completions 0..5, chat top_logprobs
+chat tools, response formats other than text, audio, functions, reasoning and the rest of
+NOTHING_ASKED. logprobs (completions 0..5, chat top_logprobs
 0..20 with logprobs true), echo and, with echo, max_tokens 0 (scoring only) work as OpenAI's
 (api/logprob_shapes.py). A prompt is text or token ids, one per request. `n` must be 1.
 presence_penalty, frequency_penalty and logit_bias work as OpenAI's (trainer.sampling.Penalties).
 Token ids (a prompt's, logit_bias's) are checked against the model's vocabulary when the request
-is queued (api/inference.py). `user` and `metadata` are
-accepted and ignored. `top_k` is our extension (OpenAI has none).
+is queued (api/inference.py). `user`, `metadata`, `safety_identifier`, `prompt_cache_key`,
+`prompt_cache_retention` and `service_tier` are accepted and ignored. `top_k` is our extension (OpenAI has none).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
@@ -175,6 +177,19 @@ class ResponseFormat(BaseModel):
     type: str = Field(max_length=64)
 
 
+# OpenAI chat fields of features this service lacks -> the value that asks for nothing (None: only null)
+NOTHING_ASKED: dict[str, Any] = {
+    "audio": None,
+    "functions": [],
+    "function_call": "none",
+    "modalities": ["text"],
+    "prediction": None,
+    "reasoning_effort": None,
+    "verbosity": None,
+    "web_search_options": None,
+}
+
+
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
@@ -208,6 +223,21 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = Field(None, description="accepted and ignored (no tools)")
     store: bool | None = Field(None, description="only false is supported (nothing is stored)")
     metadata: dict[str, str] | None = Field(None, max_length=16, description="accepted and ignored")
+    # OpenAI's hints about the caller and its caching/billing: nothing here acts on them
+    safety_identifier: str | None = Field(None, max_length=256, description="accepted and ignored")
+    prompt_cache_key: str | None = Field(None, max_length=1024, description="accepted and ignored")
+    prompt_cache_retention: str | None = Field(None, max_length=64, description="accepted and ignored")
+    service_tier: str | None = Field(None, max_length=64, description="accepted and ignored")
+    # OpenAI's features this service lacks: null (how the SDK sends a None the caller passed) or a
+    # value asking for nothing is accepted (NOTHING_ASKED); any other is a 400 naming the field
+    audio: Any = Field(None, description="not supported: null only")
+    functions: Any = Field(None, description="not supported: null or []")
+    function_call: Any = Field(None, description='not supported: null or "none"')
+    modalities: Any = Field(None, description='only ["text"] (or null)')
+    prediction: Any = Field(None, description="not supported: null only")
+    reasoning_effort: Any = Field(None, description="not supported: null only")
+    verbosity: Any = Field(None, description="not supported: null only")
+    web_search_options: Any = Field(None, description="not supported: null only")
 
     @field_validator("messages")
     @classmethod
@@ -232,6 +262,12 @@ class ChatCompletionRequest(SamplingFields):
             return "tool_choice", "tool_choice is not supported: leave it out or none"
         if self.store:
             return "store", "store is not supported: leave it out or false"
+        for name, nothing in NOTHING_ASKED.items():
+            value = getattr(self, name)
+            if value is not None and value != nothing:
+                return name, f"{name} is not supported: leave it out" + (
+                    f" or {json.dumps(nothing)}" if nothing else ""
+                )
         return super().unsupported()
 
     def limit(self) -> tuple[str, int | None]:

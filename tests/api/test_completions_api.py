@@ -72,6 +72,11 @@ def chat_body(model: str, **extra: Any) -> dict[str, Any]:
         (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
         (COMPLETIONS, {"stream_options": {"include_usage": True}}, "stream_options"),
         (COMPLETIONS, {"functions": []}, "functions"),  # not OpenAI's completions field: unknown
+        # OpenAI's chat features this service lacks: refused when asked for (null is accepted below)
+        (CHAT, {"functions": [{"name": "f"}]}, "functions"),
+        (CHAT, {"modalities": ["text", "audio"]}, "modalities"),
+        (CHAT, {"reasoning_effort": "high"}, "reasoning_effort"),
+        (CHAT, {"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         (CHAT, {"messages": []}, "messages"),
         (CHAT, {"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
         (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
@@ -116,6 +121,19 @@ def test_unknown_models_are_404_and_another_owners_too(
         # null is "not given" for every optional field (a null stop once answered 500)
         (COMPLETIONS, {"model": "ft:llama-tiny:nope", "prompt": ["x"], "stop": None, "max_tokens": None}),
         (CHAT, {**chat_body("ft:llama-tiny:nope"), "stop": None, "n": None, "stream_options": None}),
+        # every chat field the SDK knows, null (the SDK sends a None the caller passed) or asking for
+        # nothing; the caller hints (safety_identifier, prompt_cache_key, service_tier) are ignored
+        (
+            CHAT,
+            {
+                **chat_body("ft:llama-tiny:nope"),
+                **dict.fromkeys(
+                    ["audio", "prediction", "reasoning_effort", "verbosity", "web_search_options"]
+                ),
+                **{"functions": [], "function_call": "none", "modalities": ["text"]},
+                **{"safety_identifier": "u-1", "prompt_cache_key": "k", "service_tier": "auto"},
+            },
+        ),
         ("/v1/models/ft:llama-tiny:nope/generate", {"prompt": "x"}),
     ):
         err = assert_envelope(client.post(path, json=body, headers=tenant.headers), 404)
