@@ -9,8 +9,8 @@ Two things make the newest text not final yet:
 - the text could be the beginning of a stop sequence: the longest tail of it that is a prefix of
   one is held back until the next tokens tell. When a stop sequence appears, the text before it
   is the output and the stop sequence itself is not.
-`trailing` is text the end of generation drops (a chat reply's "\n": the template's separator
-before the next message, which EOS stands for). What `push` and `finish` return is never taken
+`trailing` is text an end at EOS drops (a chat reply's "\n": the template's separator before the
+next message, which EOS stands for); a reply cut short by max_tokens keeps it. What `push` and `finish` return is never taken
 back, so it can be published at once. A NUL
 character becomes U+FFFD as well: no text of this service holds one (PostgreSQL text cannot).
 """
@@ -37,26 +37,28 @@ class TextStream:
             return ""
         return self._release(self._decoder.decode(data), final=False)
 
-    def finish(self) -> str:
-        """Generation ended: the rest of the text (incomplete UTF-8 at the end becomes U+FFFD)."""
+    def finish(self, at_eos: bool = True) -> str:
+        """Generation ended: the rest of the text (incomplete UTF-8 at the end becomes U+FFFD).
+        `at_eos`: it ended on EOS, which `trailing` stands before; cut short (max_tokens, a time
+        limit), the text is kept whole."""
         if self.stopped:
             return ""
-        return self._release(self._decoder.decode(b"", final=True), final=True)
+        return self._release(self._decoder.decode(b"", final=True), final=True, at_eos=at_eos)
 
-    def _release(self, text: str, final: bool) -> str:
+    def _release(self, text: str, final: bool, at_eos: bool = False) -> str:
         self.decoded += len(text)
-        out = self._cut(text, final)
+        out = self._cut(text, final, at_eos)
         self.published += len(out)
         return out
 
-    def _cut(self, text: str, final: bool) -> str:
+    def _cut(self, text: str, final: bool, at_eos: bool) -> str:
         pending = self._pending + text.replace("\x00", "\ufffd")
         cut = first_stop(pending, self.stops)
         if cut is not None:
             self.stopped = True
             self._pending = ""
             return pending[:cut]
-        if final and self.trailing and pending.endswith(self.trailing):
+        if final and at_eos and self.trailing and pending.endswith(self.trailing):
             pending = pending[: -len(self.trailing)]
         keep = 0 if final else held_tail(pending, self.stops)
         self._pending = pending[len(pending) - keep :] if keep else ""

@@ -337,7 +337,7 @@ def _decode_into(
                     tracker.add_eos(text.decoded)
     finally:
         tokens.close()
-    writer.add(text.finish())
+    writer.add(text.finish(at_eos=finish_reason == "stop"))
     if tracker is not None:
         writer.add_logprobs(tracker.rest(text))
     done = writer.flush(

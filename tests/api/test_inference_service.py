@@ -279,3 +279,17 @@ def test_a_chat_without_a_bound_replies_until_the_context_is_full(
         model=model_id, messages=[{"role": "user", "content": "Hi " * 30}], logit_bias=no_newline
     )
     assert long.usage is not None and long.usage.prompt_tokens > 32 and long.usage.completion_tokens == 16
+    # cut by max_tokens after a newline (no EOS): the newline is the reply's, with its logprob
+    only_newlines = {str(t): -100 for t in range(258) if t != 10} | {
+        "10": 100
+    }  # the model's logits are sharp
+    newlines = sdk.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "Hi"}],
+        logit_bias=only_newlines,
+        max_tokens=3,
+        logprobs=True,
+    )
+    (choice,) = newlines.choices
+    assert choice.message.content == "\n\n\n" and choice.finish_reason == "length"
+    assert choice.logprobs is not None and [t.token for t in choice.logprobs.content or []] == ["\n"] * 3

@@ -70,6 +70,9 @@ def test_a_chat_reply_that_ends_with_eos_drops_the_templates_newline() -> None:
     assert out == cut == "Hello\nthere"
     plain = TextStream(["\n<|"])  # a completion keeps its text to the end
     assert plain.push(b"Hello\n") + plain.finish() == "Hello\n"
+    # cut short by max_tokens right after a newline: no EOS came, the newline is the reply's
+    short = TextStream(["\n<|"], trailing="\n")
+    assert short.push(b"Hello") + short.push(b"\n") + short.finish(at_eos=False) == "Hello\n"
 
 
 def test_a_stop_sequence_inside_a_multibyte_character_stream() -> None:
