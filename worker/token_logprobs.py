@@ -59,6 +59,14 @@ def lines(entries: Sequence[dict[str, Any]]) -> str:
     return "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries)
 
 
+def own_start(tokenizer: Tokenizer, token: int, start: int, end: int) -> int:
+    """Where a token's text begins, given the characters its bytes decoded to in the stream
+    (`start`..`end`): after any replacement characters that came first, for bytes an earlier token
+    left incomplete and this one's showed to be no character (b"\xc3" then b"a": "\ufffda")."""
+    own = len(codecs.getincrementaldecoder("utf-8")(errors="replace").decode(tokenizer.token_bytes(token)))
+    return start + max(0, end - start - own)
+
+
 def prompt_entries(
     tokenizer: Tokenizer, ids: Sequence[int], scores: Sequence[TokenLogprob | None]
 ) -> list[dict[str, Any]]:
@@ -68,7 +76,7 @@ def prompt_entries(
     for token, rec in zip(ids, scores, strict=True):
         start = at
         at += len(decoder.decode(tokenizer.token_bytes(token)))
-        found.append(entry(tokenizer, token, rec, start, at))
+        found.append(entry(tokenizer, token, rec, own_start(tokenizer, token, start, at), at))
     return found
 
 
@@ -89,6 +97,7 @@ class TokenTracker:
         self.pending: list[_Pending] = []
 
     def add(self, token: int, start: int, end: int) -> None:
+        start = own_start(self.tokenizer, token, start, end)
         self.pending.append(_Pending(token, self.recorder.pop(), start, end))
 
     def add_eos(self, at: int) -> None:

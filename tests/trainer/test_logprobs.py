@@ -66,3 +66,31 @@ def test_tokens_a_stop_sequence_took_are_not_reported() -> None:
     text.finish()
     reported += tracker.rest(text)
     assert [bytes.fromhex(r["b"]) for r in reported] == [b"a", b"b"] and [r["o"] for r in reported] == [0, 1]
+
+
+def test_offsets_after_a_byte_that_is_no_character() -> None:
+    """b"\\xc3" then b"a": the lead byte becomes U+FFFD only when "a" shows it incomplete; "a" begins
+    after it (text_offset 1, not 0), generated or echoed alike."""
+    from worker.token_logprobs import prompt_entries
+
+    tokenizer, text = ByteTokenizer(), TextStream()
+    fake = score(tiny(), [1, 2], 1)[1]
+    assert fake is not None
+
+    class SameRecord:
+        def pop(self) -> TokenLogprob:
+            return fake
+
+    tokens = [0xC3, ord("a"), 0xC3, 0xA9, ord("b")]  # "\ufffd" "a" "é" (two bytes) "b"
+    tracker = TokenTracker(tokenizer, 0, cast(LogprobRecorder, SameRecord()), report_eos=False)
+    reported, out = [], ""
+    for token in tokens:
+        start = text.decoded
+        out += text.push(bytes([token]))
+        tracker.add(token, start, text.decoded)
+        reported += tracker.ready(text.published)
+    out += text.finish()
+    reported += tracker.rest(text)
+    assert out == "\ufffdaéb"
+    assert [r["o"] for r in reported] == [0, 1, 2, 2, 3]
+    assert [r["o"] for r in prompt_entries(tokenizer, tokens, [None] * len(tokens))] == [0, 1, 2, 2, 3]
