@@ -73,11 +73,20 @@ def _is_json(content_type: str | None) -> bool:
 
 async def check_json_body(request: Request) -> None:
     """400 when the request's JSON body nests deeper than the setting `max_json_depth` or holds a
-    string that is not storable text. A body that is not JSON at all is left to FastAPI, which
-    answers it with its own 400."""
+    string that is not storable text, or comes without a JSON Content-Type (curl's -d sends a
+    form's; FastAPI would parse neither that nor none at all as JSON). A body that is not JSON at
+    all is left to FastAPI, which answers it with its own 400."""
     body = await request.body()
-    if not _is_json(request.headers.get("content-type")) or not body:
+    if not body:
         return
+    content_type = request.headers.get("content-type")
+    if not _is_json(content_type):
+        came = quote_input(content_type.split(";", 1)[0].strip()) if content_type else "no Content-Type"
+        raise APIError(
+            400,
+            f"The request body must be JSON, sent with Content-Type: application/json (it came with {came}).",
+            code="invalid_content_type",
+        )
     limit = request.app.state.settings.max_json_depth
     try:
         document = loads_bounded(body, limit)

@@ -79,6 +79,19 @@ def test_an_unknown_query_parameter_is_400_naming_it(
     assert assert_envelope(wrong, 405)["code"] == "method_not_allowed"
 
 
+def test_a_json_body_sent_as_a_form_is_400_naming_the_content_type(
+    client: TestClient, tenant: Tenant
+) -> None:
+    """curl -d sends application/x-www-form-urlencoded: the answer says what to send instead."""
+    body = b'{"model": "llama-tiny", "training_file": "file-nope"}'
+    form = {**tenant.headers, "Content-Type": "application/x-www-form-urlencoded"}
+    err = assert_envelope(client.post("/v1/fine_tuning/jobs", content=body, headers=form), 400)
+    assert err["code"] == "invalid_content_type" and "Content-Type: application/json" in err["message"]
+    assert "application/x-www-form-urlencoded" in err["message"]
+    bare = assert_envelope(client.post("/v1/fine_tuning/jobs", content=body, headers=tenant.headers), 400)
+    assert bare["code"] == "invalid_content_type" and "no Content-Type" in bare["message"]
+
+
 def test_missing_and_bad_keys_are_401(client: TestClient) -> None:
     for headers in (
         {},
