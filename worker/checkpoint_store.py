@@ -148,12 +148,19 @@ def _point_row_at(
     is_final: bool,
 ) -> tuple[Checkpoint, list[str]]:
     """The step's Checkpoint row, now holding `blob_id` and `optimizer_blob_id` (a row stored
-    earlier for the step is updated), and the blobs the earlier row held, to delete after the commit."""
+    earlier for the step is updated), and the blobs the earlier row held, to delete after the commit.
+    A weights-only copy of a step stored with its optimizer state (the run's best snapshot, taken
+    at a step checkpoint's step: the same weights) keeps that state, which a resume needs; a final
+    checkpoint keeps none."""
     old = session.execute(
         select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == step)
     ).scalar_one_or_none()
     if old is not None:
-        replaced = [b for b in (old.blob_id, old.optimizer_blob_id) if b is not None]
+        if optimizer_blob_id is None and not is_final:
+            optimizer_blob_id = old.optimizer_blob_id
+        replaced = [
+            b for b in (old.blob_id, old.optimizer_blob_id) if b is not None and b != optimizer_blob_id
+        ]
         old.blob_id, old.optimizer_blob_id = blob_id, optimizer_blob_id
         old.metrics, old.is_final, old.created_at = metrics, is_final or old.is_final, utcnow()
         return old, replaced

@@ -96,3 +96,19 @@ def test_only_the_newest_checkpoint_keeps_its_optimizer_state(
     _store(session_factory, store, job_id, _folder(tmp_path / "d", "final", moments[2]), 30, is_final=True)
     assert all(c.optimizer_blob_id is None for c in checkpoint_rows(session_factory, job_id))
     assert not _blob_exists(session_factory, newest_optimizer)
+
+
+def test_the_best_snapshot_of_a_step_keeps_that_steps_optimizer_state(
+    settings: Settings, session_factory: Any, tmp_path: Path
+) -> None:
+    """An evaluation's new best at a checkpoint step stores a weights-only copy of that step after
+    its step checkpoint: the row keeps the optimizer state a resume after a crash needs."""
+    job_id = _held_job(settings, session_factory, new_owner(), "w-store")
+    store = blobstore_from_settings(settings, session_factory)
+    moment = secrets.token_bytes(6000)
+    _store(session_factory, store, job_id, _folder(tmp_path / "a", "step-00000050", moment), 50)
+    _store(session_factory, store, job_id, _folder(tmp_path / "b", "best", None), 50)
+    (row,) = checkpoint_rows(session_factory, job_id)
+    assert row.optimizer_blob_id is not None and b"".join(store.open(row.optimizer_blob_id)) == moment
+    folder, step = latest_checkpoint(session_factory, store, job_id, tmp_path / "restore")
+    assert step == 50 and folder is not None and (folder / OPTIMIZER_FILE).read_bytes() == moment
