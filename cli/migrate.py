@@ -4,6 +4,7 @@ the s3 blob backend, create the bucket unless it exists."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from cli.server_settings import add_data_dir_option, load_settings, migrate_database, prepare_blob_store
 
@@ -25,7 +26,13 @@ def run_migrate(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     migrate_database(settings)
     print(f"database is at the latest schema: {redact_url(settings.database_url)}")
-    blobs = prepare_blob_store(settings)
+    from core.blob_errors import BlobError
+
+    try:
+        blobs = prepare_blob_store(settings)
+    except BlobError as exc:
+        print(f"fromscratch migrate: {exc}", file=sys.stderr)
+        return 2
     if blobs:
         print(blobs)
     return 0

@@ -67,6 +67,9 @@ def run_worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"fromscratch worker: {exc}", file=sys.stderr)
         return 2
+    if (unusable := _unusable_store(settings)) is not None:
+        print(f"fromscratch worker: {unusable}", file=sys.stderr)
+        return 2
 
     import logging
 
@@ -105,6 +108,16 @@ def run_worker(args: argparse.Namespace) -> int:
     finally:
         advertiser.stop()
     return 0
+
+
+def _unusable_store(settings: Settings) -> str | None:
+    """A blob store this worker cannot use (S3 credentials refused, no bucket) would fail every job
+    it takes: said at start, and the worker does not start."""
+    if settings.blob_backend != "s3":
+        return None
+    from core.blob_backends.s3 import S3Backend
+
+    return S3Backend(settings.s3_bucket, endpoint_url=settings.s3_endpoint_url or None).unusable()
 
 
 def _devices_and_queues(settings: Settings) -> tuple[int, list[str]]:

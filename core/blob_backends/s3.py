@@ -26,7 +26,15 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any, NoReturn
 
-from core.blob_backends.s3_client import MAX_ATTEMPTS, error_code, is_missing, is_transport_error, make_client
+from core.blob_backends.s3_client import (
+    CREDENTIALS_HELP,
+    MAX_ATTEMPTS,
+    error_code,
+    is_missing,
+    is_refused,
+    is_transport_error,
+    make_client,
+)
 from core.blob_errors import BlobCorrupt, BlobError
 
 log = logging.getLogger(__name__)
@@ -216,12 +224,30 @@ class S3Backend:
             yield from page.get("Uploads", [])
 
     # ---- the bucket ------------------------------------------------------------------------
+    def unusable(self) -> str | None:
+        """What makes the bucket unusable with this process's credentials, said plainly: the server
+        refuses them, or there is no bucket. None when usable, or unreachable for now (an outage is
+        waited out, not a reason to refuse to start)."""
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except Exception as exc:
+            if is_refused(exc):
+                return f"the S3 server refuses this process's credentials ({error_code(exc)}): {CREDENTIALS_HELP}"
+            if is_missing(exc):
+                return f"the S3 bucket {self.bucket!r} does not exist: run `fromscratch migrate` first"
+        return None
+
     def ensure_bucket(self) -> bool:
         """Create the bucket unless it exists; True when it was created."""
         try:
             self.client.head_bucket(Bucket=self.bucket)
             return False
         except Exception as exc:
+            if is_refused(exc):
+                raise BlobError(
+                    f"the S3 server refuses these credentials for bucket {self.bucket!r} "
+                    f"({error_code(exc)}): {CREDENTIALS_HELP}"
+                ) from exc
             if not is_missing(exc):
                 raise BlobError(f"cannot reach the S3 bucket {self.bucket!r}: {exc}") from exc
         region = self.client.meta.region_name

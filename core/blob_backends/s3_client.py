@@ -63,6 +63,30 @@ def is_missing(exc: BaseException) -> bool:
     return error_code(exc) in MISSING_CODES
 
 
+# S3's codes for "these credentials may not do that": a setting to fix, not an outage to wait out
+REFUSED_CODES = frozenset(
+    {
+        "403",
+        "Forbidden",
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "InvalidToken",
+        "ExpiredToken",
+    }
+)
+
+
+def is_refused(exc: BaseException) -> bool:
+    return error_code(exc) in REFUSED_CODES
+
+
+CREDENTIALS_HELP = (
+    "check the S3 credentials this process has (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or the "
+    "S3 server's configured keys) and that they may use the bucket"
+)
+
+
 def is_transport_error(exc: BaseException) -> bool:
     """A failure of the connection itself (refused, reset, timed out, a body cut short), as
     opposed to an answer from the server."""
