@@ -1,5 +1,6 @@
 """Docker does not run here: check the production files by reading them. Values are interpolated
-the way compose does (`${VAR:-default}` from the environment given, else the default)."""
+the way compose does (`${VAR:-default}` from the environment given, else the default;
+`${VAR:?message}` refuses to start without VAR)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,27 @@ from core.device_queues import consumed_queues
 from core.settings import QUEUES, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-_VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+_VAR = re.compile(r"\$\{(\w+)(?::?([-?])([^}]*))?\}")
+SECRETS = {"POSTGRES_PASSWORD": "pg-pw", "S3_SECRET_KEY": "s3-secret"}  # what an operator must set
+
+
+class Unset(Exception):
+    """A `${VAR:?message}` without VAR: compose refuses to start."""
+
+
+def _value(m: re.Match[str], env: dict[str, str]) -> str:
+    name, kind, text = m.group(1), m.group(2), m.group(3) or ""
+    if env.get(name):
+        return env[name]
+    if kind == "?":
+        raise Unset(f"{name}: {text}")
+    return text
 
 
 def interpolate(value: Any, env: dict[str, str]) -> Any:
-    """compose's `${VAR}` / `${VAR:-default}` in every string of `value`."""
+    """compose's `${VAR}` / `${VAR:-default}` / `${VAR:?message}` in every string of `value`."""
     if isinstance(value, str):
-        return _VAR.sub(lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+        return _VAR.sub(lambda m: _value(m, env), value)
     if isinstance(value, dict):
         return {k: interpolate(v, env) for k, v in value.items()}
     if isinstance(value, list):
@@ -31,8 +46,9 @@ def interpolate(value: Any, env: dict[str, str]) -> Any:
     return value
 
 
-def _compose(env: dict[str, str] | None = None) -> dict[str, Any]:
-    return interpolate(yaml.safe_load((ROOT / "docker-compose.yml").read_text()), env or {})
+def _compose(env: dict[str, str] | None = None, file: str = "docker-compose.yml") -> dict[str, Any]:
+    """The file as compose reads it, with SECRETS set unless `env` says otherwise."""
+    return interpolate(yaml.safe_load((ROOT / file).read_text()), {**SECRETS, **(env or {})})
 
 
 def _env_vars(service: dict[str, Any]) -> dict[str, str]:
@@ -210,3 +226,41 @@ def test_every_api_server_bounds_request_heads() -> None:
     args = build_parser(only="serve").parse_args(["serve", "--port", "8123"])
     assert uvicorn_config(args).http is BoundedHeadProtocol
     assert uvicorn_config(args).timeout_graceful_shutdown == GRACEFUL_SHUTDOWN_SECONDS
+
+
+def test_the_secrets_are_required() -> None:
+    """No default password or S3 secret: compose refuses to start without them, naming them."""
+    for name in SECRETS:
+        with pytest.raises(Unset, match=name):
+            _compose({name: ""})
+
+
+def test_a_node_file_runs_the_same_worker_against_the_first_nodes_services(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docker-compose.node.yml: the main file's training worker, its URLs the first node's (published
+    there on PUBLISH_HOST), with no services of its own to start."""
+    main = _compose({"GPUS_PER_NODE": "8"})
+    node = _compose({"GPUS_PER_NODE": "8", "MAIN_HOST": "10.0.0.5"}, "docker-compose.node.yml")
+    assert list(node["services"]) == ["worker"] and "depends_on" not in node["services"]["worker"]
+    with pytest.raises(Unset, match="MAIN_HOST"):
+        _compose({}, "docker-compose.node.yml")
+    here, there = main["services"]["worker"], node["services"]["worker"]
+    for key in ("image", "command", "shm_size", "deploy", "stop_grace_period"):
+        assert here[key] == there[key], key
+    mine, theirs = _settings(here, monkeypatch), _settings(there, monkeypatch)
+    assert mine.database_url.replace("@postgres:", "@10.0.0.5:") == theirs.database_url
+    assert mine.broker_url.replace("//redis:", "//10.0.0.5:") == theirs.broker_url
+    assert mine.s3_endpoint_url.replace("//seaweedfs:", "//10.0.0.5:") == theirs.s3_endpoint_url
+    same = ("blob_backend", "s3_bucket", "s3_prefix", "queues", "device", "worker_devices", "default_queue")
+    assert all(getattr(mine, f) == getattr(theirs, f) for f in same)
+    assert _env_vars(here)["AWS_SECRET_ACCESS_KEY"] == _env_vars(there)["AWS_SECRET_ACCESS_KEY"]
+    # the first node publishes what the workers of others need, on the address the operator gives
+    published = {s: main["services"][s]["ports"] for s in ("postgres", "redis", "seaweedfs")}
+    assert published == {
+        "postgres": ["127.0.0.1:5432:5432"],
+        "redis": ["127.0.0.1:6379:6379"],
+        "seaweedfs": ["127.0.0.1:8333:8333"],
+    }
+    private = _compose({"PUBLISH_HOST": "10.0.0.5"})["services"]["redis"]["ports"]
+    assert private == ["10.0.0.5:6379:6379"]
