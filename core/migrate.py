@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 
 from core.db import make_engine, normalize_url
@@ -44,3 +46,25 @@ def current_revision(url: str) -> str | None:
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()
+
+
+@functools.cache
+def _known_revisions() -> tuple[str | None, frozenset[str]]:
+    """(this code's head revision, every revision it knows)."""
+    scripts = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    return scripts.get_current_head(), frozenset(r.revision for r in scripts.walk_revisions())
+
+
+def schema_problem(connection: Connection) -> str | None:
+    """Why the database's schema is too old for this code (no schema at all, or a revision before
+    this code's head: `fromscratch migrate` fixes either), else None. A revision this code does not
+    know is a newer schema (migrated by a newer release during an upgrade): not a problem here."""
+    head, known = _known_revisions()
+    current = MigrationContext.configure(connection).get_current_revision()
+    if current is None:
+        return "the database has no schema: run `fromscratch migrate`"
+    if current != head and current in known:
+        return (
+            f"the database schema is at revision {current}, this code needs {head}: run `fromscratch migrate`"
+        )
+    return None

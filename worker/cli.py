@@ -67,7 +67,7 @@ def run_worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"fromscratch worker: {exc}", file=sys.stderr)
         return 2
-    if (unusable := _unusable_store(settings)) is not None:
+    if (unusable := _schema_too_old(settings) or _unusable_store(settings)) is not None:
         print(f"fromscratch worker: {unusable}", file=sys.stderr)
         return 2
 
@@ -108,6 +108,24 @@ def run_worker(args: argparse.Namespace) -> int:
     finally:
         advertiser.stop()
     return 0
+
+
+def _schema_too_old(settings: Settings) -> str | None:
+    """A database this code's schema is not in yet (no `fromscratch migrate` run since an upgrade):
+    every job would fail. None when it is, or when the database is unreachable now (waited out)."""
+    from sqlalchemy.pool import NullPool
+
+    from core.db import make_engine
+    from core.migrate import schema_problem
+
+    engine = make_engine(settings.database_url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            return schema_problem(connection)
+    except Exception:  # unreachable (an outage): the worker starts and waits for it
+        return None
+    finally:
+        engine.dispose()
 
 
 def _unusable_store(settings: Settings) -> str | None:

@@ -1,5 +1,6 @@
-"""Open endpoints (no key): /healthz (the process answers), /readyz (database and broker reachable,
-else 503 in the error envelope with `Retry-After`, the message naming which is down), /metrics (Prometheus
+"""Open endpoints (no key): /healthz (the process answers), /readyz (database and broker reachable
+and the schema migrated to this code's revision, else 503 in the error envelope with `Retry-After`,
+the message naming what is wrong), /metrics (Prometheus
 text format; behind a bearer token of its own when `metrics_token` is set).
 
 Prometheus metrics (one registry per app, so tests can build many apps):
@@ -37,6 +38,7 @@ from api.errors import error_response
 from core.broker_faults import describe as describe_broker_error
 from core.db_faults import OutageLog, is_connection_error
 from core.db_faults import describe as describe_db_error
+from core.migrate import schema_problem
 from core.models import Job, Worker
 from core.status import JobStatus
 
@@ -147,7 +149,10 @@ def readyz(request: Request) -> Response:
     try:
         with request.app.state.session_factory() as s:
             s.execute(text("SELECT 1"))
-        checks["database"] = "ok"
+            schema = schema_problem(s.connection())
+        checks["database"] = "ok" if schema is None else "schema behind"
+        if schema is not None:
+            problems.append(schema)
     except Exception as e:
         checks["database"] = "unreachable"
         problems.append("database unreachable")

@@ -156,6 +156,25 @@ def test_readyz_503_when_broker_unreachable(settings: Any) -> None:
     assert "broker" in err["message"]
 
 
+def test_readyz_503_until_the_schema_is_this_codes(sqlite_settings: Any) -> None:
+    """An API started before `fromscratch migrate` (or before an upgrade's) is not ready: every
+    route would answer 500. The message says what to run."""
+    from core.migrate import downgrade, head_revision, run_migrations
+
+    url = sqlite_settings.database_url
+    downgrade(url, "base")  # as before the first `migrate`
+    with TestClient(create_app(sqlite_settings)) as c:
+        err = assert_envelope(c.get("/readyz"), 503)
+        assert "the database has no schema: run `fromscratch migrate`" in err["message"]
+        run_migrations(url)
+        assert c.get("/readyz").status_code == 200
+        downgrade(url, "-1")
+        err = assert_envelope(c.get("/readyz"), 503)
+        assert f"this code needs {head_revision()}: run `fromscratch migrate`" in err["message"]
+        run_migrations(url)
+        assert c.get("/readyz").json()["checks"]["database"] == "ok"
+
+
 def test_metrics_behind_a_token_when_one_is_set(settings: Any) -> None:
     """Its labels name every tenant's running jobs: a deployment can keep it to its scraper."""
     with TestClient(create_app(settings.model_copy(update={"metrics_token": "scrape-me"}))) as c:

@@ -1,6 +1,8 @@
 """Alembic is the only schema path: upgrade -> downgrade -> upgrade works, and the migrated
 schema is exactly what the models describe (no drift)."""
 
+import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from sqlalchemy.pool import NullPool
 from core.db import make_engine
 from core.migrate import current_revision, downgrade, head_revision, run_migrations
 from core.models import Base
+from tests.fixtures.service import REPO_ROOT, fromscratch_cmd
 
 
 def _diffs(url: str) -> list:
@@ -78,3 +81,14 @@ def test_plain_postgres_urls_use_psycopg3(pg_database_factory: Callable[..., str
     url = pg_database_factory(migrate=False).replace("postgresql+psycopg://", url_form)
     run_migrations(url)
     assert current_revision(url) == head_revision()
+
+
+def test_a_worker_does_not_start_on_a_database_not_migrated(tmp_path: Path) -> None:
+    """It would take jobs and fail each (and log a failed advertisement every few seconds): it says
+    what to run and exits."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FROMSCRATCH_")}
+    env["FROMSCRATCH_DATA_DIR"] = str(tmp_path)  # an embedded SQLite database nobody migrated
+    cmd = fromscratch_cmd("worker", "--queues", "cpu")
+    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "fromscratch worker: the database has no schema: run `fromscratch migrate`" in done.stderr
