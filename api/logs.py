@@ -48,6 +48,22 @@ class RedactSecrets(logging.Filter):
         return True
 
 
+LOG_FORMAT = "[%(asctime)s: %(levelname)s] %(name)s: %(message)s"  # as the workers' (worker/cli.py)
+
+
+def install_api_logging() -> None:
+    """The API's own lines (fromscratch.*) at INFO with a time, level and logger name: under a bare
+    `uvicorn` nothing configures them, and Python then prints warnings alone, as bare text. A
+    process that set up logging already (a test, an embedding app) keeps its own."""
+    ours = logging.getLogger("fromscratch")
+    if ours.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+
+
 def install_log_redaction() -> None:
     for name in URL_LOGGERS:
         logger = logging.getLogger(name)

@@ -31,7 +31,7 @@ from api.db_errors import install_database_error_handler
 from api.errors import ERROR_RESPONSES, install_error_handlers
 from api.head_requests import HeadAsGetMiddleware
 from api.leftovers import sweep_forever
-from api.logs import install_log_redaction
+from api.logs import install_api_logging, install_log_redaction
 from api.openapi import api_routes, install_openapi
 from api.query_params import reject_unknown_query
 from api.rate_limit import RateLimiter
@@ -177,6 +177,7 @@ def _install_handlers_and_middleware(app: FastAPI, engine: Engine, latency: Hist
     install_error_handlers(app)
     install_database_error_handler(app, engine)  # 503 while the database is down
     install_log_redaction()
+    install_api_logging()
     app.add_middleware(TextURLMiddleware)  # a URL holding NUL is a 400 (api/request_text.py)
     app.add_middleware(LatencyMiddleware, histogram=latency)
     app.add_middleware(HeadAsGetMiddleware)  # HEAD on GET routes: their head, no body
