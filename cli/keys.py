@@ -53,8 +53,11 @@ def run_keys_create(args: argparse.Namespace) -> int:
     with session_factory(settings)() as session:
         key, secret = create_key(session, args.name, owner_id=args.owner)
         session.commit()
+        from cli.migrate import redact_url
+
         print(
-            f"created key {key.id} named {key.name!r} for owner {key.owner_id}; the secret is shown only once:",
+            f"created key {key.id} named {key.name!r} for owner {key.owner_id} in "
+            f"{redact_url(settings.database_url)}; the secret is shown only once:",
             file=sys.stderr,
         )
     print(secret)

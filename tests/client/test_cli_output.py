@@ -145,7 +145,8 @@ def test_keys_list_is_tab_separated_or_json(tmp_path: Any, capsys: Any, monkeypa
     monkeypatch.setenv("FROMSCRATCH_DATA_DIR", str(tmp_path))  # --data-dir sets it: restored after the test
     name = "a key name longer than the twenty characters the list used to keep"
     assert main(["keys", "create", "--name", name, "--data-dir", str(tmp_path)]) == 0
-    capsys.readouterr()
+    said = capsys.readouterr().err
+    assert f"in sqlite:///{tmp_path}/fromscratch.db; the secret is shown only once" in said  # which database
     assert main(["keys", "list", "--data-dir", str(tmp_path)]) == 0
     header, row = capsys.readouterr().out.splitlines()
     assert header.split("\t") == ["ID", "Name", "Owner", "Created", "Revoked"]

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,11 @@ def test_get_settings_is_cached_until_reset(clean_env: pytest.MonkeyPatch, tmp_p
         assert get_settings().data_dir == (tmp_path / "b").resolve()
     finally:
         reset_settings()
+
+
+def test_every_setting_is_documented_in_the_readme() -> None:
+    """The README's configuration table is the operator's reference: a setting missing there is one
+    nobody can find."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = {m.group(1) for m in re.finditer(r"^\| `(FROMSCRATCH_\w+)`", readme, re.M)}
+    assert {f"FROMSCRATCH_{name.upper()}" for name in Settings.model_fields} <= table
