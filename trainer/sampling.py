@@ -167,9 +167,7 @@ def decode(
     reader = TokenReader(next(decoder.model.parameters()).device) if decoder.queues_ahead else None
     # no_grad is per thread and would not survive the yields of a decorated generator on its own
     with torch.no_grad():
-        logits = decoder.prefill(
-            tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2) :]
-        )
+        logits = decoder.prefill(tokens[-ctx:] if len(tokens) <= ctx else tokens[-(ctx // 2) :])
     for n in range(1, max_new_tokens + 1):
         last = n == max_new_tokens  # no need to run the model for a token nobody will sample
         with torch.no_grad():

@@ -152,10 +152,16 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
     rows = job_details(job)
     if final is not None:  # the model's own step and losses: an earlier best's when the run went past it
         m = final.get("metrics") or {}
-        losses = [("train loss", "train_loss"), ("val loss", "valid_loss"), ("full val loss", "full_valid_loss")]
-        shown = f"{final.get('step_number')} (" + ", ".join(
-            f"{label} {format_number(m[key])}" for label, key in losses if m.get(key) is not None
-        ) + ")"
+        losses = [
+            ("train loss", "train_loss"),
+            ("val loss", "valid_loss"),
+            ("full val loss", "full_valid_loss"),
+        ]
+        shown = (
+            f"{final.get('step_number')} ("
+            + ", ".join(f"{label} {format_number(m[key])}" for label, key in losses if m.get(key) is not None)
+            + ")"
+        )
         rows.insert(
             next(i for i, (k, _) in enumerate(rows) if k == "fine-tuned model") + 1, ("model step", shown)
         )
