@@ -16,8 +16,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.errors import APIError, api_methods
 
-_accepted: dict[int, frozenset[str]] = {}
-
 
 def _declared(dependant: Dependant) -> set[str]:
     """The query parameters a route (its dependant) and its dependencies declare."""
@@ -25,12 +23,6 @@ def _declared(dependant: Dependant) -> set[str]:
     for sub in dependant.dependencies:
         names |= _declared(sub)
     return names
-
-
-def _accepted_by(route: APIRoute) -> frozenset[str]:
-    if id(route) not in _accepted:
-        _accepted[id(route)] = frozenset(_declared(route.dependant))
-    return _accepted[id(route)]
 
 
 async def reject_unknown_query(request: Request) -> None:
@@ -41,7 +33,7 @@ async def reject_unknown_query(request: Request) -> None:
         # a `{model_id:path}` route took a path whose own route has other methods (DELETE
         # /v1/models/x/content is no model "x/content"): a wrong method, answered as one
         raise StarletteHTTPException(405, "Method Not Allowed")
-    accepted = _accepted_by(route)
+    accepted = _declared(route.dependant)  # a few nodes a request (a cache keyed by id() outlived its route)
     for name in request.query_params:
         if name not in accepted and name.split("[", 1)[0] not in accepted:
             takes = ", ".join(sorted(accepted)) or "none"
