@@ -64,11 +64,10 @@ def run_worker(args: argparse.Namespace) -> int:
 
     try:
         devices, queues = _devices_and_queues(settings)
+        if (unusable := _schema_too_old(settings) or _unusable_store(settings)) is not None:
+            raise ValueError(unusable)
     except ValueError as exc:
         print(f"fromscratch worker: {exc}", file=sys.stderr)
-        return 2
-    if (unusable := _schema_too_old(settings) or _unusable_store(settings)) is not None:
-        print(f"fromscratch worker: {unusable}", file=sys.stderr)
         return 2
 
     import logging

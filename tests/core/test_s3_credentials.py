@@ -43,9 +43,9 @@ def test_a_worker_with_refused_credentials_does_not_start_and_migrate_says_why(
         cmd = fromscratch_cmd(*args)
         return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
 
+    migrate = run("migrate")  # the schema goes in, then the bucket's check is refused
+    assert migrate.returncode == 2 and "Traceback" not in migrate.stderr, migrate.stderr
+    assert "refuses these credentials for bucket" in migrate.stderr
     worker = run("worker", "--queues", "cpu")
     assert worker.returncode == 2, worker.stderr
     assert "fromscratch worker: the S3 server refuses this process's credentials" in worker.stderr
-    migrate = run("migrate")
-    assert migrate.returncode == 2 and "Traceback" not in migrate.stderr, migrate.stderr
-    assert "refuses these credentials for bucket" in migrate.stderr

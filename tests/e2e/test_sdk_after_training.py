@@ -33,6 +33,8 @@ CSV_HEADER = [
     "valid_mean_token_accuracy",
     "learning_rate",
     "tokens_per_s",
+    "grad_norm",
+    "tokens_seen",
     "peak_memory_bytes",
 ]
 

@@ -2,7 +2,7 @@
 (subprocesses given FROMSCRATCH_BLOB_BACKEND=s3 and the AWS_* credentials) against a real
 SeaweedFS. The upload, checkpoints, exports and results file are objects in the bucket, the model
 downloads through a presigned URL (and through `fromscratch models download`, which follows it),
-and deleting the model and the file removes their objects."""
+and deleting the model (with its final checkpoint) and the file removes their objects."""
 
 from __future__ import annotations
 
@@ -78,10 +78,19 @@ def test_a_job_on_the_s3_backend(
     with tarfile.open(fileobj=io.BytesIO(tar.getvalue())) as tf:
         assert any(name.endswith("model.safetensors") for name in tf.getnames())
 
-    # deleting the model removes its exports' objects; its checkpoints stay while the job lists them
+    # deleting the model removes its exports' objects and its final checkpoint's (the same weights);
+    # the job's other checkpoints stay, models of their own
+    with session_factory() as s:
+        final = s.scalar(
+            select(Blob.path)
+            .join(Checkpoint, Checkpoint.blob_id == Blob.id)
+            .where(Checkpoint.job_id == job_id, Checkpoint.is_final.is_(True))
+        )
+    assert final is not None
     assert httpx.delete(f"{live_server.url}/v1/models/{model_id}", headers=live_server.headers()).is_success
     left = set(s3_env.keys(s3_prefix))
-    assert not left & set(keys["exports"]) and set(keys["checkpoints"]) <= left
+    assert not left & set(keys["exports"]) and final not in left
+    assert set(keys["checkpoints"]) - {final} <= left and len(keys["checkpoints"]) > 1
     # deleting the training file (a finished job keeps its row) removes the uploaded object
     r = httpx.delete(f"{live_server.url}/v1/files/{job.training_file}", headers=live_server.headers())
     assert r.is_success, r.text

@@ -75,7 +75,6 @@ def start_run(
     data, tokenizer = load_data_in_turn(cfg, train_path, tokenizer, validation_path, out_dir, rank, world)
     if model_cfg.vocab_size != tokenizer.vocab_size:
         model_cfg = model_cfg.model_copy(update={"vocab_size": tokenizer.vocab_size})
-
     sampler = train_sampler(cfg, model_cfg.ctx, data)
     steps = total_steps_for(cfg, sampler)
     cfg, auto = decide_auto(cfg, model_cfg, data, steps)
