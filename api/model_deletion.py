@@ -56,9 +56,18 @@ def _refuse_if_continued(session: Session, owner_id: str, model_id: str, ids: se
 def _delete_checkpoints(session: Session, store: BlobStore, owner_id: str, job: Job) -> None:
     """Delete the ended job's checkpoint rows whose models are deleted, with their blobs; the final
     one only once the job's model (the same weights) is deleted too."""
-    model_kept = job.fine_tuned_model is not None and not is_deleted(session, owner_id, job.fine_tuned_model)
-    for row in session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id)).all():
-        if not is_deleted(session, owner_id, row.model_id) or (row.is_final and model_kept):
+    rows = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id)).all()
+    names = [row.model_id for row in rows] + [job.fine_tuned_model or ""]
+    deleted = set(
+        session.scalars(
+            select(DeletedModel.model_id).where(
+                DeletedModel.owner_id == owner_id, DeletedModel.model_id.in_(names)
+            )
+        )
+    )  # one query for the job's models, not one per checkpoint
+    model_kept = job.fine_tuned_model is not None and job.fine_tuned_model not in deleted
+    for row in rows:
+        if row.model_id not in deleted or (row.is_final and model_kept):
             continue
         blobs = [b for b in (row.blob_id, row.optimizer_blob_id) if b is not None]
         session.delete(row)

@@ -58,10 +58,10 @@ def migrate_database(settings: Settings) -> None:
 
 def prepare_blob_store(settings: Settings) -> str | None:
     """With the s3 blob backend, create its bucket unless it exists; a line saying so, else None."""
-    if settings.blob_backend != "s3":
-        return None
-    from core.blob_backends.s3 import S3Backend
+    from core.blob_backends import new_blobs_bucket
 
-    s3 = S3Backend(settings.s3_bucket, endpoint_url=settings.s3_endpoint_url or None)
+    s3 = new_blobs_bucket(settings)
+    if s3 is None:
+        return None
     made = s3.ensure_bucket()
     return f"S3 bucket {settings.s3_bucket!r} {'created' if made else 'exists'}"

@@ -130,11 +130,10 @@ def _schema_too_old(settings: Settings) -> str | None:
 def _unusable_store(settings: Settings) -> str | None:
     """A blob store this worker cannot use (S3 credentials refused, no bucket) would fail every job
     it takes: said at start, and the worker does not start."""
-    if settings.blob_backend != "s3":
-        return None
-    from core.blob_backends.s3 import S3Backend
+    from core.blob_backends import new_blobs_bucket
 
-    return S3Backend(settings.s3_bucket, endpoint_url=settings.s3_endpoint_url or None).unusable()
+    s3 = new_blobs_bucket(settings)
+    return None if s3 is None else s3.unusable()
 
 
 def _devices_and_queues(settings: Settings) -> tuple[int, list[str]]:

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from core.blob_errors import BlobTooLarge
+
+if TYPE_CHECKING:
+    from core.blob_backends.s3 import S3Backend
+    from core.settings import Settings
 
 
 class ExternalBackend(Protocol):
@@ -92,3 +96,12 @@ class Meter:
     @property
     def sha256(self) -> str:
         return self._sha.hexdigest()
+
+
+def new_blobs_bucket(settings: Settings) -> S3Backend | None:
+    """With the s3 blob backend, the bucket new blobs go to (to check or create it), else None."""
+    if settings.blob_backend != "s3":
+        return None
+    from core.blob_backends.s3 import S3Backend
+
+    return S3Backend(settings.s3_bucket, endpoint_url=settings.s3_endpoint_url or None)

@@ -302,10 +302,12 @@ def _validate_jsonl(path: Path, name: str, max_depth: int) -> tuple[int, int, in
                 raise not_utf8(offset + e.start, n, e) from e
             if (document := parse_jsonl_line(text, n, max_depth)) is not None:
                 n_records += 1
-                max_tokens += sum(len(s.encode("utf-8")) for s, _ in document.segments) + 1
-                trained += (
-                    sum(len(s.encode("utf-8")) for s, t in document.segments if t) + document.eos_trained
-                )
+                for text, is_trained in document.segments:  # each segment encoded once
+                    size = len(text.encode("utf-8"))
+                    max_tokens += size
+                    trained += size if is_trained else 0
+                max_tokens += 1  # the EOS
+                trained += document.eos_trained
             offset += len(raw)
     if n_records == 0:
         raise DataError(f"{name} has no JSONL records (only blank lines); {SHAPES_HELP}")
